@@ -1,0 +1,5 @@
+import sys
+
+from atlasctl.cli import main
+
+sys.exit(main())

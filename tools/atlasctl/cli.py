@@ -1,0 +1,48 @@
+"""The `atlasctl` entry point: parse, configure logging once, dispatch, map errors to exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from atlasctl import __version__, exitcodes
+from atlasctl.commands import COMMANDS
+from atlasctl.errors import AtlasError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="atlasctl",
+        description="Provision, verify, roll out and diagnose LLM serving on Huawei Atlas fleets.",
+    )
+    parser.add_argument("--version", action="version", version=f"atlasctl {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"atlasctl.commands.{name}").register(sub)
+    return parser
+
+
+def configure_logging(verbosity: int) -> None:
+    level = logging.WARNING - 10 * min(verbosity, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.verbose)
+    try:
+        return int(args.func(args) or exitcodes.OK)
+    except AtlasError as exc:
+        print(f"atlasctl: error: {exc.render()}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("atlasctl: interrupted", file=sys.stderr)
+        return exitcodes.INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
