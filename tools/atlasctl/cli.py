@@ -8,7 +8,7 @@ import logging
 import sys
 
 from atlasctl import __version__, exitcodes
-from atlasctl.commands import COMMANDS
+from atlasctl.commands import command_names
 from atlasctl.errors import AtlasError
 
 
@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"atlasctl {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMANDS:
+    for name in command_names():
         importlib.import_module(f"atlasctl.commands.{name}").register(sub)
     return parser
 
