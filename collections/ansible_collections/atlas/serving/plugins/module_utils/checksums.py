@@ -1,0 +1,543 @@
+# Copyright: (c) 2025, atlas.serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One-pass md5 + sha256 verification of a directory tree, with verification stamps.
+
+* Each file is read once, into a reused buffer; md5 and sha256 are fed the same bytes.
+* Files are hashed in parallel threads (hashlib releases the GIL on buffers >= 2 KiB);
+  memory is ``workers x bufsize`` whatever the file sizes.
+* After a full check a *stamp* per file records (size, mtime_ns, ctime_ns, inode, device,
+  md5, sha256). A later run trusts a stamp only when all five stat fields are unchanged
+  and the stamp's digests equal the digests expected now. ctime cannot be set from user
+  space, so restoring size and mtime after an edit does not revive a stamp; replacing the
+  file (rename) changes the inode; a changed manifest changes the expected digests.
+  A file whose ctime is within ``racy margin`` of the moment its read began is not stamped
+  (an edit in the same timestamp tick could otherwise go unseen, as with racy-git).
+
+Standard library only: this file is shipped to managed nodes by Ansible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+# Ansible ships module_utils under ansible_collections; atlasctl puts <repo>/collections on sys.path.
+from ansible_collections.atlas.serving.plugins.module_utils.manifest import ALGORITHMS, Expected
+
+DEFAULT_BUFSIZE = 4 << 20
+STAMP_FILE_NAME = ".atlas-verified.json"
+STAMP_FORMAT = 1
+RACY_MARGIN_NS = 100_000_000  # > one kernel tick: coarse timestamps lag the real clock by <= 1 jiffy
+COARSE_RACY_MARGIN_NS = 2_000_000_000  # filesystems with whole-second timestamps
+
+Progress = Callable[[int, int], None]
+
+STATUS_OK = "ok"
+STATUS_MISMATCH = "mismatch"
+STATUS_MISSING = "missing"
+STATUS_EXTRA = "extra"
+STATUS_ERROR = "error"
+
+
+class VerifyError(Exception):
+    """The verification could not run at all (root missing, not a directory)."""
+
+
+@dataclass(frozen=True)
+class FileStat:
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    ino: int
+    dev: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileStat:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+@dataclass(frozen=True)
+class Digests:
+    size: int
+    md5: str
+    sha256: str
+
+    def as_dict(self) -> dict:
+        return {"size": self.size, "md5": self.md5, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class FileResult:
+    path: str
+    status: str
+    source: str | None = None  # "read" | "stamp" | None
+    expected: dict | None = None
+    actual: dict | None = None
+    mismatched: tuple[str, ...] = ()
+    message: str = ""
+
+    def as_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "status": self.status,
+            "source": self.source,
+            "expected": self.expected,
+            "actual": self.actual,
+            "mismatched": list(self.mismatched),
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    root: str
+    results: tuple[FileResult, ...]
+    allow_extra: bool
+    bytes_read: int
+    bytes_skipped: int
+    seconds: float
+    workers: int
+    stamps_path: str | None
+    stamps_changed: bool
+    stamps_written: bool
+    warnings: tuple[str, ...] = field(default=())
+
+    def count(self, status: str) -> int:
+        return sum(1 for r in self.results if r.status == status)
+
+    @property
+    def bad(self) -> list[FileResult]:
+        bad_statuses = {STATUS_MISMATCH, STATUS_MISSING, STATUS_ERROR}
+        if not self.allow_extra:
+            bad_statuses.add(STATUS_EXTRA)
+        return [r for r in self.results if r.status in bad_statuses]
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.bad)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_read / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+    def totals(self) -> dict:
+        return {
+            "files": len(self.results),
+            "ok": self.count(STATUS_OK),
+            "mismatch": self.count(STATUS_MISMATCH),
+            "missing": self.count(STATUS_MISSING),
+            "extra": self.count(STATUS_EXTRA),
+            "error": self.count(STATUS_ERROR),
+            "from_stamps": sum(1 for r in self.results if r.source == "stamp"),
+            "bytes_read": self.bytes_read,
+            "bytes_skipped": self.bytes_skipped,
+            "seconds": round(self.seconds, 3),
+            "mb_per_s": round(self.mb_per_s, 1),
+            "workers": self.workers,
+        }
+
+    def failure_message(self) -> str:
+        """One line per bad file, naming expected and actual digests (like get_url)."""
+        lines = [f"verification of {self.root} failed for {len(self.bad)} file(s):"]
+        lines.extend(f"  {r.path}: {r.message}" for r in self.bad)
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return {
+            "root": self.root,
+            "failed": self.failed,
+            "allow_extra": self.allow_extra,
+            "totals": self.totals(),
+            "stamps_path": self.stamps_path,
+            "stamps_changed": self.stamps_changed,
+            "stamps_written": self.stamps_written,
+            "warnings": list(self.warnings),
+            "files": [r.as_dict() for r in self.results],
+        }
+
+
+# --- hashing ---------------------------------------------------------------------------------
+
+
+def default_workers(n_files: int | None = None) -> int:
+    """One thread per usable core (hashing is CPU-bound once the disk keeps up), at most 8."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    workers = max(1, min(cores, 8))
+    if n_files is not None:
+        workers = max(1, min(workers, n_files))
+    return workers
+
+
+def hash_file(
+    path: str,
+    bufsize: int = DEFAULT_BUFSIZE,
+    on_bytes: Callable[[int], None] | None = None,
+    buf: bytearray | None = None,
+) -> Digests:
+    """md5 and sha256 of one file in a single sequential read into a reused buffer."""
+    buffer = buf if buf is not None else bytearray(bufsize)
+    view = memoryview(buffer)
+    md5 = hashlib.md5(usedforsecurity=False) if _md5_accepts_flag() else hashlib.md5()
+    sha = hashlib.sha256()
+    size = 0
+    with open(path, "rb", buffering=0) as handle:
+        _advise_sequential(handle.fileno())
+        while True:
+            n = handle.readinto(buffer)
+            if not n:
+                break
+            chunk = view[:n]
+            md5.update(chunk)
+            sha.update(chunk)
+            size += n
+            if on_bytes is not None:
+                on_bytes(n)
+    return Digests(size=size, md5=md5.hexdigest(), sha256=sha.hexdigest())
+
+
+def _advise_sequential(fd: int) -> None:
+    if hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        except OSError:
+            pass
+
+
+_MD5_FLAG: bool | None = None
+
+
+def _md5_accepts_flag() -> bool:
+    """hashlib.md5(usedforsecurity=False) works on FIPS hosts (RHEL-likes); Python >= 3.9 has the flag."""
+    global _MD5_FLAG
+    if _MD5_FLAG is None:
+        try:
+            hashlib.md5(usedforsecurity=False)
+            _MD5_FLAG = True
+        except TypeError:
+            _MD5_FLAG = False
+    return _MD5_FLAG
+
+
+@dataclass(frozen=True)
+class _ReadOutcome:
+    digests: Digests | None
+    before: FileStat | None
+    after: FileStat | None
+    started_ns: int
+    error: str | None = None
+
+
+class _ByteCounter:
+    def __init__(self, total: int, progress: Progress | None):
+        self.total = total
+        self.done = 0
+        self._progress = progress
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.done += n
+            done = self.done
+        if self._progress is not None:
+            self._progress(done, self.total)
+
+
+def _read_one(path: str, bufsize: int, counter: _ByteCounter, local: threading.local) -> _ReadOutcome:
+    buf = getattr(local, "buf", None)
+    if buf is None or len(buf) != bufsize:
+        buf = local.buf = bytearray(bufsize)
+    started = time.time_ns()
+    try:
+        before = FileStat.of(os.stat(path))
+        digests = hash_file(path, bufsize, counter.add, buf)
+        after = FileStat.of(os.stat(path))
+    except OSError as exc:
+        return _ReadOutcome(None, None, None, started, error=f"cannot read: {exc.strerror or exc}")
+    return _ReadOutcome(digests, before, after, started)
+
+
+def hash_many(
+    paths: dict[str, str],
+    workers: int | None = None,
+    bufsize: int = DEFAULT_BUFSIZE,
+    progress: Progress | None = None,
+    sizes: dict[str, int] | None = None,
+) -> dict[str, _ReadOutcome]:
+    """Hash {key: path} in parallel, largest first (keeps the tail short)."""
+    sizes = sizes or {}
+    order = sorted(paths, key=lambda k: -sizes.get(k, 0))
+    counter = _ByteCounter(sum(sizes.get(k, 0) for k in order), progress)
+    nworkers = workers or default_workers(len(order))
+    local = threading.local()
+    if nworkers <= 1 or len(order) <= 1:
+        return {k: _read_one(paths[k], bufsize, counter, local) for k in order}
+    with ThreadPoolExecutor(max_workers=nworkers, thread_name_prefix="verify") as pool:
+        futures = {k: pool.submit(_read_one, paths[k], bufsize, counter, local) for k in order}
+        return {k: f.result() for k, f in futures.items()}
+
+
+# --- tree listing ----------------------------------------------------------------------------
+
+
+def list_files(root: str, ignore: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """Regular files (symlinks to files included) under root, as sorted relative posix paths."""
+    found = []
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            rel = os.path.relpath(full, root).replace(os.sep, "/")
+            if rel in ignore or _is_stamp_temp(rel):
+                continue
+            if os.path.isfile(full):
+                found.append(rel)
+    return sorted(found)
+
+
+def _is_stamp_temp(rel: str) -> bool:
+    return os.path.basename(rel).startswith(STAMP_FILE_NAME + ".")
+
+
+def digest_tree(
+    root: str,
+    workers: int | None = None,
+    bufsize: int = DEFAULT_BUFSIZE,
+    progress: Progress | None = None,
+    ignore: set[str] | frozenset[str] = frozenset(),
+) -> dict[str, Digests]:
+    """{relative path: Digests} of every file under root (for writing manifests)."""
+    root = _check_root(root)
+    rels = list_files(root, set(ignore) | {STAMP_FILE_NAME})
+    paths = {rel: os.path.join(root, rel) for rel in rels}
+    sizes = {rel: os.stat(p).st_size for rel, p in paths.items()}
+    outcomes = hash_many(paths, workers, bufsize, progress, sizes)
+    result = {}
+    for rel in rels:
+        outcome = outcomes[rel]
+        if outcome.digests is None:
+            raise VerifyError(f"{paths[rel]}: {outcome.error}")
+        result[rel] = outcome.digests
+    return result
+
+
+def _check_root(root: str) -> str:
+    real = os.path.realpath(root)
+    if not os.path.isdir(real):
+        raise VerifyError(f"{root}: not a directory; pass the model directory that the checksums describe")
+    return real
+
+
+# --- stamps ----------------------------------------------------------------------------------
+
+
+def default_stamps_path(root: str) -> str:
+    return os.path.join(root, STAMP_FILE_NAME)
+
+
+def load_stamps(stamps_path: str, root: str) -> tuple[dict[str, dict], str | None]:
+    """Stamps for this root; anything unreadable counts as no stamps (returned with a warning)."""
+    try:
+        with open(stamps_path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except FileNotFoundError:
+        return {}, None
+    except (OSError, ValueError) as exc:
+        return {}, f"{stamps_path}: ignoring unreadable stamp file ({exc}); files will be read"
+    if not isinstance(data, dict) or data.get("format") != STAMP_FORMAT or data.get("root") != root:
+        return {}, None
+    files = data.get("files")
+    return (files if isinstance(files, dict) else {}), None
+
+
+def save_stamps(stamps_path: str, root: str, stamps: dict[str, dict]) -> None:
+    """Atomic write (temp file in the same directory, fsync, rename)."""
+    doc = {"format": STAMP_FORMAT, "root": root, "files": dict(sorted(stamps.items()))}
+    directory = os.path.dirname(os.path.abspath(stamps_path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(stamps_path) + ".", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(doc, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, stamps_path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def make_stamp(st: FileStat, digests: Digests) -> dict:
+    return {
+        "size": st.size,
+        "mtime_ns": st.mtime_ns,
+        "ctime_ns": st.ctime_ns,
+        "ino": st.ino,
+        "dev": st.dev,
+        "md5": digests.md5,
+        "sha256": digests.sha256,
+    }
+
+
+def stamp_vouches(stamp: dict | None, st: FileStat, expected: Expected) -> bool:
+    """True only if nothing about the file or the expectation changed since the stamp."""
+    if not isinstance(stamp, dict):
+        return False
+    for key in ("size", "mtime_ns", "ctime_ns", "ino", "dev"):
+        if stamp.get(key) != getattr(st, key):
+            return False
+    if expected.size is not None and expected.size != st.size:
+        return False
+    declared = [alg for alg in ALGORITHMS if expected.digest(alg)]
+    return bool(declared) and all(stamp.get(alg) == expected.digest(alg) for alg in declared)
+
+
+def is_racy(st: FileStat, started_ns: int) -> bool:
+    """Changed so close to the read that a later edit could keep the same timestamps."""
+    coarse = st.ctime_ns % 1_000_000_000 == 0 and st.mtime_ns % 1_000_000_000 == 0
+    margin = COARSE_RACY_MARGIN_NS if coarse else RACY_MARGIN_NS
+    return max(st.ctime_ns, st.mtime_ns) >= started_ns - margin
+
+
+# --- verification ----------------------------------------------------------------------------
+
+
+def _compare(exp: Expected, digests: Digests) -> tuple[tuple[str, ...], str]:
+    bad = []
+    parts = []
+    if exp.size is not None and exp.size != digests.size:
+        bad.append("size")
+        parts.append(f"size expected {exp.size}, actual {digests.size}")
+    for alg in ALGORITHMS:
+        want = exp.digest(alg)
+        have = getattr(digests, alg)
+        if want is not None and want != have:
+            bad.append(alg)
+            parts.append(f"{alg} expected {want}, actual {have}")
+    return tuple(bad), "; ".join(parts)
+
+
+def _result_from_read(rel: str, exp: Expected, outcome: _ReadOutcome) -> FileResult:
+    expected = exp.as_dict()
+    if outcome.digests is None:
+        return FileResult(rel, STATUS_ERROR, "read", expected, None, (), outcome.error or "cannot read")
+    actual = outcome.digests.as_dict()
+    if outcome.before != outcome.after:
+        return FileResult(rel, STATUS_ERROR, "read", expected, actual, (),
+                          "file changed while it was being read; run the verification again")
+    bad, text = _compare(exp, outcome.digests)
+    if bad:
+        return FileResult(rel, STATUS_MISMATCH, "read", expected, actual, bad, text)
+    return FileResult(rel, STATUS_OK, "read", expected, actual)
+
+
+def verify_tree(
+    root: str,
+    expected: dict[str, Expected],
+    stamps_path: str | None = None,
+    full: bool = False,
+    workers: int | None = None,
+    allow_extra: bool = False,
+    write_stamps: bool = True,
+    ignore: set[str] | frozenset[str] = frozenset(),
+    progress: Progress | None = None,
+    bufsize: int = DEFAULT_BUFSIZE,
+) -> Report:
+    """Verify every expected file under root; report ok/mismatch/missing/extra/error per file.
+
+    stamps_path None disables stamps. write_stamps False is check mode: nothing is written,
+    but ``stamps_changed`` still says whether a real run would write them.
+    """
+    t0 = time.perf_counter()
+    root = _check_root(root)
+    warnings: list[str] = []
+    old_stamps: dict[str, dict] = {}
+    if stamps_path:
+        old_stamps, warning = load_stamps(stamps_path, root)
+        if warning:
+            warnings.append(warning)
+
+    ignore_set = set(ignore)
+    if stamps_path:
+        stamp_rel = os.path.relpath(os.path.realpath(stamps_path), root).replace(os.sep, "/")
+        ignore_set.add(stamp_rel)
+    results: dict[str, FileResult] = {}
+    new_stamps: dict[str, dict] = {}
+    to_read: dict[str, str] = {}
+    sizes: dict[str, int] = {}
+    bytes_skipped = 0
+
+    for rel, exp in sorted(expected.items()):
+        path = os.path.join(root, rel)
+        try:
+            st = FileStat.of(os.stat(path))
+        except FileNotFoundError:
+            results[rel] = FileResult(rel, STATUS_MISSING, None, exp.as_dict(), None, (), "missing")
+            continue
+        except OSError as exc:
+            results[rel] = FileResult(rel, STATUS_ERROR, None, exp.as_dict(), None, (),
+                                      f"cannot stat: {exc.strerror}")
+            continue
+        if not os.path.isfile(path):
+            results[rel] = FileResult(rel, STATUS_ERROR, None, exp.as_dict(), None, (), "not a regular file")
+            continue
+        stamp = old_stamps.get(rel)
+        if not full and stamp_vouches(stamp, st, exp):
+            actual = {"size": st.size, "md5": stamp["md5"], "sha256": stamp["sha256"]}
+            results[rel] = FileResult(rel, STATUS_OK, "stamp", exp.as_dict(), actual)
+            new_stamps[rel] = stamp
+            bytes_skipped += st.size
+            continue
+        to_read[rel] = path
+        sizes[rel] = st.size
+
+    outcomes = hash_many(to_read, workers, bufsize, progress, sizes)
+    bytes_read = 0
+    for rel, outcome in outcomes.items():
+        result = _result_from_read(rel, expected[rel], outcome)
+        results[rel] = result
+        if outcome.digests is not None:
+            bytes_read += outcome.digests.size
+        if result.status == STATUS_OK and outcome.after is not None and outcome.digests is not None:
+            if not is_racy(outcome.after, outcome.started_ns):
+                new_stamps[rel] = make_stamp(outcome.after, outcome.digests)
+
+    for rel in list_files(root, ignore_set):
+        if rel not in expected:
+            results[rel] = FileResult(rel, STATUS_EXTRA, None, None, None, (),
+                                      "not in the checksum list (unexpected extra file)")
+
+    stamps_changed = bool(stamps_path) and new_stamps != old_stamps
+    stamps_written = False
+    if stamps_changed and write_stamps and stamps_path:
+        try:
+            save_stamps(stamps_path, root, new_stamps)
+            stamps_written = True
+        except OSError as exc:
+            warnings.append(f"{stamps_path}: cannot write stamps ({exc.strerror}); the next run will read "
+                            "every file again. Set a writable stamp path outside the model directory.")
+
+    return Report(
+        root=root,
+        results=tuple(results[k] for k in sorted(results)),
+        allow_extra=allow_extra,
+        bytes_read=bytes_read,
+        bytes_skipped=bytes_skipped,
+        seconds=time.perf_counter() - t0,
+        workers=workers or default_workers(len(to_read)),
+        stamps_path=stamps_path,
+        stamps_changed=stamps_changed,
+        stamps_written=stamps_written,
+        warnings=tuple(warnings),
+    )

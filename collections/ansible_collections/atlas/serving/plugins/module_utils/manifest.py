@@ -1,0 +1,295 @@
+# Copyright: (c) 2025, atlas.serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Expected checksums of a directory tree: parse and render the formats vendors ship.
+
+Formats read:
+
+* ``md5sum`` / ``sha256sum`` output (GNU coreutils): ``<hex>  <name>`` (text mode),
+  ``<hex> *<name>`` (binary mode), a leading ``\\`` when the name is escaped
+  (``\\\\``, ``\\n``, ``\\r``), and the BSD/``--tag`` form ``SHA256 (<name>) = <hex>``.
+* The bundle ``manifest.json`` (DESIGN.md): ``{"format": 1, "files": [{"path", "size",
+  "sha256", "md5", ...}]}``, optionally restricted to a subdirectory ``prefix``.
+
+Standard library only: this file is shipped to managed nodes by Ansible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+from dataclasses import dataclass
+
+ALGORITHMS = ("md5", "sha256")
+HEX_LENGTHS = {"md5": 32, "sha256": 64}
+_HEX = re.compile(r"^[0-9a-fA-F]+$")
+_TAG_LINE = re.compile(r"^(?P<alg>MD5|SHA256) \((?P<name>.*)\) = (?P<hex>[0-9a-fA-F]+)$")
+
+
+class ManifestError(ValueError):
+    """An expected-checksums input that cannot be used; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What one file must be. ``None`` means "not declared by any source"."""
+
+    path: str
+    size: int | None = None
+    md5: str | None = None
+    sha256: str | None = None
+
+    def digest(self, algorithm: str) -> str | None:
+        return getattr(self, algorithm)
+
+    def as_dict(self) -> dict:
+        return {"size": self.size, "md5": self.md5, "sha256": self.sha256}
+
+
+def normalize_relpath(name: str, where: str) -> str:
+    """``./a//b`` -> ``a/b``; refuse absolute names and names that leave the root."""
+    if not name:
+        raise ManifestError(f"{where}: empty file name")
+    if name.startswith("/"):
+        raise ManifestError(f"{where}: absolute path {name!r}; checksum files must name paths relative to the model root")
+    norm = posixpath.normpath(name)
+    if norm == "." or norm == ".." or norm.startswith("../"):
+        raise ManifestError(f"{where}: path {name!r} is outside the root")
+    return norm
+
+
+def normalize_digest(value: object, algorithm: str, where: str) -> str:
+    """Lower-case hex of the right length; accepts an ``<algorithm>:`` prefix as get_url does."""
+    if not isinstance(value, str):
+        raise ManifestError(f"{where}: {algorithm} must be a hex string, got {value!r}")
+    text = value.strip()
+    if ":" in text:
+        alg, _, text = text.partition(":")
+        if alg.lower() != algorithm:
+            raise ManifestError(f"{where}: digest {value!r} is labelled {alg!r}, expected {algorithm}")
+    if len(text) != HEX_LENGTHS[algorithm] or not _HEX.match(text):
+        raise ManifestError(
+            f"{where}: {algorithm} digest {value!r} is not {HEX_LENGTHS[algorithm]} hex characters"
+        )
+    return text.lower()
+
+
+def unescape_name(name: str, where: str) -> str:
+    """Undo coreutils escaping (used when the line starts with a backslash)."""
+    out = []
+    i = 0
+    while i < len(name):
+        ch = name[i]
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        nxt = name[i + 1 : i + 2]
+        mapping = {"\\": "\\", "n": "\n", "r": "\r"}
+        if nxt not in mapping:
+            raise ManifestError(f"{where}: bad escape '\\{nxt}' in file name {name!r}")
+        out.append(mapping[nxt])
+        i += 2
+    return "".join(out)
+
+
+def escape_name(name: str) -> tuple[str, bool]:
+    """Escape a name as coreutils does; returns (name, escaped?)."""
+    if not any(c in name for c in "\\\n\r"):
+        return name, False
+    return name.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r"), True
+
+
+def guess_algorithm(path: str, text: str) -> str:
+    """From the file name (md5sums.txt, SHA256SUMS, x.sha256) or else the first digest's length."""
+    base = os.path.basename(path).lower()
+    for alg in ALGORITHMS:
+        if alg in base:
+            return alg
+    for line in text.splitlines():
+        line = line.strip().lstrip("\\")
+        if not line or line.startswith("#"):
+            continue
+        tag = _TAG_LINE.match(line)
+        if tag:
+            return tag.group("alg").lower()
+        head = line.split(None, 1)[0]
+        for alg, length in HEX_LENGTHS.items():
+            if len(head) == length:
+                return alg
+        break
+    raise ManifestError(f"{path}: cannot tell whether this is an md5 or sha256 list; name it md5sums.txt or "
+                        "sha256sums.txt, or pass the algorithm")
+
+
+def _parse_sums_line(line: str, algorithm: str, where: str) -> tuple[str, str]:
+    tag = _TAG_LINE.match(line)
+    if tag:
+        if tag.group("alg").lower() != algorithm:
+            raise ManifestError(f"{where}: {tag.group('alg')} line in a {algorithm} list")
+        return tag.group("name"), normalize_digest(tag.group("hex"), algorithm, where)
+    escaped = line.startswith("\\")
+    if escaped:
+        line = line[1:]
+    hexlen = HEX_LENGTHS[algorithm]
+    digest, rest = line[:hexlen], line[hexlen:]
+    if len(rest) < 2 or rest[0] not in " \t":
+        raise ManifestError(f"{where}: not a '{algorithm}sum' line: {line!r}")
+    # coreutils writes two characters: ' ' + (' ' text | '*' binary); accept one space too.
+    name = rest[2:] if rest[1] in " *" else rest[1:]
+    if escaped:
+        name = unescape_name(name, where)
+    return name, normalize_digest(digest, algorithm, where)
+
+
+def parse_sums(text: str, algorithm: str, source: str = "<sums>") -> dict[str, str]:
+    """Parse md5sum/sha256sum output into {relative path: hex digest}."""
+    if algorithm not in ALGORITHMS:
+        raise ManifestError(f"{source}: unknown algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
+    result: dict[str, str] = {}
+    for number, raw in enumerate(text.split("\n"), start=1):
+        line = raw[:-1] if raw.endswith("\r") and not raw.startswith("\\") else raw
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        where = f"{source}:{number}"
+        name, digest = _parse_sums_line(line, algorithm, where)
+        rel = normalize_relpath(name, where)
+        if rel in result and result[rel] != digest:
+            raise ManifestError(f"{where}: {rel} is listed twice with different {algorithm} digests")
+        result[rel] = digest
+    return result
+
+
+def load_sums_file(path: str, algorithm: str | None = None) -> dict[str, str]:
+    text = _read_text(path)
+    alg = algorithm or guess_algorithm(path, text)
+    return parse_sums(text, alg, source=path)
+
+
+def _strip_prefix(path: str, prefix: str) -> str | None:
+    if not prefix:
+        return path
+    if path.startswith(prefix + "/"):
+        return path[len(prefix) + 1 :]
+    return None
+
+
+def parse_manifest(data: object, prefix: str = "", source: str = "<manifest>") -> dict[str, Expected]:
+    """The bundle manifest ({"files": [...]}) -> {path relative to prefix: Expected}."""
+    if not isinstance(data, dict) or not isinstance(data.get("files"), list):
+        raise ManifestError(f"{source}: not a manifest: expected an object with a 'files' list")
+    norm_prefix = posixpath.normpath(prefix.strip("/")) if prefix.strip("/") else ""
+    result: dict[str, Expected] = {}
+    for index, entry in enumerate(data["files"]):
+        where = f"{source}: files[{index}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            raise ManifestError(f"{where}: each entry needs a 'path' string")
+        full = normalize_relpath(entry["path"], where)
+        rel = _strip_prefix(full, norm_prefix)
+        if rel is None:
+            continue
+        size = entry.get("size")
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+            raise ManifestError(f"{where}: size must be a non-negative integer, got {size!r}")
+        digests = {
+            alg: normalize_digest(entry[alg], alg, f"{where} ({full})")
+            for alg in ALGORITHMS
+            if entry.get(alg) is not None
+        }
+        if not digests:
+            raise ManifestError(f"{where} ({full}): no md5 or sha256 given")
+        result[rel] = Expected(path=rel, size=size, **digests)
+    if not result:
+        hint = f" under prefix {norm_prefix!r}" if norm_prefix else ""
+        raise ManifestError(f"{source}: no files{hint}; check the manifest path and prefix")
+    return result
+
+
+def load_manifest(path: str, prefix: str = "") -> dict[str, Expected]:
+    try:
+        data = json.loads(_read_text(path))
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{path}: invalid JSON: {exc}") from exc
+    return parse_manifest(data, prefix=prefix, source=path)
+
+
+def merge_expected(
+    *sources: dict[str, Expected], digest_maps: dict[str, dict[str, str]] | None = None
+) -> dict[str, Expected]:
+    """Combine several sources; the same file with two different digests is an error."""
+    merged: dict[str, dict] = {}
+    items: list[tuple[str, str, object]] = []
+    for source in sources:
+        for rel, exp in source.items():
+            for key, value in exp.as_dict().items():
+                items.append((rel, key, value))
+    for alg, mapping in (digest_maps or {}).items():
+        for rel, digest in mapping.items():
+            items.append((rel, alg, digest))
+    for rel, key, value in items:
+        slot = merged.setdefault(rel, {})
+        if value is None:
+            continue
+        if slot.get(key) not in (None, value):
+            raise ManifestError(f"{rel}: the checksum sources disagree on {key}: {slot[key]} vs {value}")
+        slot[key] = value
+    return {rel: Expected(path=rel, **fields) for rel, fields in sorted(merged.items())}
+
+
+def load_expected(paths: list[str], prefix: str = "") -> dict[str, Expected]:
+    """Load any mix of manifest.json and md5sum/sha256sum files, auto-detected by content."""
+    if not paths:
+        raise ManifestError("no checksum source given; pass a manifest.json or md5sums.txt/sha256sums.txt")
+    manifests: list[dict[str, Expected]] = []
+    digest_maps: dict[str, dict[str, str]] = {}
+    for path in paths:
+        text = _read_text(path)
+        if text.lstrip().startswith("{"):
+            manifests.append(load_manifest(path, prefix))
+            continue
+        alg = guess_algorithm(path, text)
+        parsed = parse_sums(text, alg, source=path)
+        if prefix:
+            norm = posixpath.normpath(prefix.strip("/"))
+            parsed = {r: d for r, d in ((_strip_prefix(k, norm), v) for k, v in parsed.items()) if r}
+        for rel, digest in parsed.items():
+            slot = digest_maps.setdefault(alg, {})
+            if slot.get(rel, digest) != digest:
+                raise ManifestError(f"{path}: {rel} has a different {alg} in another list")
+            slot[rel] = digest
+    return merge_expected(*manifests, digest_maps=digest_maps)
+
+
+def expected_fingerprint(expected: dict[str, Expected]) -> str:
+    """A stable text of the expectation (used in reports, not for security)."""
+    return json.dumps({k: v.as_dict() for k, v in sorted(expected.items())}, sort_keys=True)
+
+
+def render_sums(entries: list[tuple[str, str]], binary: bool = False) -> str:
+    """[(relative path, hex)] -> exact md5sum/sha256sum output, sorted by path."""
+    lines = []
+    marker = "*" if binary else " "
+    for rel, digest in sorted(entries):
+        name, escaped = escape_name(rel)
+        lead = "\\" if escaped else ""
+        lines.append(f"{lead}{digest} {marker}{name}")
+    return "".join(line + "\n" for line in lines)
+
+
+def render_manifest(entries: list[dict], name: str | None = None) -> str:
+    """[{path, size, md5, sha256}] -> manifest.json text (format 1), sorted by path."""
+    doc = {"format": 1, "name": name, "files": sorted(entries, key=lambda e: e["path"])}
+    return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", newline="") as handle:
+            return handle.read()
+    except FileNotFoundError as exc:
+        raise ManifestError(f"{path}: checksum file not found") from exc
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path}: not UTF-8 text ({exc})") from exc
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read: {exc.strerror}") from exc

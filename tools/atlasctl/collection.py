@@ -1,0 +1,46 @@
+"""Make the atlas.serving collection's module_utils importable from atlasctl and its tests.
+
+The collection lives in ``<repo>/collections/ansible_collections/atlas/serving``; its
+module_utils are plain standard-library Python, imported under the same name Ansible uses
+(``ansible_collections.atlas.serving.plugins.module_utils.<name>``), so the CLI and the
+modules run one implementation. ``ATLAS_COLLECTIONS_DIR`` overrides the location.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from atlasctl.errors import EnvironmentProblem
+
+COLLECTION_PACKAGE = "ansible_collections.atlas.serving"
+
+
+def collections_dir() -> Path:
+    """``<repo>/collections`` (atlasctl is installed editable from ``<repo>/tools``)."""
+    override = os.environ.get("ATLAS_COLLECTIONS_DIR")
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[2] / "collections"
+
+
+def ensure_on_path() -> Path:
+    path = collections_dir()
+    if not (path / "ansible_collections" / "atlas" / "serving").is_dir():
+        raise EnvironmentProblem(
+            f"{path}: the atlas.serving collection is not there",
+            fix="run atlasctl from its source checkout, or set ATLAS_COLLECTIONS_DIR to <repo>/collections",
+        )
+    text = str(path)
+    if text not in sys.path:
+        sys.path.insert(0, text)
+    return path
+
+
+def module_utils(name: str) -> ModuleType:
+    """Import ``ansible_collections.atlas.serving.plugins.module_utils.<name>``."""
+    ensure_on_path()
+    return importlib.import_module(f"{COLLECTION_PACKAGE}.plugins.module_utils.{name}")

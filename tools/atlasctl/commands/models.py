@@ -1,0 +1,247 @@
+"""`atlasctl models`: write and verify model checksums (md5 + sha256 in one read).
+
+    atlasctl models manifest DIR [--format sums|json] [--out PATH] [--prefix P]
+    atlasctl models verify DIR [--manifest F ...] [--prefix P] [--full] [--allow-extra]
+                               [--stamps PATH | --no-stamps] [--check] [--workers N] [--json]
+
+The work is done by the collection's module_utils (the same code as the
+``atlas.serving.model_verify`` module); this file parses, calls and renders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+from atlasctl import exitcodes
+from atlasctl.collection import module_utils
+from atlasctl.errors import UsageError
+
+checksums = module_utils("checksums")
+manifest = module_utils("manifest")
+
+SUMS_FILES = {"md5": "md5sums.txt", "sha256": "sha256sums.txt"}
+MANIFEST_FILE = "manifest.json"
+DEFAULT_SOURCES = (MANIFEST_FILE, SUMS_FILES["md5"], SUMS_FILES["sha256"])
+
+
+# --- library ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ManifestResult:
+    root: str
+    format: str
+    written: tuple[str, ...]
+    files: int
+    bytes: int
+    seconds: float
+
+    def as_dict(self) -> dict:
+        return {"root": self.root, "format": self.format, "written": list(self.written), "files": self.files,
+                "bytes": self.bytes, "seconds": round(self.seconds, 3)}
+
+
+def default_sources(root: str) -> list[str]:
+    return [os.path.join(root, name) for name in DEFAULT_SOURCES if os.path.isfile(os.path.join(root, name))]
+
+
+def _inside(root: str, path: str) -> str | None:
+    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(root)).replace(os.sep, "/")
+    return None if rel.startswith("../") else rel
+
+
+def write_manifest(root: str, fmt: str = "sums", out: str | None = None, prefix: str = "",
+                   workers: int | None = None, progress=None) -> ManifestResult:
+    """Hash every file under root once; write md5sums.txt + sha256sums.txt, or a JSON manifest."""
+    t0 = time.perf_counter()
+    if fmt == "sums":
+        out_dir = out or root
+        targets = [os.path.join(out_dir, SUMS_FILES[alg]) for alg in ("md5", "sha256")]
+    else:
+        targets = [out or os.path.join(root, MANIFEST_FILE)]
+    ignore = {rel for rel in (_inside(root, t) for t in targets if t != "-") if rel}
+    ignore |= set(DEFAULT_SOURCES)
+    digests = _digest(root, workers, progress, ignore)
+    if fmt == "sums":
+        for alg, target in zip(("md5", "sha256"), targets, strict=True):
+            _atomic_write(target, manifest.render_sums([(rel, getattr(d, alg)) for rel, d in digests.items()]))
+    else:
+        pre = prefix.strip("/")
+        entries = [{"path": f"{pre}/{rel}" if pre else rel, **d.as_dict()} for rel, d in digests.items()]
+        text = manifest.render_manifest(entries, name=os.path.basename(os.path.realpath(root)))
+        if targets[0] == "-":
+            sys.stdout.write(text)
+        else:
+            _atomic_write(targets[0], text)
+    return ManifestResult(root, fmt, tuple(t for t in targets if t != "-"), len(digests),
+                          sum(d.size for d in digests.values()), time.perf_counter() - t0)
+
+
+def _digest(root, workers, progress, ignore):
+    try:
+        return checksums.digest_tree(root, workers=workers, progress=progress, ignore=ignore)
+    except checksums.VerifyError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def verify_model(root: str, sources: list[str] | None = None, prefix: str = "", full: bool = False,
+                 allow_extra: bool = False, stamps: str | None = "", check: bool = False,
+                 workers: int | None = None, progress=None):
+    """Verify root against its checksum sources. stamps "" = default path, None = no stamps."""
+    sources = sources or default_sources(root)
+    if not sources:
+        raise UsageError(f"{root}: no checksum list given and none of {', '.join(DEFAULT_SOURCES)} is there",
+                         fix="pass --manifest FILE (a manifest.json or md5sum/sha256sum output)")
+    try:
+        expected = manifest.load_expected(sources, prefix=prefix)
+    except manifest.ManifestError as exc:
+        raise UsageError(str(exc), fix="pass checksum lists in md5sum/sha256sum or manifest.json format") from exc
+    stamps_path = checksums.default_stamps_path(root) if stamps == "" else stamps
+    ignore = {rel for rel in (_inside(root, s) for s in sources) if rel}
+    try:
+        return checksums.verify_tree(root, expected, stamps_path=stamps_path, full=full, workers=workers,
+                                     allow_extra=allow_extra, write_stamps=not check, ignore=ignore,
+                                     progress=progress)
+    except checksums.VerifyError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _atomic_write(path: str, text: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# --- rendering -------------------------------------------------------------------------------
+
+
+class TtyProgress:
+    """`\\r`-updated bytes/rate line on stderr, only when stderr is a terminal; at most 5 updates/s."""
+
+    def __init__(self, label: str, stream: TextIO = sys.stderr):
+        self.label = label
+        self.stream = stream
+        self.enabled = stream.isatty()
+        self.t0 = time.monotonic()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now - self.last < 0.2 and done < total):
+            return
+        self.last = now
+        rate = done / max(now - self.t0, 1e-6)
+        eta = (total - done) / rate if rate > 0 else 0
+        pct = 100 * done / total if total else 100
+        self.stream.write(f"\r{self.label}: {_gb(done)} / {_gb(total)} ({pct:3.0f}%)  "
+                          f"{rate / 1e6:7.1f} MB/s  ETA {eta:5.0f}s ")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def render_verify(report, check: bool, out: TextIO = sys.stdout) -> None:
+    for result in report.results:
+        if result.status == "ok":
+            continue
+        tolerated = result.status == "extra" and report.allow_extra
+        word = "EXTRA (allowed)" if tolerated else result.status.upper()
+        out.write(f"{word:10} {result.path}: {result.message}\n")
+    totals = report.totals()
+    verdict = "FAILED" if report.failed else "OK"
+    out.write(f"{verdict}: {totals['ok']}/{totals['files'] - totals['extra']} files ok in {report.root}; "
+              f"read {_gb(report.bytes_read)} in {totals['seconds']:.1f} s ({totals['mb_per_s']:.0f} MB/s, "
+              f"{totals['workers']} threads); {totals['from_stamps']} files ({_gb(report.bytes_skipped)}) "
+              "vouched for by stamps\n")
+    if report.stamps_changed:
+        did = "would write" if check else ("wrote" if report.stamps_written else "could not write")
+        out.write(f"{did} stamps: {report.stamps_path}\n")
+    for warning in report.warnings:
+        out.write(f"warning: {warning}\n")
+
+
+# --- CLI -------------------------------------------------------------------------------------
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("models", help="write and verify model checksums (md5 + sha256, one read)")
+    sub = parser.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+
+    mk = sub.add_parser("manifest", help="hash every file of DIR once; write md5sums.txt + sha256sums.txt or JSON")
+    mk.add_argument("dir", metavar="DIR")
+    mk.add_argument("--format", choices=("sums", "json"), default="sums")
+    mk.add_argument("--out", metavar="PATH",
+                    help="sums: directory for the two files (default DIR); json: file, '-' for stdout "
+                         f"(default DIR/{MANIFEST_FILE})")
+    mk.add_argument("--prefix", default="", help="json: prefix each path, e.g. models/qwen2.5-72b")
+    mk.add_argument("--workers", type=int, default=None, help="hashing threads (default: usable cores)")
+    mk.add_argument("--json", action="store_true", help="print the result as JSON")
+    mk.set_defaults(func=run_manifest)
+
+    vf = sub.add_parser("verify", help="verify DIR against md5sum/sha256sum lists or a manifest.json")
+    vf.add_argument("dir", metavar="DIR")
+    vf.add_argument("--manifest", action="append", metavar="FILE", default=[],
+                    help=f"checksum list (repeatable; default: {', '.join(DEFAULT_SOURCES)} found in DIR)")
+    vf.add_argument("--prefix", default="", help="only manifest entries under this subdirectory, e.g. models/x")
+    vf.add_argument("--full", action="store_true", help="read every file even if a stamp vouches for it")
+    vf.add_argument("--allow-extra", action="store_true", help="files not in the list do not fail the check")
+    group = vf.add_mutually_exclusive_group()
+    group.add_argument("--stamps", metavar="PATH", default="",
+                       help=f"stamp file (default DIR/{checksums.STAMP_FILE_NAME})")
+    group.add_argument("--no-stamps", action="store_true", help="neither read nor write stamps")
+    vf.add_argument("--check", action="store_true", help="verify but write no stamps")
+    vf.add_argument("--workers", type=int, default=None, help="hashing threads (default: usable cores)")
+    vf.add_argument("--json", action="store_true", help="print the report as JSON")
+    vf.set_defaults(func=run_verify)
+
+
+def run_manifest(args: argparse.Namespace) -> int:
+    progress = TtyProgress("hashing")
+    try:
+        result = write_manifest(args.dir, args.format, args.out, args.prefix, args.workers, progress)
+    finally:
+        progress.close()
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    elif "-" != args.out:
+        rate = result.bytes / 1e6 / result.seconds if result.seconds else 0
+        print(f"wrote {', '.join(result.written)}: {result.files} files, {_gb(result.bytes)} "
+              f"in {result.seconds:.1f} s ({rate:.0f} MB/s)")
+    return exitcodes.OK
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    progress = TtyProgress("verifying")
+    stamps = None if args.no_stamps else args.stamps
+    try:
+        report = verify_model(args.dir, args.manifest, args.prefix, args.full, args.allow_extra, stamps,
+                              args.check, args.workers, progress)
+    finally:
+        progress.close()
+    if args.json:
+        print(json.dumps(report.as_dict(), indent=2))
+    else:
+        render_verify(report, args.check)
+    return exitcodes.FAILED if report.failed else exitcodes.OK
