@@ -1,0 +1,150 @@
+"""The committed SGLang schema: real flags present, the seed article's fiction absent, extractor behaviour."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from atlasctl.errors import AtlasError
+from atlasctl.labkit.sglang_schema import PINNED_VERSION, extract_sglang_schema, load_schema, schema_path
+
+FICTION = ["--max-batch-size", "--enable-prefix-caching", "--rope-scaling", "--sglang-stream-num",
+           "--enable-cann-optimize"]
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict:
+    return load_schema(PINNED_VERSION)
+
+
+@pytest.fixture(scope="module")
+def by_option(schema: dict) -> dict[str, dict]:
+    return {opt: flag for flag in schema["flags"] for opt in flag["options"]}
+
+
+def test_header(schema: dict) -> None:
+    assert schema["engine"] == "sglang"
+    assert schema["version"] == PINNED_VERSION
+    assert schema["launch"] == "python -m sglang.launch_server"
+    assert schema["source"]["dist"] == f"sglang=={PINNED_VERSION}"
+    assert schema["source"]["file"] == "sglang/srt/server_args.py"
+    assert len(schema["source"]["sha256"]) == 64
+    assert len(schema["flags"]) > 250
+
+
+REAL = ["--model-path", "--device", "--attention-backend", "--tp-size", "--mem-fraction-static",
+        "--max-running-requests", "--chunked-prefill-size", "--context-length", "--page-size", "--kv-cache-dtype",
+        "--served-model-name", "--host", "--port", "--api-key", "--enable-metrics", "--disable-radix-cache",
+        "--max-prefill-tokens", "--dtype", "--json-model-override-args"]
+
+
+@pytest.mark.parametrize("option", REAL)
+def test_real_flag_present(by_option: dict, option: str) -> None:
+    assert option in by_option
+
+
+@pytest.mark.parametrize("option", FICTION)
+def test_article_fiction_absent(by_option: dict, option: str) -> None:
+    assert option not in by_option
+
+
+def test_flag_details(by_option: dict) -> None:
+    assert by_option["--model"] is by_option["--model-path"]
+    assert by_option["--model-path"]["required"] is True
+    assert by_option["--tp-size"]["dest"] == "tensor_parallel_size"  # argparse: first long spelling
+    assert by_option["--tp-size"]["options"] == ["--tensor-parallel-size", "--tp-size"]
+    assert by_option["--tp-size"]["type"] == "int"
+    assert by_option["--tp-size"]["default"] == 1
+    assert by_option["--port"]["default"] == 30000
+    assert by_option["--mem-fraction-static"]["type"] == "float"
+    assert by_option["--enable-metrics"]["type"] == "bool"
+    assert by_option["--enable-metrics"]["action"] == "store_true"
+    assert by_option["--enable-metrics"]["default"] is False
+    backend = by_option["--attention-backend"]
+    assert "ascend" in backend["choices"]
+    assert backend["choices_source"] == "constant:ATTENTION_BACKEND_CHOICES"
+    assert by_option["--kv-cache-dtype"]["choices"] == ["auto", "fp8_e5m2", "fp8_e4m3", "bf16", "bfloat16",
+                                                        "fp4_e2m1"]
+    assert "fp16" not in by_option["--kv-cache-dtype"]["choices"]
+    assert "float16" in by_option["--dtype"]["choices"]
+    assert by_option["--device"]["choices"] is None  # validated at run time by torch, not by argparse
+
+
+def test_env_and_metrics(schema: dict) -> None:
+    env = {e["name"]: e for e in schema["env"]}
+    assert "SGLANG_SET_CPU_AFFINITY" in env
+    assert all(name.startswith("SGLANG_") for name in env)
+    metrics = {m["name"]: m for m in schema["metrics"]}
+    for name in ["sglang:time_to_first_token_seconds", "sglang:e2e_request_latency_seconds",
+                 "sglang:inter_token_latency_seconds", "sglang:prompt_tokens_total",
+                 "sglang:generation_tokens_total", "sglang:num_running_reqs", "sglang:num_queue_reqs",
+                 "sglang:token_usage", "sglang:cache_hit_rate", "sglang:gen_throughput"]:
+        assert name in metrics
+    assert metrics["sglang:time_to_first_token_seconds"]["type"] == "histogram"
+
+
+FAKE_SERVER_ARGS = '''
+import argparse
+import dataclasses
+from sglang.srt.consts import MODES
+
+BACKENDS = ["triton", "ascend"]
+
+
+@dataclasses.dataclass
+class ServerArgs:
+    model_path: str
+    port: int = 30000
+    ratio: float = 0.5 * 2
+    backend: str = None
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser):
+        extra = ["x"]
+        parser.add_argument("--model-path", "--model", type=str, required=True, help="Model.")
+        parser.add_argument("--port", type=int, default=ServerArgs.port, help=f"Port {extra}.")
+        parser.add_argument("--ratio", nargs="?", const=0.7, type=float, default=ServerArgs.ratio)
+        parser.add_argument("--backend", choices=BACKENDS + ["cpu"], default=ServerArgs.backend)
+        parser.add_argument("--mode", choices=MODES)
+        parser.add_argument("--parser", choices=list(Registry.MAP.keys()))
+        parser.add_argument("--quiet", action="store_true")
+'''
+
+
+def test_extract_from_source_tree(tmp_path: Path) -> None:
+    src = tmp_path / "sglang/srt/server_args.py"
+    src.parent.mkdir(parents=True)
+    src.write_text(textwrap.dedent(FAKE_SERVER_ARGS))
+    (tmp_path / "sglang/srt/consts.py").write_text('MODES = ["a", "b"]\n')
+    (tmp_path / "sglang/srt/environ.py").write_text("class Envs:\n    SGLANG_FOO = EnvBool(True)\n")
+    (tmp_path / "sglang/other.py").write_text('import os\nX = os.environ.get("SGLANG_BAR", "1")\n')
+    schema = extract_sglang_schema(src, "9.9.9")
+    assert schema["source"]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
+    flags = {f["dest"]: f for f in schema["flags"]}
+    assert flags["model_path"]["options"] == ["--model-path", "--model"]
+    assert flags["port"]["default"] == 30000 and flags["port"]["help"] == "Port ['x']."
+    assert flags["ratio"]["default"] == 1.0
+    assert flags["ratio"]["const"] == 0.7 and flags["ratio"]["nargs"] == "?"
+    assert flags["backend"]["choices"] == ["triton", "ascend", "cpu"]
+    assert flags["mode"]["choices"] == ["a", "b"] and flags["mode"]["choices_source"] == "constant:MODES"
+    assert flags["parser"]["choices"] is None
+    assert flags["parser"]["choices_source"] == "runtime:list(Registry.MAP.keys())"
+    assert flags["quiet"]["type"] == "bool" and flags["quiet"]["default"] is False
+    env = {e["name"]: e for e in schema["env"]}
+    assert env["SGLANG_FOO"]["type"] == "bool" and env["SGLANG_FOO"]["default"] is True
+    assert env["SGLANG_BAR"]["default"] == "1" and env["SGLANG_BAR"]["read_by"] == ["sglang/other.py"]
+    json.dumps(schema)  # serialisable
+
+
+def test_extract_missing_file_names_input(tmp_path: Path) -> None:
+    with pytest.raises(AtlasError, match="does not exist"):
+        extract_sglang_schema(tmp_path / "nope.py", "0.5.6")
+
+
+def test_load_schema_missing_version() -> None:
+    with pytest.raises(AtlasError, match="no SGLang schema for 0.0.0"):
+        load_schema("0.0.0")
+    assert schema_path("0.0.0").name == "sglang-0.0.0.json"

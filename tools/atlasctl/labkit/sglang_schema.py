@@ -1,0 +1,441 @@
+"""The command line of a pinned SGLang release, extracted statically from its source.
+
+SGLang cannot run on the controller (its Ascend path needs torch_npu), yet the project must template only
+real flags and the lab's stand-in must accept exactly the real command line. This module reads
+``sglang/srt/server_args.py`` with :mod:`ast` (no import of sglang, no torch) and writes one JSON document:
+
+``{"engine", "version", "source": {"dist", "file", "sha256"}, "launch", "flags": [...], "env": [...],
+"metrics": [...]}``
+
+Each flag: ``options`` (all spellings), ``dest``, ``type`` (``str``/``int``/``float``/``bool``/``json``/
+``json_list``/``nullable_str``/``null``), ``action``, ``nargs``, ``const``, ``choices`` with
+``choices_source`` (``literal``, ``constant:<NAME>`` or ``runtime:<expression>`` when the choices are only
+known when SGLang runs), ``default`` (the ``ServerArgs`` dataclass field default where the flag uses one)
+with ``default_expr`` when it is not a literal, ``required`` and ``help``.
+
+``env`` lists the ``SGLANG_*`` variables the release reads (``envs`` fields of ``sglang/srt/environ.py``,
+``os.environ``/``os.getenv``/``get_bool_env_var``/``get_int_env_var`` reads); ``metrics`` lists the
+``sglang:*`` Prometheus families of ``sglang/srt/metrics/collector.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import operator
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from atlasctl.errors import AtlasError, EnvironmentProblem
+
+ENGINE = "sglang"
+PINNED_VERSION = "0.5.6"
+SERVER_ARGS_FILE = "sglang/srt/server_args.py"
+LAUNCH = "python -m sglang.launch_server"
+SCHEMA_DIR = Path(__file__).resolve().parents[3] / "collections/ansible_collections/atlas/serving/schemas"
+
+_ENV_NAME = re.compile(r"^SGLANG_[A-Z0-9_]+$")
+_ENV_READERS = {"getenv", "get", "get_bool_env_var", "get_int_env_var", "get_float_env_var", "pop"}
+_TYPE_NAMES = {"str": "str", "int": "int", "float": "float", "json_list_type": "json_list",
+               "nullable_str": "nullable_str", "loads": "json"}
+
+
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+class _Unresolved(Exception):
+    """An expression whose value is only known when SGLang runs."""
+
+
+def schema_path(version: str = PINNED_VERSION) -> Path:
+    """Where the committed schema of ``version`` lives."""
+    return SCHEMA_DIR / f"sglang-{version}.json"
+
+
+def load_schema(version: str = PINNED_VERSION) -> dict[str, Any]:
+    """The committed schema of ``version``; fails naming the file and how to create it."""
+    path = schema_path(version)
+    if not path.is_file():
+        raise AtlasError(f"no SGLang schema for {version} at {path}",
+                         fix=f"run refresh_sglang_schema({version!r}, {str(path)!r}) with PyPI reachable")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+@dataclass
+class _Resolver:
+    """Evaluates constant expressions of server_args.py, following its imports inside the package."""
+
+    package_root: Path
+    module: ast.Module
+    field_defaults: dict[str, ast.expr | None] = field(default_factory=dict)
+    local_names: dict[str, ast.expr] = field(default_factory=dict)
+    _modules: dict[str, ast.Module | None] = field(default_factory=dict)
+
+    def value(self, node: ast.expr, where: ast.Module | None = None) -> Any:
+        where = where or self.module
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.List | ast.Set):
+            return [self.value(elt, where) for elt in node.elts]
+        if isinstance(node, ast.Tuple):
+            return tuple(self.value(elt, where) for elt in node.elts)
+        if isinstance(node, ast.Dict):
+            pairs = zip(node.keys, node.values, strict=True)
+            return {self.value(k, where): self.value(v, where) for k, v in pairs if k is not None}
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -self.value(node.operand, where)
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
+            return _BINOPS[type(node.op)](self.value(node.left, where), self.value(node.right, where))
+        if isinstance(node, ast.JoinedStr):
+            return "".join(self._fstring_part(part, where) for part in node.values)
+        if isinstance(node, ast.Name):
+            return self._name(node.id, where)
+        if isinstance(node, ast.Attribute):
+            return self._attribute(node, where)
+        if isinstance(node, ast.Call):
+            return self._call(node, where)
+        raise _Unresolved(ast.unparse(node))
+
+    def _fstring_part(self, part: ast.expr, where: ast.Module) -> str:
+        if isinstance(part, ast.Constant):
+            return str(part.value)
+        if isinstance(part, ast.FormattedValue):
+            return str(self.value(part.value, where))
+        raise _Unresolved(ast.unparse(part))
+
+    def _name(self, name: str, where: ast.Module) -> Any:
+        if where is self.module and name in self.local_names:
+            return self.value(self.local_names[name], where)
+        for stmt in where.body:
+            target = _assigned(stmt, name)
+            if target is not None:
+                return self.value(target, where)
+            if isinstance(stmt, ast.ClassDef) and stmt.name == name:
+                return stmt
+        imported = self._import_of(name, where)
+        if imported is None:
+            raise _Unresolved(name)
+        return self._name(name, imported)
+
+    def _attribute(self, node: ast.Attribute, where: ast.Module) -> Any:
+        if isinstance(node.value, ast.Name) and node.value.id == "ServerArgs" and where is self.module:
+            if node.attr not in self.field_defaults:
+                raise _Unresolved(ast.unparse(node))
+            default = self.field_defaults[node.attr]
+            return None if default is None else self.value(default, where)
+        owner = self.value(node.value, where)
+        if isinstance(owner, ast.ClassDef):
+            for stmt in owner.body:
+                target = _assigned(stmt, node.attr)
+                if target is not None:
+                    return self.value(target, self._module_of_class(owner) or where)
+        raise _Unresolved(ast.unparse(node))
+
+    def _call(self, node: ast.Call, where: ast.Module) -> Any:
+        func = node.func
+        if isinstance(func, ast.Name) and func.id == "list" and len(node.args) == 1:
+            return list(self.value(node.args[0], where))
+        if isinstance(func, ast.Attribute) and func.attr == "keys" and not node.args:
+            mapping = self.value(func.value, where)
+            if isinstance(mapping, dict):
+                return list(mapping)
+        raise _Unresolved(ast.unparse(node))
+
+    def _module_of_class(self, cls: ast.ClassDef) -> ast.Module | None:
+        for module in [self.module, *[m for m in self._modules.values() if m is not None]]:
+            if cls in module.body:
+                return module
+        return None
+
+    def _import_of(self, name: str, where: ast.Module) -> ast.Module | None:
+        for stmt in where.body:
+            if isinstance(stmt, ast.ImportFrom) and stmt.module and stmt.level == 0:
+                if any((alias.asname or alias.name) == name for alias in stmt.names):
+                    return self._load(stmt.module)
+        return None
+
+    def _load(self, dotted: str) -> ast.Module | None:
+        if dotted not in self._modules:
+            base = self.package_root / dotted.replace(".", "/")
+            candidates = [base.with_suffix(".py"), base / "__init__.py"]
+            found = next((p for p in candidates if p.is_file()), None)
+            self._modules[dotted] = ast.parse(found.read_text(encoding="utf-8")) if found else None
+        return self._modules[dotted]
+
+
+def _assigned(stmt: ast.stmt, name: str) -> ast.expr | None:
+    if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in stmt.targets):
+        return stmt.value
+    if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == name:
+        return stmt.value
+    return None
+
+
+def _find_class(module: ast.Module, name: str) -> ast.ClassDef:
+    for stmt in module.body:
+        if isinstance(stmt, ast.ClassDef) and stmt.name == name:
+            return stmt
+    raise AtlasError(f"class {name} not found in {SERVER_ARGS_FILE}",
+                     fix="the SGLang release changed its layout; adapt atlasctl.labkit.sglang_schema")
+
+
+def _field_defaults(cls: ast.ClassDef) -> dict[str, ast.expr | None]:
+    defaults: dict[str, ast.expr | None] = {}
+    for stmt in cls.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            value = stmt.value
+            if isinstance(value, ast.Call) and ast.unparse(value.func) in {"field", "dataclasses.field"}:
+                kw = {k.arg: k.value for k in value.keywords}
+                value = kw.get("default")
+                if value is None and "default_factory" in kw:
+                    value = ast.Call(func=kw["default_factory"], args=[], keywords=[])
+            defaults[stmt.target.id] = value
+    return defaults
+
+
+def _add_cli_args(cls: ast.ClassDef) -> ast.FunctionDef:
+    for stmt in cls.body:
+        if isinstance(stmt, ast.FunctionDef) and stmt.name == "add_cli_args":
+            return stmt
+    raise AtlasError(f"ServerArgs.add_cli_args not found in {SERVER_ARGS_FILE}",
+                     fix="the SGLang release changed its layout; adapt atlasctl.labkit.sglang_schema")
+
+
+def _add_argument_calls(func: ast.FunctionDef) -> Iterator[ast.Call]:
+    for node in ast.walk(func):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "add_argument"):
+            yield node
+
+
+def _local_assignments(func: ast.FunctionDef) -> dict[str, ast.expr]:
+    names: dict[str, ast.expr] = {}
+    for node in ast.walk(func):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            names[node.targets[0].id] = node.value
+    return names
+
+
+def _flag_type(kw: dict[str, ast.expr]) -> str:
+    action = kw.get("action")
+    if isinstance(action, ast.Constant) and action.value in {"store_true", "store_false"}:
+        return "bool"
+    if "type" not in kw:
+        return "str"
+    name = ast.unparse(kw["type"]).split(".")[-1]
+    return _TYPE_NAMES.get(name, f"custom:{ast.unparse(kw['type'])}")
+
+
+def _flag(call: ast.Call, resolver: _Resolver) -> dict[str, Any]:
+    options = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+    kw = {k.arg: k.value for k in call.keywords if k.arg}
+    long = next((o for o in options if o.startswith("--")), options[0])
+    action_node = kw.get("action")
+    action = (action_node.value if isinstance(action_node, ast.Constant)
+              else f"custom:{ast.unparse(action_node)}" if action_node is not None else "store")
+    flag: dict[str, Any] = {
+        "options": options,
+        "dest": resolver.value(kw["dest"]) if "dest" in kw else long.lstrip("-").replace("-", "_"),
+        "type": _flag_type(kw),
+        "action": action,
+        "nargs": resolver.value(kw["nargs"]) if "nargs" in kw else None,
+        "required": bool(resolver.value(kw["required"])) if "required" in kw else False,
+    }
+    if "const" in kw:
+        flag["const"] = resolver.value(kw["const"])
+    flag.update(_choices(kw.get("choices"), resolver))
+    flag.update(_default(kw, action, resolver))
+    flag["help"] = _help(kw.get("help"), resolver)
+    return flag
+
+
+def _choices(node: ast.expr | None, resolver: _Resolver) -> dict[str, Any]:
+    if node is None:
+        return {"choices": None}
+    source = f"constant:{node.id}" if isinstance(node, ast.Name) else "literal"
+    try:
+        return {"choices": list(resolver.value(node)), "choices_source": source}
+    except _Unresolved:
+        return {"choices": None, "choices_source": f"runtime:{ast.unparse(node)}"}
+
+
+def _default(kw: dict[str, ast.expr], action: str, resolver: _Resolver) -> dict[str, Any]:
+    node = kw.get("default")
+    if node is None:
+        return {"default": action == "store_false" if action in {"store_true", "store_false"} else None}
+    try:
+        return {"default": resolver.value(node)}
+    except _Unresolved as exc:
+        return {"default": None, "default_expr": str(exc)}
+
+
+def _help(node: ast.expr | None, resolver: _Resolver) -> str:
+    if node is None:
+        return ""
+    try:
+        value = resolver.value(node)
+    except _Unresolved:
+        return ast.unparse(node)
+    return value if isinstance(value, str) else str(value)
+
+
+def _flags(source: str, package_root: Path) -> list[dict[str, Any]]:
+    module = ast.parse(source)
+    cls = _find_class(module, "ServerArgs")
+    func = _add_cli_args(cls)
+    resolver = _Resolver(package_root, module, _field_defaults(cls), _local_assignments(func))
+    return [_flag(call, resolver) for call in _add_argument_calls(func)]
+
+
+def _env_from_envs_class(path: Path) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    if not path.is_file():
+        return found
+    rel = path.as_posix().split("/sglang/", 1)[-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+            continue
+        if not isinstance(node.targets[0], ast.Name):
+            continue
+        name, value = node.targets[0].id, node.value
+        if _ENV_NAME.match(name) and isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            default: Any = None
+            if value.args:
+                try:
+                    default = ast.literal_eval(value.args[0])
+                except ValueError:
+                    default = ast.unparse(value.args[0])
+            kind = value.func.id.removeprefix("Env").lower()
+            found[name] = {"name": name, "type": kind, "default": default, "read_by": [f"sglang/{rel}:envs"]}
+    return found
+
+
+def _env_reads(tree: ast.AST) -> Iterator[tuple[str, Any]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            func = node.func
+            fname = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            arg = node.args[0].value
+            if fname in _ENV_READERS and isinstance(arg, str) and _ENV_NAME.match(arg):
+                second = node.args[1] if len(node.args) > 1 else None
+                yield arg, second.value if isinstance(second, ast.Constant) else None
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            arg = node.slice.value
+            if isinstance(arg, str) and _ENV_NAME.match(arg) and "environ" in ast.unparse(node.value):
+                yield arg, None
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant):
+            arg = node.left.value
+            container = ast.unparse(node.comparators[0])
+            if isinstance(arg, str) and _ENV_NAME.match(arg) and "environ" in container:
+                yield arg, None
+
+
+def _env(package_root: Path) -> list[dict[str, Any]]:
+    found = _env_from_envs_class(package_root / "sglang/srt/environ.py")
+    for path in sorted((package_root / "sglang").rglob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        rel = path.relative_to(package_root).as_posix()
+        for name, default in _env_reads(tree):
+            entry = found.setdefault(name, {"name": name, "type": "str", "default": default, "read_by": []})
+            if rel not in entry["read_by"]:
+                entry["read_by"].append(rel)
+    return [found[name] for name in sorted(found)]
+
+
+def _metrics(package_root: Path) -> list[dict[str, Any]]:
+    path = package_root / "sglang/srt/metrics/collector.py"
+    if not path.is_file():
+        return []
+    metrics: dict[str, dict[str, Any]] = {}
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id in {"Gauge", "Counter", "Histogram", "Summary"}):
+            continue
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        name = kw.get("name")
+        if isinstance(name, ast.Constant) and isinstance(name.value, str):
+            doc = kw.get("documentation")
+            metrics[name.value] = {
+                "name": name.value,
+                "type": node.func.id.lower(),
+                "documentation": doc.value if isinstance(doc, ast.Constant) else "",
+                "extra_labels": _extra_labels(kw.get("labelnames")),
+            }
+    return [metrics[n] for n in sorted(metrics)]
+
+
+def _extra_labels(node: ast.expr | None) -> list[str]:
+    if isinstance(node, ast.BinOp) and isinstance(node.right, ast.List):
+        return [e.value for e in node.right.elts if isinstance(e, ast.Constant)]
+    return []
+
+
+def extract_sglang_schema(source_file: Path, version: str) -> dict[str, Any]:
+    """The schema of ``version`` from its ``sglang/srt/server_args.py`` (the package tree around it is scanned
+    for imported constants, ``SGLANG_*`` environment variables and metric names)."""
+    source_file = Path(source_file)
+    if not source_file.is_file():
+        raise AtlasError(f"SGLang source file {source_file} does not exist",
+                         fix=f"pass the {SERVER_ARGS_FILE} of an unpacked sglang=={version} distribution")
+    data = source_file.read_bytes()
+    package_root = source_file.resolve().parents[2]
+    return {
+        "engine": ENGINE,
+        "version": version,
+        "source": {"dist": f"sglang=={version}", "file": SERVER_ARGS_FILE,
+                   "sha256": hashlib.sha256(data).hexdigest()},
+        "launch": LAUNCH,
+        "flags": _flags(data.decode("utf-8"), package_root),
+        "env": _env(package_root),
+        "metrics": _metrics(package_root),
+    }
+
+
+def _download(version: str, dest: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps",
+           "--only-binary", ":all:", "-d", str(dest), f"sglang=={version}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wheels = sorted(dest.glob("sglang-*.whl"))
+    if proc.returncode != 0 or not wheels:
+        raise EnvironmentProblem(f"pip download of sglang=={version} failed: {proc.stderr.strip()[-400:]}",
+                                 fix="check that PyPI is reachable and that the version exists")
+    return wheels[0]
+
+
+def refresh_sglang_schema(version: str, out: Path) -> Path:
+    """Download ``sglang==version`` (wheel, no dependencies) into a temporary directory, extract its schema
+    and write it to ``out``. Returns ``out``."""
+    out = Path(out)
+    with tempfile.TemporaryDirectory(prefix="sglang-schema-") as tmp:
+        wheel = _download(version, Path(tmp))
+        with zipfile.ZipFile(wheel) as zf:
+            members = [n for n in zf.namelist() if n.startswith("sglang/") and n.endswith(".py")]
+            zf.extractall(tmp, members=members)
+        schema = extract_sglang_schema(Path(tmp) / SERVER_ARGS_FILE, version)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(schema, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m atlasctl.labkit.sglang_schema [VERSION [OUT]]``: refresh a committed schema."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    version = args[0] if args else PINNED_VERSION
+    out = Path(args[1]) if len(args) > 1 else schema_path(version)
+    print(refresh_sglang_schema(version, out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
