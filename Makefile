@@ -1,0 +1,66 @@
+# Quick start on a fresh Debian 12 machine (root):
+#   make demo   # host packages, venv, lab, offline bundle, site.yml on the lab, fleet table
+#   make test   # lint + unit tests + lab integration tests
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+VENV := .venv
+PY := $(VENV)/bin/python
+ATLASCTL := $(VENV)/bin/atlasctl
+HOST_PACKAGES := debootstrap systemd-container nftables zstd openssh-client iproute2 rsync curl
+export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PYTHONUNBUFFERED := 1
+
+.PHONY: demo test lint unit lab-test host-deps venv lab-up lab-down bundle site bench-verify clean
+
+demo: host-deps venv
+	$(ATLASCTL) lab up
+	$(ATLASCTL) bundle build --spec inventory/lab/bundle.yml
+	$(VENV)/bin/ansible-playbook -i inventory/lab site.yml
+	$(ATLASCTL) health -i inventory/lab
+
+test: host-deps venv lint
+	$(VENV)/bin/pytest -ra tests
+
+unit: venv
+	$(VENV)/bin/pytest -ra -m "not lab" tests
+
+lab-test: host-deps venv
+	$(VENV)/bin/pytest -ra -m lab tests
+
+lint: venv
+	$(VENV)/bin/ruff check tools tests collections
+	$(VENV)/bin/yamllint -s .
+	$(VENV)/bin/ansible-lint --offline -q
+
+host-deps:
+	@missing=""; for p in $(HOST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing host packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	touch $@
+
+lab-up: host-deps venv
+	$(ATLASCTL) lab up
+
+lab-down: venv
+	$(ATLASCTL) lab down
+
+bundle: venv
+	$(ATLASCTL) bundle build --spec inventory/lab/bundle.yml
+
+site: venv
+	$(VENV)/bin/ansible-playbook -i inventory/lab site.yml
+
+bench-verify: venv
+	$(PY) -m atlasctl.verify_bench
+
+clean: lab-down
+	rm -rf $(VENV)

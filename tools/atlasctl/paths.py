@@ -1,0 +1,19 @@
+"""Machine-wide locations (DESIGN.md), overridable by environment variables."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def repo_root() -> Path:
+    """The checkout atlasctl runs from (tools/atlasctl/ -> repository root)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ATLAS_CACHE_DIR", "/var/cache/atlas-serving"))
+
+
+def lab_dir() -> Path:
+    return Path(os.environ.get("ATLAS_LAB_DIR", "/var/lib/atlas-lab"))
