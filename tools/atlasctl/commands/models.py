@@ -44,8 +44,14 @@ class ManifestResult:
     seconds: float
 
     def as_dict(self) -> dict:
-        return {"root": self.root, "format": self.format, "written": list(self.written), "files": self.files,
-                "bytes": self.bytes, "seconds": round(self.seconds, 3)}
+        return {
+            "root": self.root,
+            "format": self.format,
+            "written": list(self.written),
+            "files": self.files,
+            "bytes": self.bytes,
+            "seconds": round(self.seconds, 3),
+        }
 
 
 def default_sources(root: str) -> list[str]:
@@ -57,8 +63,14 @@ def _inside(root: str, path: str) -> str | None:
     return None if rel.startswith("../") else rel
 
 
-def write_manifest(root: str, fmt: str = "sums", out: str | None = None, prefix: str = "",
-                   workers: int | None = None, progress=None) -> ManifestResult:
+def write_manifest(
+    root: str,
+    fmt: str = "sums",
+    out: str | None = None,
+    prefix: str = "",
+    workers: int | None = None,
+    progress=None,
+) -> ManifestResult:
     """Hash every file under root once; write md5sums.txt + sha256sums.txt, or a JSON manifest."""
     t0 = time.perf_counter()
     if fmt == "sums":
@@ -71,7 +83,9 @@ def write_manifest(root: str, fmt: str = "sums", out: str | None = None, prefix:
     digests = _digest(root, workers, progress, ignore)
     if fmt == "sums":
         for alg, target in zip(("md5", "sha256"), targets, strict=True):
-            _atomic_write(target, manifest.render_sums([(rel, getattr(d, alg)) for rel, d in digests.items()]))
+            _atomic_write(
+                target, manifest.render_sums([(rel, getattr(d, alg)) for rel, d in digests.items()])
+            )
     else:
         pre = prefix.strip("/")
         entries = [{"path": f"{pre}/{rel}" if pre else rel, **d.as_dict()} for rel, d in digests.items()]
@@ -80,8 +94,14 @@ def write_manifest(root: str, fmt: str = "sums", out: str | None = None, prefix:
             sys.stdout.write(text)
         else:
             _atomic_write(targets[0], text)
-    return ManifestResult(root, fmt, tuple(t for t in targets if t != "-"), len(digests),
-                          sum(d.size for d in digests.values()), time.perf_counter() - t0)
+    return ManifestResult(
+        root,
+        fmt,
+        tuple(t for t in targets if t != "-"),
+        len(digests),
+        sum(d.size for d in digests.values()),
+        time.perf_counter() - t0,
+    )
 
 
 def _digest(root, workers, progress, ignore):
@@ -91,24 +111,44 @@ def _digest(root, workers, progress, ignore):
         raise UsageError(str(exc)) from exc
 
 
-def verify_model(root: str, sources: list[str] | None = None, prefix: str = "", full: bool = False,
-                 allow_extra: bool = False, stamps: str | None = "", check: bool = False,
-                 workers: int | None = None, progress=None):
+def verify_model(
+    root: str,
+    sources: list[str] | None = None,
+    prefix: str = "",
+    full: bool = False,
+    allow_extra: bool = False,
+    stamps: str | None = "",
+    check: bool = False,
+    workers: int | None = None,
+    progress=None,
+):
     """Verify root against its checksum sources. stamps "" = default path, None = no stamps."""
     sources = sources or default_sources(root)
     if not sources:
-        raise UsageError(f"{root}: no checksum list given and none of {', '.join(DEFAULT_SOURCES)} is there",
-                         fix="pass --manifest FILE (a manifest.json or md5sum/sha256sum output)")
+        raise UsageError(
+            f"{root}: no checksum list given and none of {', '.join(DEFAULT_SOURCES)} is there",
+            fix="pass --manifest FILE (a manifest.json or md5sum/sha256sum output)",
+        )
     try:
         expected = manifest.load_expected(sources, prefix=prefix)
     except manifest.ManifestError as exc:
-        raise UsageError(str(exc), fix="pass checksum lists in md5sum/sha256sum or manifest.json format") from exc
+        raise UsageError(
+            str(exc), fix="pass checksum lists in md5sum/sha256sum or manifest.json format"
+        ) from exc
     stamps_path = checksums.default_stamps_path(root) if stamps == "" else stamps
     ignore = {rel for rel in (_inside(root, s) for s in sources) if rel}
     try:
-        return checksums.verify_tree(root, expected, stamps_path=stamps_path, full=full, workers=workers,
-                                     allow_extra=allow_extra, write_stamps=not check, ignore=ignore,
-                                     progress=progress)
+        return checksums.verify_tree(
+            root,
+            expected,
+            stamps_path=stamps_path,
+            full=full,
+            workers=workers,
+            allow_extra=allow_extra,
+            write_stamps=not check,
+            ignore=ignore,
+            progress=progress,
+        )
     except checksums.VerifyError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -148,8 +188,10 @@ class TtyProgress:
         rate = done / max(now - self.t0, 1e-6)
         eta = (total - done) / rate if rate > 0 else 0
         pct = 100 * done / total if total else 100
-        self.stream.write(f"\r{self.label}: {_gb(done)} / {_gb(total)} ({pct:3.0f}%)  "
-                          f"{rate / 1e6:7.1f} MB/s  ETA {eta:5.0f}s ")
+        self.stream.write(
+            f"\r{self.label}: {_gb(done)} / {_gb(total)} ({pct:3.0f}%)  "
+            f"{rate / 1e6:7.1f} MB/s  ETA {eta:5.0f}s "
+        )
         self.stream.flush()
 
     def close(self) -> None:
@@ -171,10 +213,12 @@ def render_verify(report, check: bool, out: TextIO = sys.stdout) -> None:
         out.write(f"{word:10} {result.path}: {result.message}\n")
     totals = report.totals()
     verdict = "FAILED" if report.failed else "OK"
-    out.write(f"{verdict}: {totals['ok']}/{totals['files'] - totals['extra']} files ok in {report.root}; "
-              f"read {_gb(report.bytes_read)} in {totals['seconds']:.1f} s ({totals['mb_per_s']:.0f} MB/s, "
-              f"{totals['workers']} threads); {totals['from_stamps']} files ({_gb(report.bytes_skipped)}) "
-              "vouched for by stamps\n")
+    out.write(
+        f"{verdict}: {totals['ok']}/{totals['files'] - totals['extra']} files ok in {report.root}; "
+        f"read {_gb(report.bytes_read)} in {totals['seconds']:.1f} s ({totals['mb_per_s']:.0f} MB/s, "
+        f"{totals['workers']} threads); {totals['from_stamps']} files ({_gb(report.bytes_skipped)}) "
+        "vouched for by stamps\n"
+    )
     if report.stamps_changed:
         did = "would write" if check else ("wrote" if report.stamps_written else "could not write")
         out.write(f"{did} stamps: {report.stamps_path}\n")
@@ -189,12 +233,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("models", help="write and verify model checksums (md5 + sha256, one read)")
     sub = parser.add_subparsers(dest="models_command", metavar="ACTION", required=True)
 
-    mk = sub.add_parser("manifest", help="hash every file of DIR once; write md5sums.txt + sha256sums.txt or JSON")
+    mk = sub.add_parser(
+        "manifest", help="hash every file of DIR once; write md5sums.txt + sha256sums.txt or JSON"
+    )
     mk.add_argument("dir", metavar="DIR")
     mk.add_argument("--format", choices=("sums", "json"), default="sums")
-    mk.add_argument("--out", metavar="PATH",
-                    help="sums: directory for the two files (default DIR); json: file, '-' for stdout "
-                         f"(default DIR/{MANIFEST_FILE})")
+    mk.add_argument(
+        "--out",
+        metavar="PATH",
+        help="sums: directory for the two files (default DIR); json: file, '-' for stdout "
+        f"(default DIR/{MANIFEST_FILE})",
+    )
     mk.add_argument("--prefix", default="", help="json: prefix each path, e.g. models/qwen2.5-72b")
     mk.add_argument("--workers", type=int, default=None, help="hashing threads (default: usable cores)")
     mk.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -202,14 +251,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     vf = sub.add_parser("verify", help="verify DIR against md5sum/sha256sum lists or a manifest.json")
     vf.add_argument("dir", metavar="DIR")
-    vf.add_argument("--manifest", action="append", metavar="FILE", default=[],
-                    help=f"checksum list (repeatable; default: {', '.join(DEFAULT_SOURCES)} found in DIR)")
-    vf.add_argument("--prefix", default="", help="only manifest entries under this subdirectory, e.g. models/x")
+    vf.add_argument(
+        "--manifest",
+        action="append",
+        metavar="FILE",
+        default=[],
+        help=f"checksum list (repeatable; default: {', '.join(DEFAULT_SOURCES)} found in DIR)",
+    )
+    vf.add_argument(
+        "--prefix", default="", help="only manifest entries under this subdirectory, e.g. models/x"
+    )
     vf.add_argument("--full", action="store_true", help="read every file even if a stamp vouches for it")
     vf.add_argument("--allow-extra", action="store_true", help="files not in the list do not fail the check")
     group = vf.add_mutually_exclusive_group()
-    group.add_argument("--stamps", metavar="PATH", default="",
-                       help=f"stamp file (default DIR/{checksums.STAMP_FILE_NAME})")
+    group.add_argument(
+        "--stamps", metavar="PATH", default="", help=f"stamp file (default DIR/{checksums.STAMP_FILE_NAME})"
+    )
     group.add_argument("--no-stamps", action="store_true", help="neither read nor write stamps")
     vf.add_argument("--check", action="store_true", help="verify but write no stamps")
     vf.add_argument("--workers", type=int, default=None, help="hashing threads (default: usable cores)")
@@ -227,8 +284,10 @@ def run_manifest(args: argparse.Namespace) -> int:
         print(json.dumps(result.as_dict(), indent=2))
     elif "-" != args.out:
         rate = result.bytes / 1e6 / result.seconds if result.seconds else 0
-        print(f"wrote {', '.join(result.written)}: {result.files} files, {_gb(result.bytes)} "
-              f"in {result.seconds:.1f} s ({rate:.0f} MB/s)")
+        print(
+            f"wrote {', '.join(result.written)}: {result.files} files, {_gb(result.bytes)} "
+            f"in {result.seconds:.1f} s ({rate:.0f} MB/s)"
+        )
     return exitcodes.OK
 
 
@@ -236,8 +295,17 @@ def run_verify(args: argparse.Namespace) -> int:
     progress = TtyProgress("verifying")
     stamps = None if args.no_stamps else args.stamps
     try:
-        report = verify_model(args.dir, args.manifest, args.prefix, args.full, args.allow_extra, stamps,
-                              args.check, args.workers, progress)
+        report = verify_model(
+            args.dir,
+            args.manifest,
+            args.prefix,
+            args.full,
+            args.allow_extra,
+            stamps,
+            args.check,
+            args.workers,
+            progress,
+        )
     finally:
         progress.close()
     if args.json:

@@ -24,9 +24,9 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
 
 # Ansible ships module_utils under ansible_collections; atlasctl puts <repo>/collections on sys.path.
 from ansible_collections.atlas.serving.plugins.module_utils.manifest import ALGORITHMS, Expected
@@ -434,8 +434,15 @@ def _result_from_read(rel: str, exp: Expected, outcome: _ReadOutcome) -> FileRes
         return FileResult(rel, STATUS_ERROR, "read", expected, None, (), outcome.error or "cannot read")
     actual = outcome.digests.as_dict()
     if outcome.before != outcome.after:
-        return FileResult(rel, STATUS_ERROR, "read", expected, actual, (),
-                          "file changed while it was being read; run the verification again")
+        return FileResult(
+            rel,
+            STATUS_ERROR,
+            "read",
+            expected,
+            actual,
+            (),
+            "file changed while it was being read; run the verification again",
+        )
     bad, text = _compare(exp, outcome.digests)
     if bad:
         return FileResult(rel, STATUS_MISMATCH, "read", expected, actual, bad, text)
@@ -486,8 +493,9 @@ def verify_tree(
             results[rel] = FileResult(rel, STATUS_MISSING, None, exp.as_dict(), None, (), "missing")
             continue
         except OSError as exc:
-            results[rel] = FileResult(rel, STATUS_ERROR, None, exp.as_dict(), None, (),
-                                      f"cannot stat: {exc.strerror}")
+            results[rel] = FileResult(
+                rel, STATUS_ERROR, None, exp.as_dict(), None, (), f"cannot stat: {exc.strerror}"
+            )
             continue
         if not os.path.isfile(path):
             results[rel] = FileResult(rel, STATUS_ERROR, None, exp.as_dict(), None, (), "not a regular file")
@@ -515,8 +523,9 @@ def verify_tree(
 
     for rel in list_files(root, ignore_set):
         if rel not in expected:
-            results[rel] = FileResult(rel, STATUS_EXTRA, None, None, None, (),
-                                      "not in the checksum list (unexpected extra file)")
+            results[rel] = FileResult(
+                rel, STATUS_EXTRA, None, None, None, (), "not in the checksum list (unexpected extra file)"
+            )
 
     stamps_changed = bool(stamps_path) and new_stamps != old_stamps
     stamps_written = False
@@ -525,8 +534,10 @@ def verify_tree(
             save_stamps(stamps_path, root, new_stamps)
             stamps_written = True
         except OSError as exc:
-            warnings.append(f"{stamps_path}: cannot write stamps ({exc.strerror}); the next run will read "
-                            "every file again. Set a writable stamp path outside the model directory.")
+            warnings.append(
+                f"{stamps_path}: cannot write stamps ({exc.strerror}); the next run will read "
+                "every file again. Set a writable stamp path outside the model directory."
+            )
 
     return Report(
         root=root,

@@ -52,7 +52,9 @@ def normalize_relpath(name: str, where: str) -> str:
     if not name:
         raise ManifestError(f"{where}: empty file name")
     if name.startswith("/"):
-        raise ManifestError(f"{where}: absolute path {name!r}; checksum files must name paths relative to the model root")
+        raise ManifestError(
+            f"{where}: absolute path {name!r}; checksum files must name paths relative to the model root"
+        )
     norm = posixpath.normpath(name)
     if norm == "." or norm == ".." or norm.startswith("../"):
         raise ManifestError(f"{where}: path {name!r} is outside the root")
@@ -119,8 +121,10 @@ def guess_algorithm(path: str, text: str) -> str:
             if len(head) == length:
                 return alg
         break
-    raise ManifestError(f"{path}: cannot tell whether this is an md5 or sha256 list; name it md5sums.txt or "
-                        "sha256sums.txt, or pass the algorithm")
+    raise ManifestError(
+        f"{path}: cannot tell whether this is an md5 or sha256 list; name it md5sums.txt or "
+        "sha256sums.txt, or pass the algorithm"
+    )
 
 
 def _parse_sums_line(line: str, algorithm: str, where: str) -> tuple[str, str]:

@@ -1,0 +1,230 @@
+#!/usr/bin/python
+# Copyright: (c) 2025, atlas.serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: model_verify
+short_description: Verify a model directory against md5 and sha256 lists in one read
+description:
+  - Reads every file of O(path) once and checks md5 and sha256 from the same buffers, hashing
+    files in parallel threads.
+  - Expected checksums come from C(md5sum)/C(sha256sum) output files (text or binary C(*) markers,
+    backslash-escaped names, C(--tag) lines) and/or a bundle C(manifest.json)
+    (C({"files": [{"path", "size", "sha256", "md5"}]})), restricted to O(prefix).
+  - Reports each file as C(ok), C(mismatch) (naming the algorithm, expected and actual digest),
+    C(missing), C(extra) (not in any list) or C(error).
+  - After a successful read a stamp per file (size, mtime_ns, ctime_ns, inode, device, digests) is
+    stored in O(stamp_path). A later run skips the read of a file whose stamp still matches both
+    the file and the expected digests. Any edit changes ctime, a replaced file changes inode, and a
+    changed list changes the expected digests, so a stamp never vouches for a changed file.
+version_added: 0.1.0
+author:
+  - atlas.serving contributors
+options:
+  path:
+    description: Model directory (the root the checksum lists are relative to).
+    type: path
+    required: true
+  checksums:
+    description:
+      - Checksum lists, any mix of C(manifest.json) and C(md5sum)/C(sha256sum) output, detected by content.
+      - Default is whichever of C(manifest.json), C(md5sums.txt), C(sha256sums.txt) exist in O(path).
+      - Lists inside O(path) are not reported as extra files.
+    type: list
+    elements: path
+    default: []
+    aliases: [manifest]
+  prefix:
+    description:
+      - Use only list entries under this subdirectory and strip it, for example C(models/qwen2.5-72b)
+        when O(checksums) is the bundle's C(manifest.json) and O(path) is the staged model.
+    type: str
+    default: ''
+  allow_extra:
+    description: Files under O(path) that no list names are reported; with V(false) they fail the task.
+    type: bool
+    default: false
+  full:
+    description: Read every file even when a stamp vouches for it.
+    type: bool
+    default: false
+  stamps:
+    description: Read and write verification stamps. V(false) reads every file every time.
+    type: bool
+    default: true
+  stamp_path:
+    description:
+      - Stamp file. Default C(<path>/.atlas-verified.json). Set it outside O(path) when O(path) is read-only.
+    type: path
+  workers:
+    description: Hashing threads. Default is the number of usable cores (at most 8).
+    type: int
+notes:
+  - Check mode verifies (reads) but writes no stamps; C(changed) then says whether stamps would be written.
+  - C(changed) is true only when the stamp file was written.
+  - On a filesystem with whole-second timestamps, files modified less than 2 seconds before the read are
+    verified but not stamped.
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Models | verify the staged model against the vendor lists
+  atlas.serving.model_verify:
+    path: /var/lib/atlas/models/qwen2.5-72b
+    checksums:
+      - /var/lib/atlas/models/qwen2.5-72b/md5sums.txt
+      - /var/lib/atlas/models/qwen2.5-72b/sha256sums.txt
+
+- name: Models | verify against the bundle manifest, stamps kept outside the model
+  atlas.serving.model_verify:
+    path: /var/lib/atlas/models/qwen2.5-72b
+    checksums: [/srv/atlas-bundle/manifest.json]
+    prefix: models/qwen2.5-72b
+    stamp_path: /var/lib/atlas/stamps/qwen2.5-72b.json
+
+- name: Models | force a full re-read
+  atlas.serving.model_verify:
+    path: /var/lib/atlas/models/qwen2.5-72b
+    full: true
+"""
+
+RETURN = r"""
+ok:
+  description: True when no file failed (mismatch, missing, error, or extra without O(allow_extra)).
+  returned: always
+  type: bool
+files:
+  description: One entry per expected or extra file.
+  returned: always
+  type: list
+  elements: dict
+  sample:
+    - path: model-00001-of-00002.safetensors
+      status: mismatch
+      source: read
+      expected: {size: 1048576, md5: 0cc175b9c0f1b6a831c399e269772661, sha256: ca97...}
+      actual: {size: 1048576, md5: 92eb5ffee6ae2fec3ad71c777531578f, sha256: 3e23...}
+      mismatched: [md5, sha256]
+      message: "md5 expected 0cc1..., actual 92eb...; sha256 expected ca97..., actual 3e23..."
+totals:
+  description: Counts and throughput.
+  returned: always
+  type: dict
+  sample:
+    files: 38
+    ok: 38
+    mismatch: 0
+    missing: 0
+    extra: 0
+    error: 0
+    from_stamps: 37
+    bytes_read: 4294967296
+    bytes_skipped: 135291469824
+    seconds: 5.1
+    mb_per_s: 842.1
+    workers: 2
+stamp_path:
+  description: The stamp file used, or null when O(stamps=false).
+  returned: always
+  type: str
+stamps_written:
+  description: Whether the stamp file was (re)written in this run.
+  returned: always
+  type: bool
+"""
+
+# Imports follow the documentation blocks, as in ansible-core's modules.
+import os  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.atlas.serving.plugins.module_utils.checksums import (  # noqa: E402
+    STAMP_FILE_NAME,
+    VerifyError,
+    verify_tree,
+)
+from ansible_collections.atlas.serving.plugins.module_utils.manifest import (  # noqa: E402
+    ManifestError,
+    load_expected,
+)
+
+DEFAULT_LISTS = ("manifest.json", "md5sums.txt", "sha256sums.txt")
+
+
+def _relative_inside(root, path):
+    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(root)).replace(os.sep, "/")
+    return None if rel.startswith("../") else rel
+
+
+def run_module():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type="path", required=True),
+            checksums=dict(type="list", elements="path", default=[], aliases=["manifest"]),
+            prefix=dict(type="str", default=""),
+            allow_extra=dict(type="bool", default=False),
+            full=dict(type="bool", default=False),
+            stamps=dict(type="bool", default=True),
+            stamp_path=dict(type="path"),
+            workers=dict(type="int"),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    root = p["path"]
+    lists = p["checksums"] or [os.path.join(root, n) for n in DEFAULT_LISTS if os.path.isfile(os.path.join(root, n))]
+    if not lists:
+        module.fail_json(
+            msg=f"{root}: no checksum list given and none of {', '.join(DEFAULT_LISTS)} is there; "
+            "set checksums to a manifest.json or md5sum/sha256sum output file"
+        )
+    if p["workers"] is not None and p["workers"] < 1:
+        module.fail_json(msg=f"workers must be at least 1, got {p['workers']}")
+    try:
+        expected = load_expected(lists, prefix=p["prefix"])
+    except ManifestError as exc:
+        module.fail_json(msg=str(exc))
+    stamp_path = None
+    if p["stamps"]:
+        stamp_path = p["stamp_path"] or os.path.join(root, STAMP_FILE_NAME)
+    ignore = {rel for rel in (_relative_inside(root, x) for x in lists) if rel}
+    try:
+        report = verify_tree(
+            root,
+            expected,
+            stamps_path=stamp_path,
+            full=p["full"],
+            workers=p["workers"],
+            allow_extra=p["allow_extra"],
+            write_stamps=not module.check_mode,
+            ignore=ignore,
+        )
+    except VerifyError as exc:
+        module.fail_json(msg=str(exc))
+    for warning in report.warnings:
+        module.warn(warning)
+    result = dict(
+        changed=report.stamps_written or (module.check_mode and report.stamps_changed),
+        ok=not report.failed,
+        files=[r.as_dict() for r in report.results],
+        totals=report.totals(),
+        stamp_path=stamp_path,
+        stamps_written=report.stamps_written,
+    )
+    if report.failed:
+        module.fail_json(msg=report.failure_message(), **result)
+    module.exit_json(**result)
+
+
+def main():
+    run_module()
+
+
+if __name__ == "__main__":
+    main()
