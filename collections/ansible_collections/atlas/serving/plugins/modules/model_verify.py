@@ -13,11 +13,11 @@ description:
     files in parallel threads.
   - Expected checksums come from C(md5sum)/C(sha256sum) output files (text or binary C(*) markers,
     backslash-escaped names, C(--tag) lines) and/or a bundle C(manifest.json)
-    (C({"files": [{"path", "size", "sha256", "md5"}]})), restricted to O(prefix).
+    (a C(files) list of C(path), C(size), C(sha256), C(md5)), restricted to O(prefix).
   - Reports each file as C(ok), C(mismatch) (naming the algorithm, expected and actual digest),
     C(missing), C(extra) (not in any list) or C(error).
   - After a successful read a stamp per file (size, mtime_ns, ctime_ns, inode, device, digests) is
-    stored in O(stamp_path). A later run skips the read of a file whose stamp still matches both
+    stored in O(stamp_file). A later run skips the read of a file whose stamp still matches both
     the file and the expected digests. Any edit changes ctime, a replaced file changes inode, and a
     changed list changes the expected digests, so a stamp never vouches for a changed file.
 version_added: 0.1.0
@@ -28,21 +28,30 @@ options:
     description: Model directory (the root the checksum lists are relative to).
     type: path
     required: true
-  checksums:
+  manifest:
     description:
-      - Checksum lists, any mix of C(manifest.json) and C(md5sum)/C(sha256sum) output, detected by content.
-      - Default is whichever of C(manifest.json), C(md5sums.txt), C(sha256sums.txt) exist in O(path).
-      - Lists inside O(path) are not reported as extra files.
+      - A bundle C(manifest.json) (a C(files) list of C(path), C(size), C(sha256), C(md5)).
+        An C(md5sum)/C(sha256sum) output file is accepted here too (the format is detected by content).
+      - Without O(manifest) and O(checksum_files), whichever of C(manifest.json), C(md5sums.txt),
+        C(sha256sums.txt) exist in O(path) are used.
+    type: path
+  checksum_files:
+    description:
+      - C(md5sum)/C(sha256sum) output files (text or binary C(*) markers, backslash-escaped names,
+        C(--tag) lines); the algorithm is taken from the file name or the digest length.
+      - Combined with O(manifest); two sources that disagree about a file fail the task.
+      - Checksum files inside O(path) are not reported as extra files.
     type: list
     elements: path
     default: []
-    aliases: [manifest]
+    aliases: [checksums]
   prefix:
     description:
-      - Use only list entries under this subdirectory and strip it, for example C(models/qwen2.5-72b)
-        when O(checksums) is the bundle's C(manifest.json) and O(path) is the staged model.
+      - Use only entries under this subdirectory and strip it, for example C(models/qwen2.5-72b)
+        when O(manifest) is the bundle's C(manifest.json) and O(path) is the staged model.
     type: str
     default: ''
+    aliases: [manifest_prefix]
   allow_extra:
     description: Files under O(path) that no list names are reported; with V(false) they fail the task.
     type: bool
@@ -55,10 +64,11 @@ options:
     description: Read and write verification stamps. V(false) reads every file every time.
     type: bool
     default: true
-  stamp_path:
+  stamp_file:
     description:
       - Stamp file. Default C(<path>/.atlas-verified.json). Set it outside O(path) when O(path) is read-only.
     type: path
+    aliases: [stamp_path]
   workers:
     description: Hashing threads. Default is the number of usable cores (at most 8).
     type: int
@@ -78,16 +88,16 @@ EXAMPLES = r"""
 - name: Models | verify the staged model against the vendor lists
   atlas.serving.model_verify:
     path: /var/lib/atlas/models/qwen2.5-72b
-    checksums:
+    checksum_files:
       - /var/lib/atlas/models/qwen2.5-72b/md5sums.txt
       - /var/lib/atlas/models/qwen2.5-72b/sha256sums.txt
 
 - name: Models | verify against the bundle manifest, stamps kept outside the model
   atlas.serving.model_verify:
     path: /var/lib/atlas/models/qwen2.5-72b
-    checksums: [/srv/atlas-bundle/manifest.json]
+    manifest: /srv/atlas-bundle/manifest.json
     prefix: models/qwen2.5-72b
-    stamp_path: /var/lib/atlas/stamps/qwen2.5-72b.json
+    stamp_file: /var/lib/atlas/stamps/qwen2.5-72b.json
 
 - name: Models | force a full re-read
   atlas.serving.model_verify:
@@ -130,7 +140,7 @@ totals:
     seconds: 5.1
     mb_per_s: 842.1
     workers: 2
-stamp_path:
+stamp_file:
   description: The stamp file used, or null when O(stamps=false).
   returned: always
   type: str
@@ -166,23 +176,26 @@ def run_module():
     module = AnsibleModule(
         argument_spec=dict(
             path=dict(type="path", required=True),
-            checksums=dict(type="list", elements="path", default=[], aliases=["manifest"]),
-            prefix=dict(type="str", default=""),
+            manifest=dict(type="path"),
+            checksum_files=dict(type="list", elements="path", default=[], aliases=["checksums"]),
+            prefix=dict(type="str", default="", aliases=["manifest_prefix"]),
             allow_extra=dict(type="bool", default=False),
             full=dict(type="bool", default=False),
             stamps=dict(type="bool", default=True),
-            stamp_path=dict(type="path"),
+            stamp_file=dict(type="path", aliases=["stamp_path"]),
             workers=dict(type="int"),
         ),
         supports_check_mode=True,
     )
     p = module.params
     root = p["path"]
-    lists = p["checksums"] or [os.path.join(root, n) for n in DEFAULT_LISTS if os.path.isfile(os.path.join(root, n))]
+    lists = ([p["manifest"]] if p["manifest"] else []) + p["checksum_files"]
+    if not lists:
+        lists = [os.path.join(root, n) for n in DEFAULT_LISTS if os.path.isfile(os.path.join(root, n))]
     if not lists:
         module.fail_json(
             msg=f"{root}: no checksum list given and none of {', '.join(DEFAULT_LISTS)} is there; "
-            "set checksums to a manifest.json or md5sum/sha256sum output file"
+            "set manifest (a manifest.json) or checksum_files (md5sum/sha256sum output)"
         )
     if p["workers"] is not None and p["workers"] < 1:
         module.fail_json(msg=f"workers must be at least 1, got {p['workers']}")
@@ -192,7 +205,7 @@ def run_module():
         module.fail_json(msg=str(exc))
     stamp_path = None
     if p["stamps"]:
-        stamp_path = p["stamp_path"] or os.path.join(root, STAMP_FILE_NAME)
+        stamp_path = p["stamp_file"] or os.path.join(root, STAMP_FILE_NAME)
     ignore = {rel for rel in (_relative_inside(root, x) for x in lists) if rel}
     try:
         report = verify_tree(
@@ -214,7 +227,7 @@ def run_module():
         ok=not report.failed,
         files=[r.as_dict() for r in report.results],
         totals=report.totals(),
-        stamp_path=stamp_path,
+        stamp_file=stamp_path,
         stamps_written=report.stamps_written,
     )
     if report.failed:
