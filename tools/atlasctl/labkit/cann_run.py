@@ -82,9 +82,15 @@ class CannPackageSpec:
 def package_files(version: str, arch: str = "x86_64", soc: str = "910b") -> list[CannPackageSpec]:
     """The packages of CANN ``version`` in install order (toolkit, kernels/ops, NNAL)."""
     _validate(version, arch, soc)
-    specs = [CannPackageSpec("toolkit", "toolkit", "Ascend-cann-toolkit",
-                             f"Ascend-cann-toolkit_{version}_linux-{arch}.run",
-                             f"Ascend-cann-toolkit_{version}_linux-{arch}.run")]
+    specs = [
+        CannPackageSpec(
+            "toolkit",
+            "toolkit",
+            "Ascend-cann-toolkit",
+            f"Ascend-cann-toolkit_{version}_linux-{arch}.run",
+            f"Ascend-cann-toolkit_{version}_linux-{arch}.run",
+        )
+    ]
     if uses_cann_layout(version):
         name = f"Ascend-cann-{soc}-ops_{version}_linux-{arch}.run"
         specs.append(CannPackageSpec("kernels", "ops", f"Ascend-cann-{soc}-ops", name, name))
@@ -142,8 +148,14 @@ def _validate(version: str, arch: str, soc: str) -> None:
 def _payload_files(spec: CannPackageSpec, version: str, arch: str, soc: str) -> dict[str, tuple[bytes, int]]:
     layout = "cann" if uses_cann_layout(version) else "ascend-toolkit"
     info = {
-        "KIND": spec.kind, "PKG_NAME": spec.package_name, "PKG_FILE": spec.run_name, "VERSION": version,
-        "INNERVERSION": innerversion(version), "ARCH": arch, "SOC": soc, "LAYOUT": layout,
+        "KIND": spec.kind,
+        "PKG_NAME": spec.package_name,
+        "PKG_FILE": spec.run_name,
+        "VERSION": version,
+        "INNERVERSION": innerversion(version),
+        "ARCH": arch,
+        "SOC": soc,
+        "LAYOUT": layout,
         "LOG_TAG": _LOG_TAGS[spec.kind],
     }
     package_info = "".join(f'{key}="{value}"\n' for key, value in info.items()).encode()
@@ -162,7 +174,7 @@ def _component_files(kind: str, version: str, arch: str, soc: str) -> dict[str, 
     if kind == "toolkit":
         return {
             "bin/atc": f"#!/bin/bash\necho 'ATC start working now, please wait for a moment.'\n"
-                       f"echo 'CANN {version} stand-in: no NPU compiler in the lab' >&2\nexit 1\n",
+            f"echo 'CANN {version} stand-in: no NPU compiler in the lab' >&2\nexit 1\n",
             "lib64/libascendcl.so": stub,
             "lib64/libhccl.so": stub,
             "python/site-packages/acl/__init__.py": f'"""CANN {version} stand-in."""\n',
@@ -173,9 +185,10 @@ def _component_files(kind: str, version: str, arch: str, soc: str) -> dict[str, 
     if kind in ("kernels", "ops"):
         base = f"opp/built-in/op_impl/ai_core/tbe/kernel/ascend{soc}"
         return {f"{base}/binary_info_config.json": "{}\n", f"{base}/add/Add_stub.json": "{}\n"}
-    return {
-        f"atb/cxx_abi_{abi}/lib/libatb.so": stub for abi in (0, 1)
-    } | {"atb/cxx_abi_1/bin/.keep": "", "atb/cxx_abi_0/bin/.keep": ""}
+    return {f"atb/cxx_abi_{abi}/lib/libatb.so": stub for abi in (0, 1)} | {
+        "atb/cxx_abi_1/bin/.keep": "",
+        "atb/cxx_abi_0/bin/.keep": "",
+    }
 
 
 def _tar_gz(files: dict[str, tuple[bytes, int]]) -> bytes:

@@ -1,0 +1,279 @@
+"""The CANN installer test doubles, run for real: build, check, install, upgrade, uninstall."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from atlasctl.labkit.cann_run import (
+    CannBuildError,
+    build_cann_packages,
+    package_files,
+    version_key,
+)
+
+
+@pytest.fixture()
+def env(tmp_path: Path) -> dict[str, str]:
+    return {**os.environ, "ATLAS_CANN_SYSROOT": str(tmp_path / "sysroot"), "TMPDIR": str(tmp_path)}
+
+
+def run(pkg: Path, *args: str, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(pkg), *args], env=env, input=stdin or "", capture_output=True, text=True, timeout=60
+    )
+
+
+def install(pkg: Path, root: Path, env: dict[str, str], op: str = "--install") -> subprocess.CompletedProcess:
+    return run(pkg, "--nox11", op, f"--install-path={root}", "--quiet", "--install-for-all", env=env)
+
+
+def read_info(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
+    out = tmp_path_factory.mktemp("cann")
+    return {v: build_cann_packages(out, v) for v in ("7.0.RC1", "8.2.RC1", "8.3.RC1", "8.5.0")}
+
+
+@pytest.mark.parametrize(
+    ("version", "names"),
+    [
+        ("7.0.RC1", ["Ascend-cann-toolkit_7.0.RC1_linux-x86_64.run", "Ascend-cann-kernels-910b_7.0.RC1_linux.zip"]),
+        (
+            "8.0.RC2",
+            [
+                "Ascend-cann-toolkit_8.0.RC2_linux-x86_64.run",
+                "Ascend-cann-kernels-910b_8.0.RC2_linux.run",
+                "Ascend-cann-nnal_8.0.RC2_linux-x86_64.run",
+            ],
+        ),
+        (
+            "8.3.RC1",
+            [
+                "Ascend-cann-toolkit_8.3.RC1_linux-x86_64.run",
+                "Ascend-cann-kernels-910b_8.3.RC1_linux-x86_64.run",
+                "Ascend-cann-nnal_8.3.RC1_linux-x86_64.run",
+            ],
+        ),
+        (
+            "8.5.0",
+            [
+                "Ascend-cann-toolkit_8.5.0_linux-x86_64.run",
+                "Ascend-cann-910b-ops_8.5.0_linux-x86_64.run",
+                "Ascend-cann-nnal_8.5.0_linux-x86_64.run",
+            ],
+        ),
+    ],
+)
+def test_package_file_names(version: str, names: list[str]) -> None:
+    assert [spec.file_name for spec in package_files(version)] == names
+
+
+def test_version_order() -> None:
+    ordered = ["7.0.RC1", "7.0.0", "7.0.1.1", "8.0.RC3", "8.0.0", "8.3.RC1", "8.3.RC2", "8.5.0", "9.1.0"]
+    assert sorted(ordered, key=version_key) == ordered
+    assert sorted(reversed(ordered), key=version_key) == ordered
+
+
+@pytest.mark.parametrize("bad", ["8.3", "v8.3.RC1", "8.3.rc1", ""])
+def test_bad_version_is_refused_with_the_form(bad: str) -> None:
+    with pytest.raises(CannBuildError, match="RC<n>"):
+        package_files(bad)
+
+
+def test_bad_arch_is_refused() -> None:
+    with pytest.raises(CannBuildError, match="aarch64"):
+        package_files("8.3.RC1", arch="ppc64le")
+
+
+def test_build_is_reproducible(tmp_path: Path) -> None:
+    first = [p.read_bytes() for p in build_cann_packages(tmp_path / "a", "8.3.RC1")]
+    second = [p.read_bytes() for p in build_cann_packages(tmp_path / "b", "8.3.RC1")]
+    assert first == second
+
+
+def test_info_check_list_help(packages: dict[str, list[Path]], env: dict[str, str]) -> None:
+    toolkit = packages["8.3.RC1"][0]
+    info = run(toolkit, "--info", env=env)
+    assert info.returncode == 0
+    assert "Identification: Ascend-cann-toolkit 8.3.RC1" in info.stdout
+    check = run(toolkit, "--check", env=env)
+    assert check.returncode == 0, check.stderr
+    assert "SHA256 checksums are OK" in check.stderr
+    listing = run(toolkit, "--list", env=env)
+    assert "./install.sh" in listing.stdout and "./files/lib64/libascendcl.so" in listing.stdout
+    usage = run(toolkit, "--help", env=env)
+    assert usage.returncode == 0 and "--install-path=<dir>" in usage.stdout
+
+
+def test_flipped_byte_is_refused_by_check_and_install(
+    packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path
+) -> None:
+    data = bytearray(packages["8.3.RC1"][0].read_bytes())
+    data[-100] ^= 0x01
+    broken = tmp_path / "broken.run"
+    broken.write_bytes(bytes(data))
+    check = run(broken, "--check", env=env)
+    assert check.returncode == 2
+    assert "Error in SHA256 checksums" in check.stderr
+    inst = install(broken, tmp_path / "Ascend", env)
+    assert inst.returncode == 2
+    assert not (tmp_path / "Ascend").exists()
+
+
+def test_truncated_file_is_refused(packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path) -> None:
+    short = tmp_path / "short.run"
+    short.write_bytes(packages["8.3.RC1"][0].read_bytes()[:-10])
+    assert run(short, "--check", env=env).returncode == 2
+
+
+def test_eula_is_refused_without_quiet(packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path) -> None:
+    root = tmp_path / "Ascend"
+    result = run(packages["8.3.RC1"][0], "--install", f"--install-path={root}", env=env)
+    assert result.returncode == 1
+    assert "EULA" in result.stdout + result.stderr
+    assert not (root / "ascend-toolkit").exists()
+    answered_no = run(packages["8.3.RC1"][0], "--install", f"--install-path={root}", env=env, stdin="n\n")
+    assert answered_no.returncode == 1
+    answered_yes = run(packages["8.3.RC1"][0], "--install", f"--install-path={root}", env=env, stdin="y\n")
+    assert answered_yes.returncode == 0, answered_yes.stderr
+
+
+def test_install_pre_85_layout(packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path) -> None:
+    root = tmp_path / "Ascend"
+    for pkg in packages["8.3.RC1"]:
+        result = install(pkg, root, env)
+        assert result.returncode == 0, result.stdout + result.stderr
+    toolkit = root / "ascend-toolkit"
+    assert os.readlink(toolkit / "latest") == "8.3.RC1"
+    info = read_info(toolkit / "latest/x86_64-linux/ascend_toolkit_install.info")
+    assert info["package_name"] == "Ascend-cann-toolkit"
+    assert info["version"] == "8.3.RC1"
+    assert info["arch"] == "x86_64" and info["os"] == "linux"
+    assert read_info(toolkit / "8.3.RC1/opp_kernel/version.info")["Version"] == "8.3.RC1"
+    assert (toolkit / "8.3.RC1/opp/built-in/op_impl/ai_core/tbe/kernel/ascend910b").is_dir()
+    assert read_info(root / "nnal/atb/latest/version.info")["Version"] == "8.3.RC1"
+    log = Path(env["ATLAS_CANN_SYSROOT"]) / "var/log/ascend_seclog/ascend_toolkit_install.log"
+    assert "install success" in log.read_text()
+
+
+def sourced(script: Path, *names: str) -> dict[str, str]:
+    shown = "; ".join(f'echo "{n}=${{{n}}}"' for n in names)
+    out = subprocess.run(
+        ["bash", "-c", f". {script}; {shown}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin"},
+    ).stdout
+    return dict(line.split("=", 1) for line in out.splitlines())
+
+
+def test_set_env_exports_the_real_variables(
+    packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path
+) -> None:
+    root = tmp_path / "Ascend"
+    for pkg in packages["8.3.RC1"]:
+        assert install(pkg, root, env).returncode == 0
+    names = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH", "ASCEND_OPP_PATH", "LD_LIBRARY_PATH", "PATH", "PYTHONPATH")
+    values = sourced(root / "ascend-toolkit/set_env.sh", *names)
+    home = f"{root}/ascend-toolkit/latest"
+    assert values["ASCEND_TOOLKIT_HOME"] == home and values["ASCEND_HOME_PATH"] == home
+    assert values["ASCEND_OPP_PATH"] == f"{home}/opp"
+    assert f"{home}/lib64" in values["LD_LIBRARY_PATH"].split(":")
+    assert f"{home}/bin" in values["PATH"].split(":")
+    assert f"{home}/python/site-packages" in values["PYTHONPATH"].split(":")
+    atb = sourced(root / "nnal/atb/set_env.sh", "ATB_HOME_PATH")
+    assert atb["ATB_HOME_PATH"] == f"{root}/nnal/atb/latest/atb/cxx_abi_1"
+
+
+def test_install_85_layout(packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path) -> None:
+    root = tmp_path / "Ascend"
+    for pkg in packages["8.5.0"]:
+        result = install(pkg, root, env)
+        assert result.returncode == 0, result.stdout + result.stderr
+    assert os.readlink(root / "cann") == "cann-8.5.0"
+    assert read_info(root / "cann/x86_64-linux/ascend_toolkit_install.info")["version"] == "8.5.0"
+    assert read_info(root / "cann/opp_kernel/version.info")["package_name"] == "Ascend-cann-910b-ops"
+    home = sourced(root / "ascend-toolkit/set_env.sh", "ASCEND_HOME_PATH")["ASCEND_HOME_PATH"]
+    assert home == f"{root}/cann"
+    assert sourced(root / "cann/set_env.sh", "ASCEND_OPP_PATH")["ASCEND_OPP_PATH"] == f"{root}/cann/opp"
+
+
+def test_kernels_and_nnal_need_the_same_toolkit(
+    packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path
+) -> None:
+    root = tmp_path / "Ascend"
+    kernels, nnal = packages["8.3.RC1"][1:]
+    alone = install(kernels, root, env)
+    assert alone.returncode == 1 and "Install Ascend-cann-toolkit_8.3.RC1 first" in alone.stderr
+    assert install(packages["8.2.RC1"][0], root, env).returncode == 0
+    mismatch = install(nnal, root, env)
+    assert mismatch.returncode == 1 and "8.2.RC1 is installed" in mismatch.stderr
+
+
+def test_upgrade_then_downgrade_refused_then_uninstall(
+    packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path
+) -> None:
+    root = tmp_path / "Ascend"
+    old, new = packages["8.2.RC1"][0], packages["8.3.RC1"][0]
+    assert install(old, root, env).returncode == 0
+    plain = install(new, root, env)
+    assert plain.returncode == 1 and "Use --upgrade" in plain.stderr
+    up = install(new, root, env, "--upgrade")
+    assert up.returncode == 0, up.stderr
+    assert read_info(root / "ascend-toolkit/latest/x86_64-linux/ascend_toolkit_install.info")["version"] == "8.3.RC1"
+    assert not (root / "ascend-toolkit/8.2.RC1").exists()
+    down = install(old, root, env, "--upgrade")
+    assert down.returncode == 1 and "does not downgrade" in down.stderr
+    wrong = run(old, "--uninstall", f"--install-path={root}", env=env)
+    assert wrong.returncode == 1 and "not 8.2.RC1" in wrong.stderr
+    gone = run(new, "--uninstall", f"--install-path={root}", env=env)
+    assert gone.returncode == 0, gone.stderr
+    assert not (root / "ascend-toolkit").exists()
+    assert install(old, root, env).returncode == 0
+
+
+def test_upgrade_across_85_and_back_with_the_recorded_uninstaller(
+    packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path
+) -> None:
+    root = tmp_path / "Ascend"
+    assert install(packages["8.3.RC1"][0], root, env).returncode == 0
+    assert install(packages["8.5.0"][0], root, env, "--upgrade").returncode == 0
+    assert not (root / "ascend-toolkit/8.3.RC1").exists()
+    assert (root / "ascend-toolkit/set_env.sh").is_file()
+    uninstaller = root / "cann/x86_64-linux/script/uninstall.sh"
+    result = subprocess.run(["bash", str(uninstaller), "--quiet"], env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert not (root / "cann").exists() and not (root / "cann-8.5.0").exists()
+    assert not (root / "ascend-toolkit").exists()
+
+
+def test_noexec_extract(packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path) -> None:
+    target = tmp_path / "x"
+    result = run(packages["8.3.RC1"][2], "--noexec", f"--extract={target}", env=env)
+    assert result.returncode == 0, result.stderr
+    assert (target / "install.sh").is_file() and (target / "files/atb/cxx_abi_1/lib/libatb.so").is_file()
+    assert run(packages["8.3.RC1"][2], "--noexec", env=env).returncode == 1
+
+
+def test_bad_options(packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path) -> None:
+    toolkit = packages["8.3.RC1"][0]
+    unknown = run(toolkit, "--instal", "--quiet", env=env)
+    assert unknown.returncode == 1 and "Unrecognized parameter: --instal" in unknown.stderr
+    both = run(toolkit, "--install", "--uninstall", env=env)
+    assert both.returncode == 1 and "cannot be used together" in both.stderr
+    relative = run(toolkit, "--install", "--quiet", "--install-path=rel/dir", env=env)
+    assert relative.returncode == 1 and "not absolute" in relative.stderr
+
+
+def test_70rc1_kernels_zip_holds_the_run(packages: dict[str, list[Path]], tmp_path: Path) -> None:
+    import zipfile
+
+    with zipfile.ZipFile(packages["7.0.RC1"][1]) as archive:
+        assert archive.namelist() == ["Ascend-cann-kernels-910b_7.0.RC1_linux.run"]
