@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 ATLASCTL := $(VENV)/bin/atlasctl
 HOST_PACKAGES := debootstrap systemd-container nftables zstd openssh-client iproute2 rsync curl
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 
 .PHONY: demo test lint unit lab-test host-deps venv lab-up lab-down bundle site bench-verify clean

@@ -1,0 +1,55 @@
+"""`atlasctl health -i INV`: the fleet health table (service, /health, model, NPUs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from atlasctl import exitcodes
+from atlasctl.runner import run_playbook
+
+COLUMNS = (("host", "NODE"), ("branch", "BRANCH"), ("release", "RELEASE"), ("engine", "ENGINE"),
+           ("service", "SERVICE"), ("health", "/health"), ("model", "MODEL"), ("hbm", "HBM"), ("npu", "NPU"))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("health", help="fleet health table")
+    parser.add_argument("-i", "--inventory", required=True, help="inventory path (e.g. inventory/lab)")
+    parser.add_argument("-l", "--limit", default=None, help="host pattern")
+    parser.add_argument("--json", action="store_true", help="print rows as JSON")
+    parser.set_defaults(func=run)
+
+
+def rows_from(result) -> list[dict]:
+    rows = []
+    for name in sorted(result.hosts):
+        host = result.hosts[name]
+        report = dict(host.facts.get("health_report") or {})
+        if not report:
+            state = "unreachable" if host.unreachable else "failed"
+            report = {"host": name, "service": state, "problem": f"{host.failed_task}: {host.message}".strip(": ")}
+        report.setdefault("host", name)
+        rows.append(report)
+    return rows
+
+
+def render_table(rows: list[dict]) -> str:
+    cells = [[str(r.get(key, "-")) for key, _ in COLUMNS] for r in rows]
+    widths = [max([len(title)] + [len(c[i]) for c in cells]) for i, (_, title) in enumerate(COLUMNS)]
+    lines = ["  ".join(t.ljust(w) for (_, t), w in zip(COLUMNS, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+    for r in rows:
+        if r.get("problem"):
+            lines.append(f"{r['host']}: {r['problem']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = run_playbook("playbooks/health.yml", args.inventory, limit=args.limit)
+    rows = rows_from(result)
+    if args.json:
+        print(json.dumps({"ok": result.ok, "hosts": rows}, indent=2, sort_keys=True))
+    else:
+        print(render_table(rows))
+    return exitcodes.OK if result.ok and rows else exitcodes.FAILED
