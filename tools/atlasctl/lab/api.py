@@ -1,0 +1,289 @@
+"""The lab's public API: what `atlasctl lab` and the lab tests call.
+
+    up(config_path=None, timeout=120.0) -> LabState
+    down() -> list[str]
+    status() -> LabState
+    power(name, "off" | "on", timeout=120.0) -> NodeStatus
+    set_npu(name, device=None, health=None, hbm_used_mb=None, driver=None) -> dict
+    lab_is_up() -> bool;  require_lab_up() -> LabConfig
+    ssh_argv(name, command=()) -> list[str];  run_on(name, command) -> CompletedProcess
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from atlasctl.errors import AtlasError, EnvironmentProblem, UsageError
+from atlasctl.lab import base, config, inventory, net, node, npu, paths, ssh
+from atlasctl.lab.config import LabConfig, NodeSpec
+from atlasctl.lab.proc import require_tools, run
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BRIDGE = "atlasbr0"
+HOST_TOOLS = ("debootstrap", "systemd-nspawn", "nft", "zstd", "ssh", "ssh-keygen", "ip", "mount", "setsid")
+
+
+@dataclass
+class NodeStatus:
+    name: str
+    ip: str
+    groups: list[str]
+    state: str  # running | stopped
+    ssh: bool
+
+
+@dataclass
+class LabState:
+    config_path: str
+    inventory_path: str
+    up: bool
+    nodes: list[NodeStatus] = field(default_factory=list)
+    already_up: bool = False
+    seconds: float = 0.0
+    base_built: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- state
+
+
+def _read_state() -> dict:
+    try:
+        return json.loads(paths.state_file().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_state(cfg: LabConfig) -> None:
+    data = {"config": str(cfg.path), "inventory": str(cfg.inventory_path), "bridge": cfg.bridge,
+            "subnet": cfg.subnet, "nodes": [n.name for n in cfg.nodes], "started": time.time()}
+    paths.state_file().write_text(json.dumps(data, indent=2) + "\n")
+
+
+def load_config(config_path: str | os.PathLike[str] | None = None) -> LabConfig:
+    return config.load(paths.resolve_config(config_path))
+
+
+def lab_is_up() -> bool:
+    """The lab is up when its state is recorded, its bridge exists and its network safety is in place."""
+    state = _read_state()
+    if not state:
+        return False
+    return net.link_exists(state.get("bridge", DEFAULT_BRIDGE)) and net.blackhole_present(state["subnet"]) \
+        and net.nft_present()
+
+
+def require_lab_up() -> LabConfig:
+    """Return the running lab's config, or raise: nothing may connect to nodes of a lab that is down."""
+    if not lab_is_up():
+        raise EnvironmentProblem("the lab is not up", fix="run `atlasctl lab up` first")
+    return config.load(Path(_read_state()["config"]))
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise EnvironmentProblem("the lab needs root (network namespaces, mounts, nspawn)", fix="run as root")
+    require_tools(*HOST_TOOLS)
+
+
+# ---------------------------------------------------------------- stale state / down
+
+
+def _lab_mounts() -> list[str]:
+    prefix = str(paths.lab_dir()).rstrip("/") + "/"
+    mounts = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].encode().decode("unicode_escape")
+        if point.startswith(prefix):
+            mounts.append(point)
+    return sorted(set(mounts), key=lambda p: -p.count("/"))
+
+
+def _stop_all(timeout: float = 30.0) -> list[str]:
+    names = [p.name for p in paths.nodes_dir().iterdir()] if paths.nodes_dir().is_dir() else []
+    with ThreadPoolExecutor(max_workers=max(len(names), 1)) as pool:
+        stopped = list(pool.map(lambda n: node.stop(n, timeout), names))
+    for name in names:  # whatever a supervisor killed mid-run left behind in the node's cgroups
+        node.kill_tree(name)
+    return [f"node {n}" for n, was in zip(names, stopped, strict=True) if was]
+
+
+def _cleanup(bridge: str, inventory_path: Path | None) -> list[str]:
+    removed = _stop_all()
+    for point in _lab_mounts():
+        if run(["umount", point], check=False).returncode != 0:
+            run(["umount", "-l", point], check=False)
+        removed.append(f"mount {point}")
+    removed += net.remove_all(bridge)
+    if bridge != DEFAULT_BRIDGE:
+        removed += net.remove_all(DEFAULT_BRIDGE)
+    removed += [f"cgroup {c}" for c in node.remove_cgroups()]
+    for path in (paths.nodes_dir(), paths.ssh_dir() / "hostkeys"):
+        if path.exists():
+            shutil.rmtree(path)
+            removed.append(str(path))
+    paths.known_hosts().unlink(missing_ok=True)
+    if inventory_path and inventory.remove(inventory_path):
+        removed.append(str(inventory_path))
+    if paths.state_file().exists():
+        paths.state_file().unlink()
+        removed.append(str(paths.state_file()))
+    return removed
+
+
+def down() -> list[str]:
+    """Power every node off, remove mounts, netns, veths, bridge, cgroups, node dirs, hosts.yml. Idempotent.
+
+    Keeps the base cache, the unpacked base, the blackhole route and the forward-drop table.
+    """
+    _require_root()
+    state = _read_state()
+    inv = Path(state["inventory"]) if state.get("inventory") else paths.resolve_config(None).parent / "hosts.yml"
+    return _cleanup(state.get("bridge", DEFAULT_BRIDGE), inv)
+
+
+# ---------------------------------------------------------------- up
+
+
+def _wait_ssh(spec: NodeSpec, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        if not node.is_running(spec.name):
+            return False
+        if ssh.reachable(spec):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _boot_and_wait(specs: Sequence[NodeSpec], timeout: float) -> list[str]:
+    """Start ``specs`` and wait for SSH with the pinned host key; return the names that failed."""
+    for spec in specs:
+        node.start(spec)
+    deadline = time.monotonic() + timeout
+    with ThreadPoolExecutor(max_workers=max(len(specs), 1)) as pool:
+        ready = list(pool.map(lambda s: _wait_ssh(s, deadline), specs))
+    return [s.name for s, ok in zip(specs, ready, strict=True) if not ok]
+
+
+def _boot_failure(names: list[str], timeout: float) -> AtlasError:
+    parts = [f"lab node(s) did not answer SSH within {timeout:.0f}s: {', '.join(names)}"]
+    for name in names:
+        parts.append(f"--- {name}: tail of {paths.node_dir(name) / node.CONSOLE_LOG}\n{node.console_tail(name)}")
+    return AtlasError("\n".join(parts), fix="read the console logs above, then `atlasctl lab down` and retry")
+
+
+def _write_known_hosts(cfg: LabConfig) -> None:
+    paths.known_hosts().write_text("".join(node.host_key_line(n) + "\n" for n in cfg.nodes))
+
+
+def up(config_path: str | os.PathLike[str] | None = None, timeout: float = 120.0) -> LabState:
+    """Bring the lab up from lab.yml (no-op when it is already up and healthy)."""
+    started = time.monotonic()
+    _require_root()
+    cfg = load_config(config_path)
+    if lab_is_up():
+        return _resume(cfg, timeout, started)
+    _cleanup(cfg.bridge, cfg.inventory_path)
+    net.ensure_safety(cfg)
+    image = base.build()
+    base.ensure_unpacked(image)
+    paths.bundle_dir().mkdir(parents=True, exist_ok=True)
+    node.ensure_controller_key()
+    _write_state(cfg)
+    net.ensure_bridge(cfg)
+    for spec in cfg.nodes:
+        node.prepare(cfg, spec)
+    _write_known_hosts(cfg)
+    failed = _boot_and_wait(cfg.nodes, timeout)
+    if failed:
+        raise _boot_failure(failed, timeout)
+    inventory.write(cfg, paths.private_key(), paths.known_hosts())
+    return _snapshot(cfg, seconds=time.monotonic() - started, base_built=image.built)
+
+
+def _resume(cfg: LabConfig, timeout: float, started: float) -> LabState:
+    recorded = _read_state()
+    if recorded.get("config") != str(cfg.path) or recorded.get("nodes") != [n.name for n in cfg.nodes]:
+        raise UsageError(
+            f"the lab is up from {recorded.get('config')}, not {cfg.path}",
+            fix="run `atlasctl lab down` first, then `atlasctl lab up` with the new config",
+        )
+    net.ensure_safety(cfg)
+    stopped = [s for s in cfg.nodes if not node.is_running(s.name)]
+    failed = _boot_and_wait(cfg.nodes, timeout) if stopped else []
+    if failed:
+        raise _boot_failure(failed, timeout)
+    inventory.write(cfg, paths.private_key(), paths.known_hosts())
+    state = _snapshot(cfg, seconds=time.monotonic() - started)
+    state.already_up = not stopped and all(n.ssh for n in state.nodes)
+    if not all(n.ssh for n in state.nodes):
+        raise _boot_failure([n.name for n in state.nodes if not n.ssh], timeout)
+    return state
+
+
+# ---------------------------------------------------------------- status, power, npu, ssh
+
+
+def _node_status(spec: NodeSpec) -> NodeStatus:
+    running = node.is_running(spec.name)
+    return NodeStatus(spec.name, spec.ip, list(spec.groups), "running" if running else "stopped",
+                      running and ssh.reachable(spec))
+
+
+def _snapshot(cfg: LabConfig, seconds: float = 0.0, base_built: bool = False) -> LabState:
+    with ThreadPoolExecutor(max_workers=max(len(cfg.nodes), 1)) as pool:
+        nodes = list(pool.map(_node_status, cfg.nodes))
+    return LabState(str(cfg.path), str(cfg.inventory_path), True, nodes, seconds=seconds, base_built=base_built)
+
+
+def status() -> LabState:
+    """Per node: running/stopped and whether SSH answers. Raises EnvironmentProblem when the lab is down."""
+    return _snapshot(require_lab_up())
+
+
+def power(name: str, action: str, timeout: float = 120.0) -> NodeStatus:
+    """off: clean power-off (SIGTERM to nspawn), the node stays defined; on: boot it and wait for SSH."""
+    _require_root()
+    cfg = require_lab_up()
+    spec = cfg.node(name)
+    if action == "off":
+        node.stop(spec.name)
+    elif action == "on":
+        failed = _boot_and_wait([spec], timeout)
+        if failed:
+            raise _boot_failure(failed, timeout)
+    else:
+        raise UsageError(f"power action {action!r} is not valid", fix="use `off` or `on`")
+    return _node_status(spec)
+
+
+def set_npu(name: str, **changes: object) -> dict:
+    """Change a node's simulated NPU state (health, hbm_used_mb, driver, device) through its overlay root."""
+    cfg = require_lab_up()
+    spec = cfg.node(name)
+    root = node.merged(spec.name)
+    if not os.path.ismount(root):
+        raise EnvironmentProblem(f"lab node {name} has no mounted root at {root}", fix="run `atlasctl lab up`")
+    return npu.update_file(root, **changes)
+
+
+def ssh_argv(name: str, command: Sequence[str] = (), tty: bool = False) -> list[str]:
+    spec = require_lab_up().node(name)
+    return ssh.ssh_argv(spec, command, tty=tty)
+
+
+def run_on(name: str, command: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    spec = require_lab_up().node(name)
+    return ssh.run_on(spec, command, timeout=timeout)

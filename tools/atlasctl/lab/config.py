@@ -1,0 +1,188 @@
+"""lab.yml: the simulated fleet as data, parsed and validated into :class:`LabConfig`.
+
+Validation errors name the file, the field (``nodes[2].npu.count``) and the fix.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from atlasctl.errors import UsageError
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$")
+GROUP_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
+BRIDGE_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9_-]{0,14}$")
+VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
+CONTROLLER_HOST = 1
+FIRST_NODE_HOST = 11
+ALL_NODES_GROUP = "atlas_nodes"
+NPU_MODELS = ("910B1", "910B2", "910B2C", "910B3", "910B4")
+
+
+@dataclass(frozen=True)
+class NpuSpec:
+    model: str
+    count: int
+    hbm_mb: int
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    index: int  # position in lab.yml, 0-based
+    ip: str
+    groups: tuple[str, ...]
+    npu: NpuSpec
+
+    @property
+    def netns(self) -> str:
+        return f"atlas-{self.name}"
+
+    @property
+    def veth_host(self) -> str:
+        return f"atlv{self.index}"
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    path: Path
+    lab_name: str
+    bridge: str
+    subnet: str
+    controller_ip: str
+    prefixlen: int
+    driver_version: str
+    firmware_version: str
+    nodes: tuple[NodeSpec, ...] = field(default_factory=tuple)
+
+    def node(self, name: str) -> NodeSpec:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise UsageError(
+            f"no lab node named {name!r} in {self.path}",
+            fix=f"use one of: {', '.join(n.name for n in self.nodes)}",
+        )
+
+    @property
+    def groups(self) -> dict[str, list[str]]:
+        result: dict[str, list[str]] = {}
+        for node in self.nodes:
+            for group in node.groups:
+                result.setdefault(group, []).append(node.name)
+        return result
+
+    @property
+    def inventory_path(self) -> Path:
+        return self.path.parent / "hosts.yml"
+
+
+def _fail(path: Path, where: str, problem: str, fix: str) -> UsageError:
+    return UsageError(f"{path}: {where}: {problem}", fix=fix)
+
+
+def _require(data: dict[str, Any], key: str, kind: type, path: Path, where: str) -> Any:
+    if key not in data:
+        raise _fail(path, f"{where}{key}", "missing", f"add `{key}:` to {path.name}")
+    value = data[key]
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        raise _fail(
+            path, f"{where}{key}", f"must be a {kind.__name__}, got {value!r}", f"fix `{key}` in {path.name}"
+        )
+    return value
+
+
+def _parse_npu(raw: Any, path: Path, where: str) -> NpuSpec:
+    if not isinstance(raw, dict):
+        raise _fail(path, where, "must be a mapping {model, count, hbm_mb}", "see inventory/lab/lab.yml")
+    model = str(_require(raw, "model", str, path, f"{where}."))
+    if model not in NPU_MODELS:
+        raise _fail(path, f"{where}.model", f"unknown NPU model {model!r}", f"use one of {', '.join(NPU_MODELS)}")
+    count = _require(raw, "count", int, path, f"{where}.")
+    if not 1 <= count <= 16:
+        raise _fail(path, f"{where}.count", f"{count} is out of range", "use 1..16 NPUs per node")
+    hbm = _require(raw, "hbm_mb", int, path, f"{where}.")
+    if not 1024 <= hbm <= 262144:
+        raise _fail(path, f"{where}.hbm_mb", f"{hbm} is out of range", "use the HBM size in MB, e.g. 65536")
+    return NpuSpec(model=model, count=count, hbm_mb=hbm)
+
+
+def _parse_node(raw: Any, index: int, network: ipaddress.IPv4Network, path: Path) -> NodeSpec:
+    where = f"nodes[{index}]"
+    if not isinstance(raw, dict):
+        raise _fail(path, where, "must be a mapping with name, groups, npu", "see inventory/lab/lab.yml")
+    name = _require(raw, "name", str, path, f"{where}.")
+    if not NAME_RE.match(name) or len(f"atlas-{name}") > 40:
+        raise _fail(
+            path, f"{where}.name", f"{name!r} is not a valid node name", "use lowercase letters, digits, '-'"
+        )
+    groups = raw.get("groups", [])
+    if not isinstance(groups, list) or not all(isinstance(g, str) and GROUP_RE.match(g) for g in groups):
+        raise _fail(
+            path, f"{where}.groups", f"{groups!r} is not a list of group names", "use [snake_case, ...] names"
+        )
+    if ALL_NODES_GROUP in groups:
+        raise _fail(path, f"{where}.groups", f"{ALL_NODES_GROUP} is implicit", f"remove {ALL_NODES_GROUP}")
+    host_number = FIRST_NODE_HOST + index
+    if host_number >= network.num_addresses - 1:
+        raise _fail(path, where, f"no address left in {network}", "use a larger subnet or fewer nodes")
+    ip = str(network.network_address + host_number)
+    npu = _parse_npu(raw.get("npu"), path, f"{where}.npu")
+    return NodeSpec(name=name, index=index, ip=ip, groups=tuple(groups), npu=npu)
+
+
+def parse(data: Any, path: Path) -> LabConfig:
+    if not isinstance(data, dict):
+        raise _fail(path, "top level", "must be a mapping", "see inventory/lab/lab.yml")
+    lab_name = _require(data, "lab_name", str, path, "")
+    bridge = _require(data, "bridge", str, path, "")
+    if not BRIDGE_RE.match(bridge):
+        raise _fail(path, "bridge", f"{bridge!r} is not a valid interface name", "use at most 15 characters")
+    subnet = _require(data, "subnet", str, path, "")
+    try:
+        network = ipaddress.IPv4Network(subnet, strict=True)
+    except ValueError as exc:
+        raise _fail(path, "subnet", f"{subnet!r}: {exc}", "use a network like 10.77.0.0/24") from exc
+    if not network.is_private:
+        raise _fail(path, "subnet", f"{subnet} is not a private network", "use 10.77.0.0/24")
+    versions = {}
+    for key in ("driver_version", "firmware_version"):
+        value = str(_require(data, key, str, path, ""))
+        if not VERSION_RE.match(value):
+            raise _fail(path, key, f"{value!r} is not a version string", "use e.g. 24.1.rc1")
+        versions[key] = value
+    raw_nodes = _require(data, "nodes", list, path, "")
+    if not raw_nodes:
+        raise _fail(path, "nodes", "is empty", "define at least one node")
+    nodes = tuple(_parse_node(raw, i, network, path) for i, raw in enumerate(raw_nodes))
+    seen: set[str] = set()
+    for node in nodes:
+        if node.name in seen:
+            raise _fail(path, f"nodes[{node.index}].name", f"duplicate name {node.name!r}", "make names unique")
+        seen.add(node.name)
+    return LabConfig(
+        path=path,
+        lab_name=lab_name,
+        bridge=bridge,
+        subnet=str(network),
+        controller_ip=str(network.network_address + CONTROLLER_HOST),
+        prefixlen=network.prefixlen,
+        nodes=nodes,
+        **versions,
+    )
+
+
+def load(path: Path) -> LabConfig:
+    if not path.is_file():
+        raise UsageError(f"lab config not found: {path}", fix="pass --config inventory/lab/lab.yml")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path}: not valid YAML: {exc}", fix="fix the YAML syntax") from exc
+    return parse(data, path.resolve())

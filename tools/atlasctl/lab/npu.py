@@ -1,0 +1,132 @@
+"""The simulated NPU driver layer of a lab node: npu.json state, version files, npu-smi install."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+from atlasctl.errors import UsageError
+from atlasctl.lab.config import LabConfig, NodeSpec
+
+STATE_REL = Path("etc/atlas-lab/npu.json")
+NPU_SMI_REL = Path("usr/local/bin/npu-smi")
+DRIVER_INFO_REL = Path("usr/local/Ascend/driver/version.info")
+FIRMWARE_INFO_REL = Path("usr/local/Ascend/firmware/version.info")
+INSTALL_INFO_REL = Path("etc/ascend_install.info")
+SIMULATOR = Path(__file__).resolve().parent.parent / "labkit" / "npu_smi.py"
+BUS_IDS = ("C1", "C2", "81", "82", "01", "02", "41", "42", "C3", "C4", "83", "84", "03", "04", "43", "44")
+HEALTH_VALUES = ("OK", "Warning", "Alarm", "Critical")
+IDLE_HBM_USED_MB = 3318
+
+
+def device_state(node: NodeSpec, dev_id: int) -> dict[str, Any]:
+    jitter = zlib.crc32(f"{node.name}/{dev_id}".encode()) % 100
+    return {
+        "id": dev_id,
+        "chip": 0,
+        "name": node.npu.model,
+        "health": "OK",
+        "power_w": round(90.0 + jitter / 8, 1),
+        "temp_c": 38 + jitter % 7,
+        "bus_id": f"0000:{BUS_IDS[dev_id]}:00.0",
+        "hbm_total_mb": node.npu.hbm_mb,
+        "hbm_used_mb": IDLE_HBM_USED_MB - jitter % 8,
+        "aicore_pct": 0,
+        "hugepages_used": 0,
+        "hugepages_total": 0,
+        "memory_used_mb": 0,
+        "memory_total_mb": 0,
+        "product_name": "IT21PDDA01",
+        "serial_number": f"1024{zlib.crc32(node.name.encode()) % 10**6:06d}{dev_id:02d}",
+        "processes": [],
+    }
+
+
+def initial_state(cfg: LabConfig, node: NodeSpec) -> dict[str, Any]:
+    return {
+        "format": 1,
+        "driver_loaded": True,
+        "driver_version": cfg.driver_version,
+        "firmware_version": cfg.firmware_version,
+        "devices": [device_state(node, i) for i in range(node.npu.count)],
+    }
+
+
+def driver_version_info(version: str) -> str:
+    return (
+        f"Version={version}\nascendhal_version=7.35.19\naicpu_version=1.0\ntdt_version=1.0\nlog_version=1.0\n"
+        f"prof_version=2.0\ndvppkernels_version=1.1\ntsfw_version=1.0\n"
+        f"Innerversion=V100R001C19SPC002B214\ncompatible_version=[V100R001C15],[V100R001C17],[V100R001C18],"
+        f"[V100R001C19]\ncompatible_version_fw=[7.0.0,7.5.99]\npackage_version={version}\n"
+    )
+
+
+def firmware_version_info(version: str, driver_version: str) -> str:
+    return f"Version={version}\nfirmware_version=1.0\npackage_version={driver_version}\n"
+
+
+ASCEND_INSTALL_INFO = (
+    "UserName=HwHiAiUser\nUserGroup=HwHiAiUser\nFirmware_Install_Type=full\n"
+    "Firmware_Install_Path_Param=/usr/local/Ascend\nDriver_Install_Type=full\n"
+    "Driver_Install_Path_Param=/usr/local/Ascend\nDriver_Install_For_All=no\n"
+)
+
+
+def _write(root: Path, rel: Path, text: str, mode: int = 0o644) -> None:
+    target = root / rel
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    target.chmod(mode)
+
+
+def install(root: Path, cfg: LabConfig, node: NodeSpec) -> None:
+    """Write the driver layer into a node's root filesystem (its overlay's merged dir)."""
+    _write(root, NPU_SMI_REL, SIMULATOR.read_text(), 0o755)
+    _write(root, DRIVER_INFO_REL, driver_version_info(cfg.driver_version))
+    _write(root, FIRMWARE_INFO_REL, firmware_version_info(cfg.firmware_version, cfg.driver_version))
+    _write(root, INSTALL_INFO_REL, ASCEND_INSTALL_INFO)
+    if not (root / STATE_REL).is_file():
+        _write(root, STATE_REL, json.dumps(initial_state(cfg, node), indent=2) + "\n")
+
+
+def apply_changes(
+    state: dict[str, Any],
+    *,
+    device: int | None = None,
+    health: str | None = None,
+    hbm_used_mb: int | None = None,
+    driver: str | None = None,
+) -> dict[str, Any]:
+    """Return ``state`` with fault-test changes applied (device None: every device)."""
+    if health is not None and health not in HEALTH_VALUES:
+        raise UsageError(f"--health {health!r} is not a health value", fix=f"use one of {', '.join(HEALTH_VALUES)}")
+    if driver is not None and driver not in ("loaded", "unloaded"):
+        raise UsageError(f"--driver {driver!r} is not valid", fix="use loaded or unloaded")
+    ids = [d["id"] for d in state["devices"]]
+    if device is not None and device not in ids:
+        raise UsageError(f"--device {device} does not exist on this node", fix=f"use one of {ids}")
+    for dev in state["devices"]:
+        if device is not None and dev["id"] != device:
+            continue
+        if health is not None:
+            dev["health"] = health
+        if hbm_used_mb is not None:
+            if not 0 <= hbm_used_mb <= dev["hbm_total_mb"]:
+                raise UsageError(
+                    f"--hbm-used-mb {hbm_used_mb} is outside 0..{dev['hbm_total_mb']}", fix="pass a value in range"
+                )
+            dev["hbm_used_mb"] = hbm_used_mb
+    if driver is not None:
+        state["driver_loaded"] = driver == "loaded"
+    return state
+
+
+def update_file(root: Path, **changes: Any) -> dict[str, Any]:
+    path = root / STATE_REL
+    state = apply_changes(json.loads(path.read_text()), **changes)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(path)
+    return state

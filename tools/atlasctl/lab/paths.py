@@ -1,0 +1,66 @@
+"""Where the lab keeps its state and caches (see DESIGN.md, 'Machine-wide locations')."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_CACHE_DIR = "/var/cache/atlas-serving"
+DEFAULT_LAB_DIR = "/var/lib/atlas-lab"
+DEFAULT_CONFIG = Path("inventory/lab/lab.yml")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ATLAS_CACHE_DIR") or DEFAULT_CACHE_DIR)
+
+
+def lab_dir() -> Path:
+    return Path(os.environ.get("ATLAS_LAB_DIR") or DEFAULT_LAB_DIR)
+
+
+def base_dir() -> Path:
+    return lab_dir() / "base"
+
+
+def nodes_dir() -> Path:
+    return lab_dir() / "nodes"
+
+
+def node_dir(name: str) -> Path:
+    return nodes_dir() / name
+
+
+def ssh_dir() -> Path:
+    return lab_dir() / "ssh"
+
+
+def private_key() -> Path:
+    return ssh_dir() / "id_ed25519"
+
+
+def known_hosts() -> Path:
+    return ssh_dir() / "known_hosts"
+
+
+def bundle_dir() -> Path:
+    return lab_dir() / "bundle"
+
+
+def state_file() -> Path:
+    return lab_dir() / "state.json"
+
+
+def repo_root() -> Path:
+    """The checkout this package runs from (tools/atlasctl/lab/paths.py -> repo root)."""
+    return Path(__file__).resolve().parents[3]
+
+
+def resolve_config(path: str | os.PathLike[str] | None) -> Path:
+    """Resolve a lab.yml path: absolute as given, else relative to the cwd, else to the repo root."""
+    candidate = Path(path) if path else DEFAULT_CONFIG
+    if candidate.is_absolute():
+        return candidate
+    for root in (Path.cwd(), repo_root()):
+        if (root / candidate).is_file():
+            return (root / candidate).resolve()
+    return (repo_root() / candidate).resolve()

@@ -1,0 +1,51 @@
+"""SSH to lab nodes with the lab's key and pinned known_hosts (host key checking stays on)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Sequence
+
+from atlasctl.lab import paths
+from atlasctl.lab.config import NodeSpec
+
+
+def ssh_options(connect_timeout: int = 5) -> list[str]:
+    return [
+        "-F", "none",
+        "-i", str(paths.private_key()),
+        "-o", "IdentitiesOnly=yes",
+        "-o", f"UserKnownHostsFile={paths.known_hosts()}",
+        "-o", "StrictHostKeyChecking=yes",
+        "-o", "BatchMode=yes",
+        "-o", f"ConnectTimeout={connect_timeout}",
+        "-o", "LogLevel=ERROR",
+    ]
+
+
+def ssh_argv(node: NodeSpec, command: Sequence[str] = (), *, tty: bool = False, connect_timeout: int = 5) -> list[str]:
+    argv = ["ssh", *ssh_options(connect_timeout)]
+    if tty:
+        argv.append("-t")
+    argv.append(f"root@{node.ip}")
+    if command:
+        argv += ["--", *command]
+    return argv
+
+
+def run_on(node: NodeSpec, command: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` on ``node`` over SSH (strict host key) and capture its output."""
+    return subprocess.run(
+        ssh_argv(node, command), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def reachable(node: NodeSpec, connect_timeout: int = 2) -> bool:
+    try:
+        proc = subprocess.run(
+            ssh_argv(node, ["true"], connect_timeout=connect_timeout),
+            capture_output=True, timeout=connect_timeout + 5, stdin=subprocess.DEVNULL, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return proc.returncode == 0

@@ -1,0 +1,245 @@
+#!/usr/bin/python3
+"""npu-smi simulator for lab nodes: the real tool's output formats, driven by /etc/atlas-lab/npu.json.
+
+Installed on every lab node as /usr/local/bin/npu-smi. Python 3 standard library only.
+Supported: ``npu-smi info``, ``info -l``, ``info -m``, ``info -t board|memory|common|health -i N [-c 0]``,
+``-v``. With ``"driver_loaded": false`` every query fails like the real tool without its kernel driver.
+``NPU_SMI_STATE`` overrides the state file path (tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+STATE_PATH = "/etc/atlas-lab/npu.json"
+WIDTHS = (27, 15, 52)
+DRIVER_NOT_LOADED = "dcmi module initialize failed. ret is -8005"
+EXIT_DRIVER_NOT_LOADED = 255  # assumption: -8005 reported as a failure status
+EXIT_BAD_ARGS = 1
+USAGE = """\
+Usage: npu-smi info <watch|proc-mem|-h|-m|-l|-t type -i id [-c chip_id]>
+       npu-smi info -t board|memory|common|health -i id [-c chip_id]
+       npu-smi -v
+"""
+PCI_VENDOR_ID = "0x19E5"
+PCI_DEVICE_ID = "0xD802"  # the 910B family
+
+
+def load_state(path: str | None = None) -> dict:
+    with open(path or os.environ.get("NPU_SMI_STATE", STATE_PATH), encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def rule(fill: str) -> str:
+    return "+" + "+".join(fill * w for w in WIDTHS) + "+"
+
+
+def row(*cells: str) -> str:
+    return "|" + "|".join(cells) + "|"
+
+
+def pair(used: int, total: int, width: int) -> str:
+    """``used / total`` as npu-smi prints it: used left-aligned in 5 columns (58626/ 65536)."""
+    return f"{used:<5}/ {total:<{width - 7}}"
+
+
+def device_rows(dev: dict) -> list[str]:
+    first = row(
+        f" {dev['id']:<6}{dev['name']:<20}",
+        f" {dev['health']:<14}",
+        f" {dev['power_w']:<12.1f}{dev['temp_c']:<18}"
+        + pair(dev.get("hugepages_used", 0), dev.get("hugepages_total", 0), 21),
+    )
+    second = row(
+        f" {dev.get('chip', 0):<26}",
+        f" {dev['bus_id']:<14}",
+        f" {dev.get('aicore_pct', 0):<12}"
+        + pair(dev.get("memory_used_mb", 0), dev.get("memory_total_mb", 0), 18)
+        + pair(dev["hbm_used_mb"], dev["hbm_total_mb"], 21),
+    )
+    return [first, second]
+
+
+def process_rows(dev: dict) -> list[str]:
+    procs = dev.get("processes") or []
+    if not procs:
+        return ["| " + f"No running processes found in NPU {dev['id']}".ljust(sum(WIDTHS) + 1) + "|"]
+    return [
+        "|"
+        + f" {dev['id']:<8}{dev.get('chip', 0):<18}|"
+        + f" {proc['pid']:<14}|"
+        + f" {proc['name'][:24]:<25}|"
+        + f" {proc['memory_mb']:<24}"
+        + "|"
+        for proc in procs
+    ]
+
+
+def render_info(state: dict) -> str:
+    version = state.get("npu_smi_version") or state["driver_version"]
+    lines = [
+        "+" + "-" * (sum(WIDTHS) + 2) + "+",
+        f"| npu-smi {version:<24} Version: {version:<53}|",
+        rule("-"),
+        row(" NPU   Name                ", " Health        ", " Power(W)    Temp(C)           Hugepages-Usage(page)"),
+        row(" Chip                      ", " Bus-Id        ", " AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)        "),
+        rule("="),
+    ]
+    for dev in state["devices"]:
+        lines += device_rows(dev)
+        lines.append(rule("="))
+    lines += [
+        rule("-"),
+        "| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |",
+        rule("="),
+    ]
+    for dev in state["devices"]:
+        lines += process_rows(dev)
+        lines.append(rule("="))
+    return "\n".join(lines) + "\n"
+
+
+def kv(pairs: list[tuple[str, object]]) -> str:
+    return "".join(f"        {key:<31}: {value}\n" for key, value in pairs)
+
+
+def render_board(state: dict, dev: dict) -> str:
+    return kv([
+        ("NPU ID", dev["id"]),
+        ("Product Name", dev.get("product_name", "IT21PDDA01")),
+        ("Model", "NA"),
+        ("Manufacturer", "Huawei"),
+        ("Serial Number", dev.get("serial_number", "NA")),
+        ("Software Version", state["driver_version"]),
+        ("Firmware Version", state["firmware_version"]),
+        ("Compatibility", "OK"),
+        ("Board ID", "0x02"),
+        ("PCB ID", "A"),
+        ("BOM ID", "1"),
+        ("PCIe Bus Info", dev["bus_id"]),
+        ("Slot ID", dev["id"]),
+        ("Class ID", "NA"),
+        ("PCI Vendor ID", PCI_VENDOR_ID),
+        ("PCI Device ID", PCI_DEVICE_ID),
+        ("Subsystem Vendor ID", "0x0200"),
+        ("Subsystem Device ID", "0x0100"),
+        ("Chip Count", 1),
+    ])
+
+
+def render_memory(state: dict, dev: dict) -> str:
+    return kv([
+        ("DDR Capacity(MB)", 0),
+        ("DDR Clock Speed(MHz)", 0),
+        ("HBM Capacity(MB)", dev["hbm_total_mb"]),
+        ("HBM Clock Speed(MHz)", 1600),
+        ("HBM Temperature(C)", dev["temp_c"]),
+        ("HBM Manufacturer ID", "0x57"),
+    ])
+
+
+def render_common(state: dict, dev: dict) -> str:
+    return kv([
+        ("NPU ID", dev["id"]),
+        ("Chip ID", dev.get("chip", 0)),
+        ("Memory Usage Rate(%)", 0),
+        ("HBM Usage Rate(%)", round(100 * dev["hbm_used_mb"] / max(dev["hbm_total_mb"], 1))),
+        ("Aicore Usage Rate(%)", dev.get("aicore_pct", 0)),
+        ("Aicore Freq(MHZ)", 1800),
+        ("Temperature(C)", dev["temp_c"]),
+        ("NPU Real-time Power(W)", dev["power_w"]),
+    ])
+
+
+def render_health(state: dict, dev: dict) -> str:
+    return kv([("Health Status", dev["health"]), ("Error Code", "NA" if dev["health"] == "OK" else "80E18005")])
+
+
+def render_list(state: dict) -> str:
+    text = kv([("Total Count", len(state["devices"]))])
+    for dev in state["devices"]:
+        text += "\n" + kv([("NPU ID", dev["id"]), ("Chip Count", 1)])
+    return text
+
+
+def render_mapping(state: dict) -> str:
+    cols = ("NPU ID", "Chip ID", "Chip Logic ID", "Chip Name")
+    lines = ["        " + "".join(f"{c:<31}" for c in cols)]
+    for logic, dev in enumerate(state["devices"]):
+        cells = (dev["id"], dev.get("chip", 0), logic, f"Ascend {dev['name']}")
+        lines.append("        " + "".join(f"{str(c):<31}" for c in cells))
+        lines.append("        " + "".join(f"{str(c):<31}" for c in (dev["id"], 1, "-", "Mcu")))
+    return "\n".join(lines) + "\n"
+
+
+TYPES = {"board": render_board, "memory": render_memory, "common": render_common, "health": render_health}
+
+
+def parse_options(argv: list[str]) -> dict[str, str] | None:
+    opts: dict[str, str] = {}
+    i = 0
+    while i < len(argv):
+        flag = argv[i]
+        if flag in ("-t", "-i", "-c") and i + 1 < len(argv):
+            opts[flag] = argv[i + 1]
+            i += 2
+        elif flag in ("-l", "-m", "-h"):
+            opts[flag] = ""
+            i += 1
+        else:
+            return None
+    return opts
+
+
+def run_info(argv: list[str], state: dict, out) -> int:
+    opts = parse_options(argv)
+    if opts is None or "-h" in opts:
+        out.write(USAGE)
+        return EXIT_BAD_ARGS if opts is None else 0
+    if not state.get("driver_loaded", True):
+        out.write(DRIVER_NOT_LOADED + "\n")
+        return EXIT_DRIVER_NOT_LOADED
+    if not opts:
+        out.write(render_info(state))
+        return 0
+    if "-l" in opts:
+        out.write(render_list(state))
+        return 0
+    if "-m" in opts:
+        out.write(render_mapping(state))
+        return 0
+    kind = opts.get("-t")
+    if kind not in TYPES or "-i" not in opts:
+        out.write(USAGE)
+        return EXIT_BAD_ARGS
+    devices = {str(d["id"]): d for d in state["devices"]}
+    if opts["-i"] not in devices or opts.get("-c", "0") != "0":
+        # assumption: wording of the real tool for an absent card id
+        out.write(f"The input parameter of -i is invalid, device id {opts['-i']} does not exist.\n")
+        return EXIT_BAD_ARGS
+    out.write(TYPES[kind](state, devices[opts["-i"]]))
+    return 0
+
+
+def main(argv: list[str] | None = None, out=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    out = out or sys.stdout
+    if argv[:1] == ["-v"]:
+        state = load_state()
+        out.write(f"npu-smi version: {state.get('npu_smi_version') or state['driver_version']}\n")
+        return 0
+    if argv[:1] != ["info"]:
+        out.write(USAGE)
+        return EXIT_BAD_ARGS
+    try:
+        state = load_state()
+    except (OSError, ValueError):
+        out.write(DRIVER_NOT_LOADED + "\n")
+        return EXIT_DRIVER_NOT_LOADED
+    return run_info(argv[1:], state, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
