@@ -1,0 +1,126 @@
+"""site.yml end to end on bare lab nodes: first run converges, second run changes nothing,
+every service answers with the real engine endpoints."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import pytest
+from labtools import atlasctl, playbook, recap
+
+pytestmark = pytest.mark.lab
+
+PORTS = {"vllm": 8000, "sglang": 30000}
+
+
+@pytest.fixture(scope="module")
+def site_runs(fresh_lab):
+    first = playbook("site.yml")
+    second = playbook("site.yml") if first.returncode == 0 else None
+    return fresh_lab, first, second
+
+
+def _engine(host: str) -> str:
+    record = atlasctl("lab", "ssh", host, "cat", "/etc/atlas/serving/atlas-serving.json", timeout=60)
+    return json.loads(record.stdout)["engine"]
+
+
+def _get(url: str, timeout: float = 30) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (lab address)
+        return resp.status, resp.read()
+
+
+def _post(url: str, body: dict, timeout: float = 120) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (lab address)
+        return json.loads(resp.read())
+
+
+def test_first_run_converges(site_runs):
+    hosts, first, _ = site_runs
+    assert first.returncode == 0, first.stdout[-6000:] + first.stderr[-3000:]
+    stats = recap(first.stdout)
+    assert set(stats) == set(hosts)
+    for host, s in stats.items():
+        assert s["failed"] == 0 and s["unreachable"] == 0, (host, s)
+        assert s["changed"] > 0, f"{host}: a first run on a bare node must change something"
+
+
+def test_second_run_changes_nothing(site_runs):
+    hosts, first, second = site_runs
+    assert second is not None, "first run failed"
+    assert second.returncode == 0, second.stdout[-6000:]
+    stats = recap(second.stdout)
+    assert set(stats) == set(hosts)
+    changed = {h: s["changed"] for h, s in stats.items() if s["changed"]}
+    assert not changed, f"second run changed: {changed}\n{second.stdout[-6000:]}"
+
+
+def test_fleet_table_printed(site_runs):
+    hosts, first, _ = site_runs
+    assert "NODE" in first.stdout and "/health" in first.stdout
+    for host in hosts:
+        assert host in first.stdout
+
+
+def test_every_service_answers(site_runs):
+    hosts, first, _ = site_runs
+    assert first.returncode == 0
+    for host, hv in hosts.items():
+        engine = _engine(host)
+        base = f"http://{hv['ansible_host']}:{PORTS[engine]}"
+        status, _ = _get(f"{base}/health")
+        assert status == 200, host
+        _, body = _get(f"{base}/v1/models")
+        names = [m["id"] for m in json.loads(body)["data"]]
+        assert "atlas-tiny-llama" in names, (host, names)
+        out = _post(f"{base}/v1/completions", {"model": "atlas-tiny-llama", "prompt": "Hello", "max_tokens": 5,
+                                              "temperature": 0})
+        assert out["usage"]["completion_tokens"] >= 1, (host, out)
+        assert isinstance(out["choices"][0]["text"], str)
+
+
+def test_streaming_chat_with_usage(site_runs):
+    hosts, first, _ = site_runs
+    assert first.returncode == 0
+    for host, hv in hosts.items():
+        engine = _engine(host)
+        url = f"http://{hv['ansible_host']}:{PORTS[engine]}/v1/chat/completions"
+        body = {"model": "atlas-tiny-llama", "messages": [{"role": "user", "content": "Open an account"}],
+                "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0}
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        chunks, usage, done = [], None, False
+        with urllib.request.urlopen(req, timeout=120) as resp:  # noqa: S310 (lab address)
+            for raw in resp:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    done = True
+                    break
+                event = json.loads(data)
+                chunks.append(event)
+                usage = event.get("usage") or usage
+        assert done, host
+        assert chunks and usage and usage["completion_tokens"] >= 1, (host, usage)
+
+
+def test_metrics_have_engine_names(site_runs):
+    hosts, first, _ = site_runs
+    assert first.returncode == 0
+    for host, hv in hosts.items():
+        engine = _engine(host)
+        _, body = _get(f"http://{hv['ansible_host']}:{PORTS[engine]}/metrics")
+        text = body.decode()
+        wanted = "vllm:time_to_first_token_seconds" if engine == "vllm" else "sglang:time_to_first_token_seconds"
+        assert wanted in text, host
+
+
+def test_env_file_is_private(site_runs):
+    hosts, first, _ = site_runs
+    assert first.returncode == 0
+    for host in hosts:
+        out = atlasctl("lab", "ssh", host, "stat", "-c", "%a %U", "/etc/atlas/serving/atlas-serving.env", timeout=60)
+        assert out.stdout.split() == ["600", "root"], host
