@@ -1,0 +1,46 @@
+"""Shipped inventories parse with ansible-inventory and carry no secrets."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+INVENTORY = Path(sys.executable).parent / "ansible-inventory"
+
+
+def _inventory(path: str) -> dict:
+    out = subprocess.run([str(INVENTORY), "-i", path, "--list"], cwd=ROOT, capture_output=True, text=True,
+                         check=True, timeout=120)
+    return json.loads(out.stdout)
+
+
+def test_example_bank_has_twelve_branches_canary_and_gateways():
+    inv = _inventory("inventory/example-bank")
+    branches = [g for g in inv if g.startswith("branch_")]
+    assert len(branches) == 12
+    for group in branches:
+        assert len(inv[group]["hosts"]) == 2, group
+    assert inv["canary"]["hosts"] == ["atlas-central-01"]
+    assert len(inv["gateway"]["hosts"]) == 12
+    assert set(inv["atlas_nodes"]["children"]) == set(branches)
+
+
+def test_no_passwords_in_shipped_inventories():
+    pattern = re.compile(r"(ansible_(ssh_)?pass(word)?|ansible_become_pass(word)?)\s*:", re.I)
+    offenders = [str(p) for p in (ROOT / "inventory").rglob("*.yml") if pattern.search(p.read_text())]
+    assert offenders == []
+
+
+def test_example_bank_profile_is_shipped():
+    main = (ROOT / "inventory/example-bank/group_vars/all/main.yml").read_text()
+    profile = re.search(r"^serving_profile:\s*(\S+)", main, re.M).group(1)
+    assert (ROOT / "roles/serving/vars/profiles" / f"{profile}.yml").exists()
+
+
+def test_api_key_comes_from_vault_variable():
+    main = (ROOT / "inventory/example-bank/group_vars/all/main.yml").read_text()
+    assert re.search(r'^serving_api_key: "\{\{ vault_serving_api_key \}\}"$', main, re.M)
