@@ -21,6 +21,28 @@ def site_runs(fresh_lab):
     return fresh_lab, first, second
 
 
+@pytest.fixture(scope="module")
+def bare_check(fresh_lab):
+    """site.yml --check --diff on bare nodes, before anything was installed."""
+    run = playbook("site.yml", "--check", "--diff")
+    leftovers = {
+        host: atlasctl("lab", "ssh", host, "ls", "-d", "/opt/atlas", "/etc/atlas", "/var/lib/atlas",
+                       "/etc/systemd/system/atlas-serving.service", check=False, timeout=60).stdout.split()
+        for host in fresh_lab
+    }
+    return fresh_lab, run, leftovers
+
+
+def test_check_mode_on_bare_nodes_changes_nothing(bare_check):
+    hosts, run, leftovers = bare_check
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    stats = recap(run.stdout)
+    assert set(stats) == set(hosts)
+    assert all(s["changed"] > 0 for s in stats.values()), "check mode must report what it would change"
+    assert leftovers == {host: [] for host in hosts}, "check mode wrote to a node"
+    assert "+++ after" in run.stdout, "--diff shows the rendered files"
+
+
 def _engine(host: str) -> str:
     record = atlasctl("lab", "ssh", host, "cat", "/etc/atlas/serving/atlas-serving.json", timeout=60)
     return json.loads(record.stdout)["engine"]
@@ -55,6 +77,14 @@ def test_second_run_changes_nothing(site_runs):
     assert set(stats) == set(hosts)
     changed = {h: s["changed"] for h, s in stats.items() if s["changed"]}
     assert not changed, f"second run changed: {changed}\n{second.stdout[-6000:]}"
+
+
+def test_check_mode_after_convergence_reports_nothing(site_runs):
+    hosts, first, second = site_runs
+    assert second is not None and second.returncode == 0
+    run = playbook("site.yml", "--check")
+    assert run.returncode == 0, run.stdout[-6000:]
+    assert {h: s["changed"] for h, s in recap(run.stdout).items()} == {h: 0 for h in hosts}
 
 
 def test_fleet_table_printed(site_runs):
