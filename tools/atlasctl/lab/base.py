@@ -25,7 +25,7 @@ from atlasctl.lab.proc import require_tools, run
 log = logging.getLogger(__name__)
 
 SUITE = "bookworm"
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # bump when clean_rootfs or the build steps change
 PACKAGES: tuple[str, ...] = (
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "sudo", "curl",
     "iproute2", "ca-certificates", "libpam-systemd", "rsync", "nginx-light", "libnuma1", "libgomp1",
@@ -107,9 +107,11 @@ def clean_rootfs(root: Path) -> None:
         link = unit_dir / unit
         link.unlink(missing_ok=True)
         link.symlink_to("/dev/null")
-    for unit in DISABLED_UNITS:
-        for wants in unit_dir.glob(f"*.wants/{unit}"):
-            wants.unlink()
+    for unit in DISABLED_UNITS:  # the links are dangling on the host, so glob() would not see them
+        for wants_dir in unit_dir.glob("*.wants"):
+            link = wants_dir / unit
+            if os.path.lexists(link):
+                link.unlink()
     for leftover in (root / "var/cache/apt/archives").glob("*.deb"):
         leftover.unlink()
     (root / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
@@ -143,6 +145,9 @@ def build(force: bool = False) -> BaseImage:
             timeout=900,
         )
         os.replace(partial, target)
+        for old in paths.cache_dir().glob("base-*.tar.zst"):
+            if old != target:
+                old.unlink()  # a base of an older recipe or package list
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return BaseImage(digest, target, built=True, seconds=time.monotonic() - started)

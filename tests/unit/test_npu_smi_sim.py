@@ -1,0 +1,132 @@
+"""The npu-smi simulator against the real tool's layout (ascend-facts.md section 6, an 8 x 910B3 machine)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from atlasctl.labkit import npu_smi
+
+# Verbatim lines of a real `npu-smi info` (8 x 910B3 64 GB), NPUs 0 and 1 and the process section of NPU 0.
+REAL_HEAD = """\
++------------------------------------------------------------------------------------------------+
+| npu-smi 24.1.rc1.b030            Version: 24.1.rc1.b030                                        |
++---------------------------+---------------+----------------------------------------------------+
+| NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-Usage(page)|
+| Chip                      | Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)        |
++===========================+===============+====================================================+
+| 0     910B3               | OK            | 101.8       43                0    / 0             |
+| 0                         | 0000:C1:00.0  | 0           0    / 0          3318 / 65536         |
++===========================+===============+====================================================+
+| 1     910B3               | OK            | 92.0        39                0    / 0             |
+| 0                         | 0000:C2:00.0  | 0           0    / 0          3314 / 65536         |
++===========================+===============+====================================================+
+"""
+REAL_PROCESS_HEADER = """\
++---------------------------+---------------+----------------------------------------------------+
+| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |
++===========================+===============+====================================================+
+| No running processes found in NPU 0                                                            |
++===========================+===============+====================================================+
+"""
+
+
+def device(dev_id: int, bus: str, power: float, temp: int, hbm_used: int, **extra: object) -> dict:
+    return {"id": dev_id, "chip": 0, "name": "910B3", "health": "OK", "power_w": power, "temp_c": temp,
+            "bus_id": f"0000:{bus}:00.0", "hbm_total_mb": 65536, "hbm_used_mb": hbm_used, "aicore_pct": 0,
+            **extra}
+
+
+def sample_state(**overrides: object) -> dict:
+    state = {"format": 1, "driver_loaded": True, "driver_version": "24.1.rc1.b030",
+             "firmware_version": "7.1.0.6.220",
+             "devices": [device(0, "C1", 101.8, 43, 3318), device(1, "C2", 92.0, 39, 3314)]}
+    state.update(overrides)
+    return state
+
+
+def run_sim(argv: list[str], state: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str]:
+    path = tmp_path / "npu.json"
+    path.write_text(json.dumps(state))
+    monkeypatch.setenv("NPU_SMI_STATE", str(path))
+    out = io.StringIO()
+    return npu_smi.main(argv, out), out.getvalue()
+
+
+def test_info_matches_the_real_table_byte_for_byte(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, text = run_sim(["info"], sample_state(), tmp_path, monkeypatch)
+    assert code == 0
+    assert text.startswith(REAL_HEAD)
+    assert REAL_HEAD.splitlines()[-1] + "\n" + REAL_PROCESS_HEADER in text
+    assert "| No running processes found in NPU 1" in text
+    assert all(len(line) == 98 for line in text.splitlines())
+
+
+def test_five_digit_hbm_prints_like_the_real_tool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = sample_state()
+    state["devices"][0]["hbm_used_mb"] = 58626
+    _, text = run_sim(["info"], state, tmp_path, monkeypatch)
+    assert "| 0                         | 0000:C1:00.0  | 0           0    / 0          58626/ 65536         |" in text
+
+
+def test_health_and_processes_render_in_their_columns(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = sample_state()
+    state["devices"][1]["health"] = "Critical"
+    state["devices"][1]["processes"] = [{"pid": 123456, "name": "python3", "memory_mb": 3200}]
+    _, text = run_sim(["info"], state, tmp_path, monkeypatch)
+    assert "| 1     910B3               | Critical      | 92.0" in text
+    row = "| 1       0                 | 123456        | python3                  | 3200                    |"
+    assert row in text and "No running processes found in NPU 1" not in text
+
+
+def test_board_key_value_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, text = run_sim(["info", "-t", "board", "-i", "1"], sample_state(), tmp_path, monkeypatch)
+    assert code == 0
+    assert "        NPU ID                         : 1\n" in text
+    fields = dict(line.strip().split(" : ", 1) for line in text.splitlines())
+    fields = {k.strip(): v for k, v in fields.items()}
+    assert fields["Software Version"] == "24.1.rc1.b030"
+    assert fields["Firmware Version"] == "7.1.0.6.220"
+    assert fields["PCIe Bus Info"] == "0000:C2:00.0"
+    assert fields["PCI Device ID"] == "0xD802"
+    assert fields["Compatibility"] == "OK" and fields["Chip Count"] == "1"
+
+
+def test_absent_device_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, text = run_sim(["info", "-t", "board", "-i", "7"], sample_state(), tmp_path, monkeypatch)
+    assert code != 0 and "invalid" in text and "NPU ID" not in text
+
+
+def test_unloaded_driver_fails_every_query(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for argv in (["info"], ["info", "-t", "board", "-i", "0"], ["info", "-l"]):
+        code, text = run_sim(argv, sample_state(driver_loaded=False), tmp_path, monkeypatch)
+        assert code != 0
+        assert text == "dcmi module initialize failed. ret is -8005\n"
+
+
+def test_list_and_mapping(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, text = run_sim(["info", "-l"], sample_state(), tmp_path, monkeypatch)
+    assert "Total Count                    : 2" in text and text.count("NPU ID") == 2
+    _, text = run_sim(["info", "-m"], sample_state(), tmp_path, monkeypatch)
+    assert text.count("Ascend 910B3") == 2
+
+
+def test_bad_usage_exits_non_zero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for argv in ([], ["bogus"], ["info", "-t", "board"], ["info", "-x"]):
+        code, text = run_sim(argv, sample_state(), tmp_path, monkeypatch)
+        assert code != 0 and "Usage:" in text
+
+
+def test_runs_as_a_standalone_stdlib_script(tmp_path: Path) -> None:
+    path = tmp_path / "npu.json"
+    path.write_text(json.dumps(sample_state()))
+    script = Path(npu_smi.__file__)
+    assert os.access(script, os.X_OK)
+    proc = subprocess.run([sys.executable, "-I", str(script), "info"], capture_output=True, text=True,
+                          env={"NPU_SMI_STATE": str(path)}, check=False)
+    assert proc.returncode == 0 and proc.stdout.startswith(REAL_HEAD)

@@ -1,0 +1,109 @@
+"""`atlasctl lab up|down|status|ssh|power|npu`: the simulated Atlas fleet (systemd-nspawn nodes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from atlasctl import exitcodes
+from atlasctl.lab import api, npu
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("lab", help="bring the simulated Atlas fleet up or down and reach its nodes")
+    lsub = parser.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
+
+    up = lsub.add_parser("up", help="build the base (once, cached) and boot every node of lab.yml")
+    up.add_argument("--config", default=None, help="lab fleet file (default: inventory/lab/lab.yml)")
+    up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for SSH (default: 120)")
+    up.add_argument("--json", action="store_true", help="print the lab state as JSON")
+    up.set_defaults(func=_up)
+
+    down = lsub.add_parser("down", help="power nodes off and remove the lab (keeps the base cache)")
+    down.set_defaults(func=_down)
+
+    status = lsub.add_parser("status", help="per node: address, groups, running/stopped, SSH reachable")
+    status.add_argument("--json", action="store_true", help="print as JSON")
+    status.set_defaults(func=_status)
+
+    ssh = lsub.add_parser("ssh", help="ssh to a node with the lab key and pinned host key")
+    ssh.add_argument("node")
+    ssh.add_argument("remote", nargs=argparse.REMAINDER, metavar="COMMAND", help="command to run (optional)")
+    ssh.set_defaults(func=_ssh)
+
+    power = lsub.add_parser("power", help="power a node off (clean shutdown) or on (boot, wait for SSH)")
+    power.add_argument("node")
+    power.add_argument("action", choices=("off", "on"))
+    power.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for SSH on `on`")
+    power.set_defaults(func=_power)
+
+    npu_p = lsub.add_parser("npu", help="set a node's simulated NPU state for fault tests")
+    npu_p.add_argument("node")
+    npu_p.add_argument("--device", type=int, default=None, help="NPU id (default: every NPU)")
+    npu_p.add_argument("--health", choices=npu.HEALTH_VALUES, default=None)
+    npu_p.add_argument("--hbm-used-mb", type=int, default=None)
+    npu_p.add_argument("--driver", choices=("loaded", "unloaded"), default=None)
+    npu_p.add_argument("--json", action="store_true", help="print the resulting npu.json")
+    npu_p.set_defaults(func=_npu)
+
+
+def _print_table(state: api.LabState) -> None:
+    print(f"{'NODE':<14} {'IP':<15} {'STATE':<8} {'SSH':<4} GROUPS")
+    for n in state.nodes:
+        print(f"{n.name:<14} {n.ip:<15} {n.state:<8} {'yes' if n.ssh else 'no':<4} {','.join(n.groups)}")
+
+
+def _up(args: argparse.Namespace) -> int:
+    state = api.up(args.config, timeout=args.timeout)
+    if args.json:
+        print(json.dumps(state.to_dict(), indent=2))
+        return exitcodes.OK
+    if state.already_up:
+        print("lab is already up and healthy; nothing to do")
+    else:
+        print(f"lab up in {state.seconds:.1f}s ({len(state.nodes)} nodes); inventory: {state.inventory_path}")
+    _print_table(state)
+    return exitcodes.OK
+
+
+def _down(args: argparse.Namespace) -> int:
+    removed = api.down()
+    print(f"lab down ({len(removed)} item(s) removed)" if removed else "lab is already down")
+    return exitcodes.OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    state = api.status()
+    if args.json:
+        print(json.dumps(state.to_dict(), indent=2))
+    else:
+        _print_table(state)
+    healthy = all(n.state == "running" and n.ssh for n in state.nodes)
+    return exitcodes.OK if healthy else exitcodes.FAILED
+
+
+def _ssh(args: argparse.Namespace) -> int:
+    remote = [a for a in args.remote if a != "--"] if args.remote[:1] == ["--"] else list(args.remote)
+    argv = api.ssh_argv(args.node, remote, tty=not remote and sys.stdin.isatty())
+    sys.stdout.flush()
+    os.execvp(argv[0], argv)
+    return exitcodes.FAILED  # not reached
+
+
+def _power(args: argparse.Namespace) -> int:
+    status = api.power(args.node, args.action, timeout=args.timeout)
+    print(f"{status.name}: {status.state}, ssh {'reachable' if status.ssh else 'unreachable'}")
+    return exitcodes.OK
+
+
+def _npu(args: argparse.Namespace) -> int:
+    state = api.set_npu(args.node, device=args.device, health=args.health, hbm_used_mb=args.hbm_used_mb,
+                        driver=args.driver)
+    if args.json:
+        print(json.dumps(state, indent=2))
+    else:
+        print(f"{args.node}: driver {'loaded' if state['driver_loaded'] else 'unloaded'}; "
+              + ", ".join(f"npu{d['id']} {d['health']} {d['hbm_used_mb']}MB" for d in state["devices"]))
+    return exitcodes.OK

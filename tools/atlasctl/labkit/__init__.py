@@ -1,0 +1,1 @@
+"""What the lab puts on nodes or in its bundle (npu-smi simulator, stand-ins, builders)."""
