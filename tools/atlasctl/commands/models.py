@@ -83,9 +83,7 @@ def write_manifest(
     digests = _digest(root, workers, progress, ignore)
     if fmt == "sums":
         for alg, target in zip(("md5", "sha256"), targets, strict=True):
-            _atomic_write(
-                target, manifest.render_sums([(rel, getattr(d, alg)) for rel, d in digests.items()])
-            )
+            _atomic_write(target, manifest.render_sums([(rel, getattr(d, alg)) for rel, d in digests.items()]))
     else:
         pre = prefix.strip("/")
         entries = [{"path": f"{pre}/{rel}" if pre else rel, **d.as_dict()} for rel, d in digests.items()]
@@ -132,9 +130,7 @@ def verify_model(
     try:
         expected = manifest.load_expected(sources, prefix=prefix)
     except manifest.ManifestError as exc:
-        raise UsageError(
-            str(exc), fix="pass checksum lists in md5sum/sha256sum or manifest.json format"
-        ) from exc
+        raise UsageError(str(exc), fix="pass checksum lists in md5sum/sha256sum or manifest.json format") from exc
     stamps_path = checksums.default_stamps_path(root) if stamps == "" else stamps
     ignore = {rel for rel in (_inside(root, s) for s in sources) if rel}
     try:
@@ -173,10 +169,10 @@ def _atomic_write(path: str, text: str) -> None:
 class TtyProgress:
     """`\\r`-updated bytes/rate line on stderr, only when stderr is a terminal; at most 5 updates/s."""
 
-    def __init__(self, label: str, stream: TextIO = sys.stderr):
+    def __init__(self, label: str, stream: TextIO | None = None):
         self.label = label
-        self.stream = stream
-        self.enabled = stream.isatty()
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty()
         self.t0 = time.monotonic()
         self.last = 0.0
 
@@ -189,8 +185,7 @@ class TtyProgress:
         eta = (total - done) / rate if rate > 0 else 0
         pct = 100 * done / total if total else 100
         self.stream.write(
-            f"\r{self.label}: {_gb(done)} / {_gb(total)} ({pct:3.0f}%)  "
-            f"{rate / 1e6:7.1f} MB/s  ETA {eta:5.0f}s "
+            f"\r{self.label}: {_gb(done)} / {_gb(total)} ({pct:3.0f}%)  {rate / 1e6:7.1f} MB/s  ETA {eta:5.0f}s "
         )
         self.stream.flush()
 
@@ -204,7 +199,8 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB"
 
 
-def render_verify(report, check: bool, out: TextIO = sys.stdout) -> None:
+def render_verify(report, check: bool, out: TextIO | None = None) -> None:
+    out = out or sys.stdout
     for result in report.results:
         if result.status == "ok":
             continue
@@ -233,9 +229,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("models", help="write and verify model checksums (md5 + sha256, one read)")
     sub = parser.add_subparsers(dest="models_command", metavar="ACTION", required=True)
 
-    mk = sub.add_parser(
-        "manifest", help="hash every file of DIR once; write md5sums.txt + sha256sums.txt or JSON"
-    )
+    mk = sub.add_parser("manifest", help="hash every file of DIR once; write md5sums.txt + sha256sums.txt or JSON")
     mk.add_argument("dir", metavar="DIR")
     mk.add_argument("--format", choices=("sums", "json"), default="sums")
     mk.add_argument(
@@ -258,9 +252,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=[],
         help=f"checksum list (repeatable; default: {', '.join(DEFAULT_SOURCES)} found in DIR)",
     )
-    vf.add_argument(
-        "--prefix", default="", help="only manifest entries under this subdirectory, e.g. models/x"
-    )
+    vf.add_argument("--prefix", default="", help="only manifest entries under this subdirectory, e.g. models/x")
     vf.add_argument("--full", action="store_true", help="read every file even if a stamp vouches for it")
     vf.add_argument("--allow-extra", action="store_true", help="files not in the list do not fail the check")
     group = vf.add_mutually_exclusive_group()

@@ -71,9 +71,7 @@ def normalize_digest(value: object, algorithm: str, where: str) -> str:
         if alg.lower() != algorithm:
             raise ManifestError(f"{where}: digest {value!r} is labelled {alg!r}, expected {algorithm}")
     if len(text) != HEX_LENGTHS[algorithm] or not _HEX.match(text):
-        raise ManifestError(
-            f"{where}: {algorithm} digest {value!r} is not {HEX_LENGTHS[algorithm]} hex characters"
-        )
+        raise ManifestError(f"{where}: {algorithm} digest {value!r} is not {HEX_LENGTHS[algorithm]} hex characters")
     return text.lower()
 
 
@@ -242,7 +240,11 @@ def merge_expected(
 
 
 def load_expected(paths: list[str], prefix: str = "") -> dict[str, Expected]:
-    """Load any mix of manifest.json and md5sum/sha256sum files, auto-detected by content."""
+    """Load any mix of manifest.json and md5sum/sha256sum files, auto-detected by content.
+
+    ``prefix`` selects entries of JSON manifests (which describe a whole bundle); md5sum/sha256sum
+    lists are read as relative to the verified directory, as ``md5sum -c`` would.
+    """
     if not paths:
         raise ManifestError("no checksum source given; pass a manifest.json or md5sums.txt/sha256sums.txt")
     manifests: list[dict[str, Expected]] = []
@@ -254,9 +256,6 @@ def load_expected(paths: list[str], prefix: str = "") -> dict[str, Expected]:
             continue
         alg = guess_algorithm(path, text)
         parsed = parse_sums(text, alg, source=path)
-        if prefix:
-            norm = posixpath.normpath(prefix.strip("/"))
-            parsed = {r: d for r, d in ((_strip_prefix(k, norm), v) for k, v in parsed.items()) if r}
         for rel, digest in parsed.items():
             slot = digest_maps.setdefault(alg, {})
             if slot.get(rel, digest) != digest:

@@ -1,0 +1,314 @@
+"""One-pass md5+sha256 verification and stamps (module_utils/checksums.py, manifest.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from atlasctl.collection import module_utils
+
+checksums = module_utils("checksums")
+manifest = module_utils("manifest")
+
+SHARDS = {
+    "model-00001-of-00003.safetensors": 3_000_017,
+    "model-00002-of-00003.safetensors": 2_500_001,
+    "model-00003-of-00003.safetensors": 700_000,
+    "config.json": 611,
+    "tokenizer/tokenizer.json": 20_000,
+}
+
+
+def _write_model(root: Path) -> dict[str, object]:
+    """Random shards; returns {rel: Expected} computed with hashlib independently of the code under test."""
+    expected = {}
+    for rel, size in SHARDS.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = os.urandom(size)
+        path.write_bytes(data)
+        expected[rel] = manifest.Expected(
+            path=rel, size=size, md5=hashlib.md5(data).hexdigest(), sha256=hashlib.sha256(data).hexdigest()
+        )
+    # Stamps are not written for files changed within the racy margin of their read.
+    time.sleep(checksums.RACY_MARGIN_NS / 1e9 + 0.05)
+    return expected
+
+
+@pytest.fixture()
+def model(tmp_path: Path) -> tuple[Path, dict, str]:
+    root = tmp_path / "model"
+    root.mkdir()
+    expected = _write_model(root)
+    return root, expected, str(tmp_path / "stamps.json")
+
+
+def _by_path(report) -> dict:
+    return {r.path: r for r in report.results}
+
+
+def _flip_byte_keep_times(path: Path, offset: int) -> None:
+    st = path.stat()
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)
+        handle.seek(offset)
+        handle.write(bytes([byte[0] ^ 0x01]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_size, after.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+# --- hashing ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4 << 20, (4 << 20) + 3])
+def test_hash_file_matches_hashlib(tmp_path: Path, size: int) -> None:
+    data = os.urandom(size)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    got = checksums.hash_file(str(path), bufsize=1 << 20)
+    assert got == checksums.Digests(size, hashlib.md5(data).hexdigest(), hashlib.sha256(data).hexdigest())
+
+
+def test_digest_tree_lists_every_file_once(model) -> None:
+    root, expected, _ = model
+    got = checksums.digest_tree(str(root), workers=2)
+    assert sorted(got) == sorted(SHARDS)
+    for rel, digests in got.items():
+        assert (digests.md5, digests.sha256, digests.size) == (
+            expected[rel].md5,
+            expected[rel].sha256,
+            expected[rel].size,
+        )
+
+
+# --- verification ----------------------------------------------------------------------------
+
+
+def test_clean_tree_verifies_and_writes_stamps(model) -> None:
+    root, expected, stamps = model
+    report = checksums.verify_tree(str(root), expected, stamps_path=stamps, workers=2)
+    assert not report.failed, report.failure_message()
+    assert report.count("ok") == len(SHARDS)
+    assert report.bytes_read == sum(SHARDS.values())
+    assert report.stamps_written and os.path.exists(stamps)
+
+
+@pytest.mark.parametrize("rel", sorted(SHARDS))
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_one_byte_change_caught_with_size_and_mtime_restored(model, rel: str, where: str) -> None:
+    root, expected, stamps = model
+    first = checksums.verify_tree(str(root), expected, stamps_path=stamps)
+    assert not first.failed and first.stamps_written
+    path = root / rel
+    _flip_byte_keep_times(path, 0 if where == "first" else SHARDS[rel] - 1)
+
+    report = checksums.verify_tree(str(root), expected, stamps_path=stamps)
+
+    assert report.failed
+    bad = _by_path(report)[rel]
+    assert bad.status == "mismatch" and bad.source == "read"
+    assert set(bad.mismatched) == {"md5", "sha256"}
+    actual_data = path.read_bytes()
+    message = report.failure_message()
+    for digest in (
+        expected[rel].md5,
+        expected[rel].sha256,
+        hashlib.md5(actual_data).hexdigest(),
+        hashlib.sha256(actual_data).hexdigest(),
+    ):
+        assert digest in message
+    assert rel in message
+    others = [r for r in report.results if r.path != rel]
+    assert all(r.status == "ok" and r.source == "stamp" for r in others)
+
+
+def test_unchanged_tree_is_vouched_by_stamps_without_reading(model) -> None:
+    root, expected, stamps = model
+    checksums.verify_tree(str(root), expected, stamps_path=stamps)
+    before = Path(stamps).read_bytes()
+    report = checksums.verify_tree(str(root), expected, stamps_path=stamps)
+    assert not report.failed
+    assert report.bytes_read == 0 and report.bytes_skipped == sum(SHARDS.values())
+    assert all(r.source == "stamp" for r in report.results)
+    assert not report.stamps_changed and not report.stamps_written
+    assert Path(stamps).read_bytes() == before
+
+
+def test_full_reads_everything_despite_stamps(model) -> None:
+    root, expected, stamps = model
+    checksums.verify_tree(str(root), expected, stamps_path=stamps)
+    report = checksums.verify_tree(str(root), expected, stamps_path=stamps, full=True)
+    assert report.bytes_read == sum(SHARDS.values()) and report.bytes_skipped == 0
+    assert not report.stamps_changed
+
+
+def _touch_content_same(path: Path) -> None:
+    path.write_bytes(path.read_bytes())  # same bytes, new mtime and ctime
+
+
+def _append_and_truncate(path: Path) -> None:
+    st = path.stat()
+    with open(path, "ab") as handle:
+        handle.write(b"x")
+    os.truncate(path, st.st_size)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _replace_by_rename(path: Path) -> None:
+    st = path.stat()
+    tmp = path.with_name(path.name + ".new")
+    shutil.copyfile(path, tmp)
+    os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(tmp, path)
+    assert path.stat().st_ino != st.st_ino
+
+
+def _chmod(path: Path) -> None:
+    os.chmod(path, 0o600)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [_touch_content_same, _append_and_truncate, _replace_by_rename, _chmod],
+    ids=["rewrite-same-bytes", "size-restored", "inode-replaced", "chmod-ctime"],
+)
+def test_stamp_ignored_after_any_change_to_the_file(model, change) -> None:
+    root, expected, stamps = model
+    checksums.verify_tree(str(root), expected, stamps_path=stamps)
+    rel = "model-00002-of-00003.safetensors"
+    change(root / rel)
+    report = checksums.verify_tree(str(root), expected, stamps_path=stamps)
+    result = _by_path(report)[rel]
+    assert result.source == "read", "a stamp vouched for a changed file"
+    assert report.bytes_read == SHARDS[rel]
+
+
+def test_stamp_ignored_when_the_expected_digest_changes(model) -> None:
+    root, expected, stamps = model
+    checksums.verify_tree(str(root), expected, stamps_path=stamps)
+    rel = "config.json"
+    changed = dict(expected)
+    changed[rel] = manifest.Expected(rel, SHARDS[rel], md5=expected[rel].md5, sha256="0" * 64)
+    report = checksums.verify_tree(str(root), changed, stamps_path=stamps)
+    result = _by_path(report)[rel]
+    assert result.status == "mismatch" and result.source == "read" and result.mismatched == ("sha256",)
+    assert "sha256 expected " + "0" * 64 in result.message
+
+
+def test_stamp_for_another_root_is_not_used(model, tmp_path: Path) -> None:
+    root, expected, stamps = model
+    checksums.verify_tree(str(root), expected, stamps_path=stamps)
+    twin = tmp_path / "twin"
+    shutil.copytree(root, twin)
+    report = checksums.verify_tree(str(twin), expected, stamps_path=stamps)
+    assert report.bytes_read == sum(SHARDS.values())
+
+
+def test_racy_file_is_verified_but_not_stamped(tmp_path: Path) -> None:
+    root = tmp_path / "m"
+    root.mkdir()
+    data = os.urandom(1000)
+    (root / "a.bin").write_bytes(data)  # read immediately: inside the racy margin
+    exp = {"a.bin": manifest.Expected("a.bin", 1000, hashlib.md5(data).hexdigest(), None)}
+    report = checksums.verify_tree(str(root), exp, stamps_path=str(tmp_path / "s.json"))
+    assert not report.failed
+    assert not report.stamps_changed
+
+
+def test_missing_and_extra_files_are_reported(model) -> None:
+    root, expected, stamps = model
+    (root / "config.json").unlink()
+    (root / "stray.bin").write_bytes(b"stray")
+    (root / "tokenizer" / "extra.txt").write_bytes(b"x")
+    report = checksums.verify_tree(str(root), expected, stamps_path=stamps)
+    results = _by_path(report)
+    assert results["config.json"].status == "missing"
+    assert results["stray.bin"].status == "extra"
+    assert results["tokenizer/extra.txt"].status == "extra"
+    assert report.failed
+    assert "stray.bin" in report.failure_message() and "config.json" in report.failure_message()
+
+
+def test_allow_extra_tolerates_extra_but_not_missing(model) -> None:
+    root, expected, stamps = model
+    (root / "stray.bin").write_bytes(b"stray")
+    report = checksums.verify_tree(str(root), expected, stamps_path=stamps, allow_extra=True)
+    assert not report.failed and report.count("extra") == 1
+    (root / "config.json").unlink()
+    assert checksums.verify_tree(str(root), expected, stamps_path=stamps, allow_extra=True).failed
+
+
+def test_stamp_file_inside_root_is_not_an_extra_file(model) -> None:
+    root, expected, _ = model
+    inside = str(root / checksums.STAMP_FILE_NAME)
+    checksums.verify_tree(str(root), expected, stamps_path=inside)
+    report = checksums.verify_tree(str(root), expected, stamps_path=inside)
+    assert report.count("extra") == 0 and not report.failed
+
+
+def test_check_mode_writes_nothing_but_says_it_would(model) -> None:
+    root, expected, stamps = model
+    listing = sorted(os.listdir(root))
+    report = checksums.verify_tree(str(root), expected, stamps_path=stamps, write_stamps=False)
+    assert not report.failed
+    assert report.stamps_changed and not report.stamps_written
+    assert not os.path.exists(stamps)
+    assert sorted(os.listdir(root)) == listing
+
+
+def test_check_mode_still_fails_on_mismatch(model) -> None:
+    root, expected, stamps = model
+    _flip_byte_keep_times(root / "config.json", 10)
+    report = checksums.verify_tree(str(root), expected, stamps_path=stamps, write_stamps=False)
+    assert report.failed and _by_path(report)["config.json"].status == "mismatch"
+    assert not os.path.exists(stamps)
+
+
+def test_corrupt_stamp_file_means_read_everything(model) -> None:
+    root, expected, stamps = model
+    Path(stamps).write_text("{not json")
+    report = checksums.verify_tree(str(root), expected, stamps_path=stamps)
+    assert report.bytes_read == sum(SHARDS.values()) and report.warnings
+    assert json.loads(Path(stamps).read_text())["format"] == checksums.STAMP_FORMAT
+
+
+def test_mismatched_file_loses_its_stamp(model) -> None:
+    root, expected, stamps = model
+    checksums.verify_tree(str(root), expected, stamps_path=stamps)
+    _flip_byte_keep_times(root / "config.json", 0)
+    checksums.verify_tree(str(root), expected, stamps_path=stamps)
+    assert "config.json" not in json.loads(Path(stamps).read_text())["files"]
+
+
+def test_size_declared_wrong_is_a_mismatch(model) -> None:
+    root, expected, _ = model
+    exp = dict(expected)
+    exp["config.json"] = manifest.Expected("config.json", 612, expected["config.json"].md5, None)
+    result = _by_path(checksums.verify_tree(str(root), exp))["config.json"]
+    assert result.status == "mismatch" and result.mismatched == ("size",)
+
+
+def test_root_that_is_not_a_directory_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(checksums.VerifyError, match="not a directory"):
+        checksums.verify_tree(str(tmp_path / "nope"), {})
+
+
+def test_memory_is_bounded_by_buffers_not_file_size(tmp_path: Path) -> None:
+    import tracemalloc
+
+    root = tmp_path / "big"
+    root.mkdir()
+    with open(root / "big.bin", "wb") as handle:
+        handle.truncate(64 << 20)  # sparse 64 MiB
+    tracemalloc.start()
+    checksums.digest_tree(str(root), workers=1, bufsize=1 << 20)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 4 << 20

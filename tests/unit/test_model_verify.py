@@ -1,0 +1,150 @@
+"""atlas.serving.model_verify run for real through `ansible -m` against localhost, and `atlasctl models`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from atlasctl.cli import main as atlasctl_main
+from atlasctl.collection import collections_dir, module_utils
+
+checksums = module_utils("checksums")
+
+VENV_BIN = Path(sys.executable).parent
+ANSIBLE = VENV_BIN / "ansible"
+
+
+def _model(root: Path) -> Path:
+    root.mkdir()
+    for i, size in enumerate((1_500_000, 900_001, 333), start=1):
+        (root / f"model-{i:05d}-of-00003.safetensors").write_bytes(os.urandom(size))
+    (root / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}\n')
+    assert atlasctl_main(["models", "manifest", str(root)]) == 0
+    time.sleep(checksums.RACY_MARGIN_NS / 1e9 + 0.05)
+    return root
+
+
+def _ansible(args: str, *extra: str, check: bool = False) -> tuple[int, dict]:
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections_dir()), ANSIBLE_LOCALHOST_WARNING="False")
+    env["ANSIBLE_PYTHON_INTERPRETER"] = sys.executable
+    cmd = [str(ANSIBLE), "localhost", "-o", "-m", "atlas.serving.model_verify", "-a", args, *extra]
+    if check:
+        cmd.append("--check")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("localhost |")), None)
+    assert line is not None, f"no result line\nstdout:{proc.stdout}\nstderr:{proc.stderr}"
+    return proc.returncode, json.loads(line.split("=>", 1)[1])
+
+
+@pytest.mark.skipif(not ANSIBLE.exists(), reason="ansible is not installed in this virtualenv")
+def test_module_twice_second_run_unchanged(tmp_path: Path) -> None:
+    root = _model(tmp_path / "m")
+    args = f"path={root} checksum_files={root}/md5sums.txt,{root}/sha256sums.txt"
+    rc, first = _ansible(args)
+    assert rc == 0 and first["changed"] is True and first["ok"] is True, first
+    assert first["totals"]["bytes_read"] > 0 and first["totals"]["extra"] == 0
+    rc, second = _ansible(args)
+    assert rc == 0 and second["changed"] is False, second
+    assert second["totals"]["bytes_read"] == 0
+    assert second["totals"]["from_stamps"] == 4
+
+
+@pytest.mark.skipif(not ANSIBLE.exists(), reason="ansible is not installed in this virtualenv")
+def test_module_check_mode_writes_no_stamp(tmp_path: Path) -> None:
+    root = _model(tmp_path / "m")
+    stamp = tmp_path / "stamps" / "m.json"
+    rc, result = _ansible(f"path={root} stamp_file={stamp}", check=True)
+    assert rc == 0 and result["changed"] is True and result["stamps_written"] is False, result
+    assert not stamp.exists() and not stamp.parent.exists()
+
+
+@pytest.mark.skipif(not ANSIBLE.exists(), reason="ansible is not installed in this virtualenv")
+def test_module_fails_naming_the_file_and_both_digests(tmp_path: Path) -> None:
+    root = _model(tmp_path / "m")
+    shard = root / "model-00002-of-00003.safetensors"
+    st = shard.stat()
+    with open(shard, "r+b") as handle:
+        handle.seek(123_456)
+        old = handle.read(1)
+        handle.seek(123_456)
+        handle.write(bytes([old[0] ^ 0xFF]))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    (root / "stray.txt").write_text("x")
+    rc, result = _ansible(f"path={root} manifest={root}/sha256sums.txt")
+    assert rc != 0 and result["ok"] is False
+    expected_sha = next(ln.split()[0] for ln in (root / "sha256sums.txt").read_text().splitlines() if shard.name in ln)
+    import hashlib
+
+    actual_sha = hashlib.sha256(shard.read_bytes()).hexdigest()
+    assert shard.name in result["msg"] and expected_sha in result["msg"] and actual_sha in result["msg"]
+    assert "stray.txt" in result["msg"]
+    statuses = {f["path"]: f["status"] for f in result["files"]}
+    assert statuses[shard.name] == "mismatch" and statuses["stray.txt"] == "extra"
+
+
+@pytest.mark.skipif(not ANSIBLE.exists(), reason="ansible is not installed in this virtualenv")
+def test_module_bad_manifest_fails_with_the_path(tmp_path: Path) -> None:
+    root = _model(tmp_path / "m")
+    bad = tmp_path / "manifest.json"
+    bad.write_text('{"files": [{"path": "/abs", "md5": "x"}]}')
+    rc, result = _ansible(f"path={root} manifest={bad}")
+    assert rc != 0 and str(bad) in result["msg"] and "absolute path" in result["msg"]
+
+
+# --- atlasctl models -------------------------------------------------------------------------
+
+
+def test_cli_manifest_json_then_verify_json(tmp_path: Path, capsys) -> None:
+    root = _model(tmp_path / "m")
+    out = tmp_path / "bundle-manifest.json"
+    assert (
+        atlasctl_main(["models", "manifest", str(root), "--format", "json", "--out", str(out), "--prefix", "models/m"])
+        == 0
+    )
+    doc = json.loads(out.read_text())
+    assert {f["path"] for f in doc["files"]} == {
+        "models/m/config.json",
+        *(f"models/m/model-{i:05d}-of-00003.safetensors" for i in (1, 2, 3)),
+    }
+    capsys.readouterr()
+    code = atlasctl_main(
+        ["models", "verify", str(root), "--manifest", str(out), "--prefix", "models/m", "--json", "--allow-extra"]
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["failed"] is False
+    # md5sums.txt/sha256sums.txt in the dir are not in this manifest: extra, tolerated
+    assert sorted(f["path"] for f in report["files"] if f["status"] == "extra") == ["md5sums.txt", "sha256sums.txt"]
+
+
+def test_cli_verify_exit_codes(tmp_path: Path, capsys) -> None:
+    root = _model(tmp_path / "m")
+    assert atlasctl_main(["models", "verify", str(root)]) == 0
+    assert atlasctl_main(["models", "verify", str(root), "--check"]) == 0
+    (root / "config.json").unlink()
+    assert atlasctl_main(["models", "verify", str(root)]) == 1
+    out = capsys.readouterr().out
+    assert "MISSING" in out and "config.json" in out
+    assert atlasctl_main(["models", "verify", str(tmp_path / "empty-dir-missing")]) == 2
+
+
+def test_cli_check_writes_no_stamp(tmp_path: Path) -> None:
+    root = _model(tmp_path / "m")
+    assert atlasctl_main(["models", "verify", str(root), "--check"]) == 0
+    assert not (root / checksums.STAMP_FILE_NAME).exists()
+    assert atlasctl_main(["models", "verify", str(root)]) == 0
+    assert (root / checksums.STAMP_FILE_NAME).exists()
+
+
+def test_cli_sums_match_coreutils(tmp_path: Path) -> None:
+    root = _model(tmp_path / "m")
+    for tool, name in (("md5sum", "md5sums.txt"), ("sha256sum", "sha256sums.txt")):
+        subprocess.run([tool, "--check", "--quiet", name], cwd=root, check=True)
+        files = sorted(p.name for p in root.iterdir() if p.name not in ("md5sums.txt", "sha256sums.txt"))
+        ours = (root / name).read_text()
+        theirs = subprocess.run([tool, *files], cwd=root, capture_output=True, text=True, check=True).stdout
+        assert ours == theirs
