@@ -11,13 +11,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -92,6 +94,19 @@ def require_lab_up() -> LabConfig:
     return config.load(Path(_read_state()["config"]))
 
 
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """Serialise up/down/power between concurrent atlasctl runs (one lab per machine)."""
+    paths.lab_dir().mkdir(parents=True, exist_ok=True)
+    with open(paths.lab_dir() / "lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.warning("another atlasctl lab command holds %s; waiting", paths.lab_dir() / "lock")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
 def _require_root() -> None:
     if os.geteuid() != 0:
         raise EnvironmentProblem("the lab needs root (network namespaces, mounts, nspawn)", fix="run as root")
@@ -149,9 +164,10 @@ def down() -> list[str]:
     Keeps the base cache, the unpacked base, the blackhole route and the forward-drop table.
     """
     _require_root()
-    state = _read_state()
-    inv = Path(state["inventory"]) if state.get("inventory") else paths.resolve_config(None).parent / "hosts.yml"
-    return _cleanup(state.get("bridge", DEFAULT_BRIDGE), inv)
+    with _locked():
+        state = _read_state()
+        inv = Path(state["inventory"]) if state.get("inventory") else paths.resolve_config(None).parent / "hosts.yml"
+        return _cleanup(state.get("bridge", DEFAULT_BRIDGE), inv)
 
 
 # ---------------------------------------------------------------- up
@@ -193,8 +209,13 @@ def up(config_path: str | os.PathLike[str] | None = None, timeout: float = 120.0
     started = time.monotonic()
     _require_root()
     cfg = load_config(config_path)
-    if lab_is_up():
-        return _resume(cfg, timeout, started)
+    with _locked():
+        if lab_is_up():
+            return _resume(cfg, timeout, started)
+        return _fresh_up(cfg, timeout, started)
+
+
+def _fresh_up(cfg: LabConfig, timeout: float, started: float) -> LabState:
     _cleanup(cfg.bridge, cfg.inventory_path)
     net.ensure_safety(cfg)
     image = base.build()
@@ -256,16 +277,17 @@ def status() -> LabState:
 def power(name: str, action: str, timeout: float = 120.0) -> NodeStatus:
     """off: clean power-off (SIGTERM to nspawn), the node stays defined; on: boot it and wait for SSH."""
     _require_root()
+    if action not in ("off", "on"):
+        raise UsageError(f"power action {action!r} is not valid", fix="use `off` or `on`")
     cfg = require_lab_up()
     spec = cfg.node(name)
-    if action == "off":
-        node.stop(spec.name)
-    elif action == "on":
-        failed = _boot_and_wait([spec], timeout)
-        if failed:
-            raise _boot_failure(failed, timeout)
-    else:
-        raise UsageError(f"power action {action!r} is not valid", fix="use `off` or `on`")
+    with _locked():
+        if action == "off":
+            node.stop(spec.name)
+        else:
+            failed = _boot_and_wait([spec], timeout)
+            if failed:
+                raise _boot_failure(failed, timeout)
     return _node_status(spec)
 
 
