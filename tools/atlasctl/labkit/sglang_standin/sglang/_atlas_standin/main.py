@@ -1,0 +1,117 @@
+"""``python -m sglang.launch_server``: parse like SGLang, fail like SGLang, serve until SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from sglang._atlas_standin import cli
+from sglang._atlas_standin.engine import Engine
+from sglang._atlas_standin.knobs import Knobs
+from sglang._atlas_standin.server import StandinHTTPServer, State
+
+logger = logging.getLogger("sglang.srt.entrypoints.http_server")
+uvicorn = logging.getLogger("uvicorn.error")
+ASCEND_PAGE_SIZE = 128
+
+
+def _configure_logging(level: str) -> None:
+    ms = ".%(msecs)03d" if os.environ.get("SGLANG_LOG_MS", "").lower() in {"1", "true", "yes", "y"} else ""
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+                        format=f"[%(asctime)s{ms}] %(message)s", datefmt="%Y-%m-%d %H:%M:%S", force=True)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))
+    for name in ("uvicorn.error", "uvicorn.access"):
+        log = logging.getLogger(name)
+        log.handlers[:] = [handler]
+        log.propagate = False
+        log.setLevel(logging.INFO)
+
+
+def _fail(exc: cli.StartupError) -> int:
+    """An uncaught exception in SGLang's ``__main__``: a traceback on stderr and exit status 1."""
+    sys.stderr.write("Traceback (most recent call last):\n"
+                     '  File "<frozen runpy>", line 198, in _run_module_as_main\n'
+                     '  File "sglang/launch_server.py", line 24, in <module>\n'
+                     "    server_args = prepare_server_args(sys.argv[1:])\n"
+                     f"{exc.exc_type}: {exc}\n")
+    return 1
+
+
+def _effective(args: dict[str, Any], config: dict[str, Any], knobs: Knobs) -> dict[str, Any]:
+    if args.get("attention_backend") == "ascend" and args.get("page_size") != ASCEND_PAGE_SIZE:
+        args["page_size"] = ASCEND_PAGE_SIZE
+    ctx = args.get("context_length") or config.get("max_position_embeddings") or 4096
+    args["context_length"] = int(ctx)
+    args["max_running_requests"] = args.get("max_running_requests") or knobs.max_running
+    args["weight_version"] = args.get("weight_version") or "default"
+    return args
+
+
+def _eos_token_id(config: dict[str, Any]) -> int:
+    eos = config.get("eos_token_id", 2)
+    if isinstance(eos, list):
+        eos = eos[0] if eos else 2
+    return int(eos) if isinstance(eos, int) else 2
+
+
+def _install_sigterm(server: StandinHTTPServer, state: State) -> None:
+    def stop(signum: int, _frame: Any) -> None:
+        state.shutting_down = True
+        uvicorn.info("Shutting down")
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+
+def _announce_ready(state: State, delay: float) -> None:
+    time.sleep(max(0.0, delay))
+    if not state.shutting_down:
+        logger.info("The server is fired up and ready to roll!")
+
+
+def main(argv: list[str]) -> int:
+    parser = cli.build_parser(cli.load_schema())
+    namespace = parser.parse_args(argv)  # exits 2 on unknown flags or invalid choices, like SGLang
+    args = cli.server_args(namespace)
+    knobs = Knobs.from_env()
+    try:
+        config = cli.read_model_config(args["model_path"])
+        cli.check_device(args["device"])
+    except cli.StartupError as exc:
+        return _fail(exc)
+    args = _effective(args, config, knobs)
+    _configure_logging(args.get("log_level") or "info")
+    logger.info("server_args=ServerArgs(%s)", ", ".join(f"{k}={v!r}" for k, v in args.items()))
+    engine = Engine(knobs, int(args["max_running_requests"]), args["context_length"], _eos_token_id(config),
+                    radix_cache=not args.get("disable_radix_cache"))
+    logger.info("Load weight begin. avail mem=60.00 GB")
+    time.sleep(knobs.load_seconds)
+    logger.info("Load weight end. type=%s, dtype=%s, avail mem=58.00 GB",
+                (config.get("architectures") or ["LlamaForCausalLM"])[0], config.get("torch_dtype", "bfloat16"))
+    logger.info("KV Cache is allocated. #tokens: %d", engine.max_total_num_tokens)
+    logger.info("max_total_num_tokens=%d, chunked_prefill_size=%s, max_prefill_tokens=%s, max_running_requests=%d, "
+                "context_len=%d", engine.max_total_num_tokens, args.get("chunked_prefill_size"),
+                args.get("max_prefill_tokens"), engine.max_running, engine.context_len)
+    state = State(args, engine, time.monotonic() + knobs.startup_seconds, knobs.fail_health_file)
+    try:
+        server = StandinHTTPServer((args["host"], int(args["port"])), state)
+    except OSError as exc:
+        logger.error("Failed to bind %s:%s: %s", args["host"], args["port"], exc)
+        return 1
+    _install_sigterm(server, state)
+    uvicorn.info("Started server process [%d]", os.getpid())
+    uvicorn.info("Waiting for application startup.")
+    uvicorn.info("Application startup complete.")
+    uvicorn.info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", args["host"], server.server_address[1])
+    threading.Thread(target=_announce_ready, args=(state, knobs.startup_seconds), daemon=True).start()
+    server.serve_forever(poll_interval=0.2)
+    server.server_close()
+    uvicorn.info("Finished server process [%d]", os.getpid())
+    return 0
