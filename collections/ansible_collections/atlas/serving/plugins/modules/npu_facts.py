@@ -1,0 +1,120 @@
+#!/usr/bin/python
+# Copyright: (c) 2025, atlas.serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: npu_facts
+short_description: Ascend NPU facts from npu-smi
+description:
+  - Runs C(npu-smi info) (and C(npu-smi info -t board -i <first NPU>)) and returns the NPUs under
+    C(ansible_facts.npu).
+  - When C(npu-smi) is absent or fails (driver not installed or not loaded) the module does not fail;
+    C(present) is false and C(error) carries the reason, so a preflight can decide what to say.
+version_added: 0.1.0
+author:
+  - atlas.serving contributors
+options:
+  npu_smi_path:
+    description:
+      - Path of C(npu-smi). Default is C(npu-smi) on E(PATH), then C(/usr/local/bin), C(/usr/local/sbin),
+        C(/usr/local/Ascend/driver/tools).
+    type: path
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  facts:
+    support: full
+"""
+
+EXAMPLES = r"""
+- name: Preflight | npu | read NPU facts
+  atlas.serving.npu_facts:
+
+- name: Preflight | npu | every NPU is healthy
+  ansible.builtin.assert:
+    that: ansible_facts.npu.present and ansible_facts.npu.health_ok
+    fail_msg: "NPUs: {{ ansible_facts.npu.devices | map(attribute='health') | list }} {{ ansible_facts.npu.error }}"
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: Facts to add to ansible_facts.
+  returned: always
+  type: complex
+  contains:
+    npu:
+      description: NPU state.
+      returned: always
+      type: complex
+      contains:
+        present:
+          description: npu-smi answered and listed at least one NPU.
+          type: bool
+        count:
+          description: Number of NPU chips listed.
+          type: int
+        devices:
+          description: One entry per chip.
+          type: list
+          elements: dict
+          sample:
+            - {id: 0, chip: 0, name: 910B3, health: OK, power_w: 101.8, temp_c: 43, aicore_pct: 0,
+               hbm_used_mb: 3318, hbm_total_mb: 65536, memory_used_mb: 0, memory_total_mb: 0,
+               bus_id: "0000:C1:00.0"}
+        processes:
+          description: Processes holding NPU memory ({npu, chip, pid, name, memory_mb}).
+          type: list
+          elements: dict
+        version:
+          description: npu-smi/driver version from the table header.
+          type: str
+          sample: 24.1.rc1.b030
+        health_ok:
+          description: Every NPU reports Health OK (false when none is present).
+          type: bool
+        hbm_total_mb:
+          description: HBM of all NPUs, MB.
+          type: int
+          sample: 524288
+        hbm_used_mb:
+          description: HBM in use on all NPUs, MB.
+          type: int
+        board:
+          description: C(npu-smi info -t board) of the first NPU as key/value strings (empty if it failed).
+          type: dict
+          sample: {"Software Version": "24.1.rc1", "Firmware Version": "7.5.0.1.129", "PCI Device ID": "0xD802"}
+        npu_smi_path:
+          description: The npu-smi that was run, or null.
+          type: str
+        error:
+          description: Why present is false; null otherwise.
+          type: str
+          sample: "/usr/local/bin/npu-smi info exited 255: dcmi module initialize failed. ret is -8005"
+"""
+
+# Imports follow the documentation blocks, as in ansible-core's modules.
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.atlas.serving.plugins.module_utils.npu_smi import gather  # noqa: E402
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(npu_smi_path=dict(type="path")),
+        supports_check_mode=True,
+    )
+    module.run_command_environ_update = dict(LANG="C", LC_ALL="C")
+
+    def run(argv):
+        return module.run_command(argv, handle_exceptions=False)
+
+    facts = gather(run, module.params["npu_smi_path"])
+    module.exit_json(changed=False, ansible_facts=dict(npu=facts))
+
+
+if __name__ == "__main__":
+    main()
