@@ -9,12 +9,11 @@ from pathlib import Path
 import jinja2
 import numpy as np
 import pytest
-from safetensors import deserialize
-from tokenizers import Tokenizer
-
 from atlasctl.errors import UsageError
 from atlasctl.labkit import tiny_model
 from atlasctl.labkit.tiny_model import SHARD_NAMES, create_tiny_llama
+from safetensors import deserialize
+from tokenizers import Tokenizer
 
 EXPECTED_FILES = {
     "config.json",
