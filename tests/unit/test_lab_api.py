@@ -66,3 +66,14 @@ def test_stale_pid_files_are_not_running(empty_lab_dir: Path) -> None:
     assert node.is_running("atlas-n1") is False
     (ndir / "supervisor.pid").write_text("999999999\n")
     assert node.is_running("atlas-n1") is False
+
+
+def test_boot_failure_names_the_node_and_shows_its_console() -> None:
+    ndir = paths.node_dir("atlas-n2")
+    ndir.mkdir(parents=True)
+    (ndir / node.CONSOLE_LOG).write_text("".join(f"line {i}\n" for i in range(50)) + "sshd: fatal: no host key\n")
+    err = api._boot_failure(["atlas-n2"], 120)
+    text = err.render()
+    assert "atlas-n2" in text and "within 120s" in text
+    assert "sshd: fatal: no host key" in text and "line 10\n" not in text
+    assert "atlasctl lab down" in text
