@@ -209,9 +209,7 @@ def read_lock(lock: Path) -> list[str]:
 def select_wheels(wheels: Iterable[Path], exclude: Iterable[str]) -> list[Path]:
     """The wheels whose project is not in ``exclude`` (names compared normalized)."""
     dropped = {normalize_name(name) for name in exclude}
-    return sorted(
-        (w for w in wheels if parse_wheel_filename(w.name).name not in dropped), key=lambda p: p.name
-    )
+    return sorted((w for w in wheels if parse_wheel_filename(w.name).name not in dropped), key=lambda p: p.name)
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -308,8 +306,8 @@ def pip_download_command(spec: WheelSetSpec, into: Path, *, offline: bool) -> li
     ]
     for tag in platform_tags(spec.glibc, spec.arch):
         command += ["--platform", tag]
-    if offline:
-        command += ["--no-index", "--find-links", str(into)]
+    # The cache is always a source: a partial cache is completed, not downloaded again.
+    command += ["--no-index", "--find-links", str(into)] if offline else ["--find-links", str(into)]
     for link in spec.find_links:
         if link.is_dir():
             command += ["--find-links", str(link)]
@@ -361,7 +359,7 @@ def resolve_wheel_set(spec: WheelSetSpec, *, cache_dir: Path | None = None) -> t
     if online.returncode != 0:
         tail = "\n".join((online.stdout + online.stderr).strip().splitlines()[-15:])
         raise EnvironmentProblem(
-            f"pip could not resolve {' '.join(spec.requirements)} for cp{spec.python_version} "
+            f"pip could not resolve {' '.join(spec.requirements)} for Python {spec.python_version} "
             f"glibc {spec.glibc[0]}.{spec.glibc[1]} {spec.arch} into {into}:\n{tail}",
             fix="check that PyPI is reachable and that the pinned local wheels lie in "
             + ", ".join(map(str, spec.find_links)),
@@ -373,9 +371,7 @@ def build_wheel_set(spec: WheelSetSpec, dest: Path, *, cache_dir: Path | None = 
     """Resolve ``spec`` (cache first), trim it, add its shims and write the wheelhouse to ``dest``."""
     resolved, _downloaded = resolve_wheel_set(spec, cache_dir=cache_dir)
     if not resolved:
-        raise AtlasError(
-            f"pip resolved no wheels for {spec.name}", fix="run the pip command by hand to see why"
-        )
+        raise AtlasError(f"pip resolved no wheels for {spec.name}", fix="run the pip command by hand to see why")
     wheels = select_wheels(resolved, spec.exclude)
     shim_dir = (cache_dir or cache_root()) / "wheels" / f"{spec.name}-shims"
     wheels += [build_metadata_wheel(shim_dir, shim) for shim in spec.shims]
