@@ -1,0 +1,190 @@
+"""The cann role against localhost: install, idempotence, check mode, upgrade, downgrade, tampering."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from atlasctl.labkit.cann_run import build_cann_packages
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
+VERSIONS = ("7.0.RC1", "8.2.RC1", "8.3.RC1", "8.5.0")
+
+PLAYBOOK = """
+- name: CANN role test
+  hosts: localhost
+  gather_facts: false
+  roles:
+    - role: cann
+  post_tasks:
+    - name: Show the wiring
+      ansible.builtin.copy:
+        content: "{{ {'scripts': cann_set_env_scripts, 'cann': ansible_facts.cann} | to_json }}"
+        dest: "{{ result_file }}"
+        mode: "0600"
+"""
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bundle")
+    files = []
+    for version in VERSIONS:
+        for path in build_cann_packages(root / "cann", version):
+            rel = path.relative_to(root).as_posix()
+            digest = hashlib.md5(path.read_bytes()).hexdigest()
+            entry = {"path": rel, "size": path.stat().st_size, "sha256": sha256(path), "md5": digest}
+            files.append(entry | {"kind": "cann", "version": version})
+    (root / "manifest.json").write_text(json.dumps({"format": 1, "name": "test", "files": files}))
+    return root
+
+
+class Node:
+    """A temp install root and the playbook that targets it."""
+
+    def __init__(self, tmp: Path, bundle: Path):
+        self.tmp, self.bundle = tmp, bundle
+        self.install_path = tmp / "Ascend"
+        self.env_file = tmp / "etc/atlas/cann.env"
+        self.result = tmp / "result.json"
+        (tmp / "play.yml").write_text(PLAYBOOK)
+        (tmp / "inventory.ini").write_text(
+            f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n"
+        )
+
+    def play(self, version: str, *extra: str, bundle: Path | None = None) -> subprocess.CompletedProcess:
+        extra_vars = {
+            "cann_version": version,
+            "cann_bundle_dir": str(bundle or self.bundle),
+            "cann_install_path": str(self.install_path),
+            "cann_work_dir": str(self.tmp / "work"),
+            "cann_env_file": str(self.env_file),
+            "result_file": str(self.result),
+        }
+        env = {
+            **os.environ,
+            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+            "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"),
+            "ANSIBLE_LOCAL_TEMP": str(self.tmp / "ansible-tmp"),
+            "ANSIBLE_STDOUT_CALLBACK": "default",
+            "ATLAS_CANN_SYSROOT": str(self.tmp / "sysroot"),
+        }
+        cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(self.tmp / "inventory.ini"), str(self.tmp / "play.yml")]
+        cmd += ["-e", json.dumps(extra_vars), *extra]
+        return subprocess.run(cmd, cwd=self.tmp, env=env, capture_output=True, text=True, timeout=300)
+
+    def facts(self) -> dict:
+        return json.loads(self.result.read_text())
+
+
+def recap(result: subprocess.CompletedProcess) -> dict[str, int]:
+    match = re.search(r"localhost\s*:\s*(.*)", result.stdout.split("PLAY RECAP")[-1])
+    assert match, result.stdout + result.stderr
+    return {key: int(value) for key, value in re.findall(r"(\w+)=(\d+)", match.group(1))}
+
+
+def ok(result: subprocess.CompletedProcess) -> dict[str, int]:
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    return recap(result)
+
+
+@pytest.fixture()
+def node(tmp_path: Path, bundle: Path) -> Node:
+    return Node(tmp_path, bundle)
+
+
+def test_check_mode_then_install_then_idempotent(node: Node) -> None:
+    check = ok(node.play("8.3.RC1", "--check"))
+    assert check["failed"] == 0
+    assert not (node.install_path / "ascend-toolkit").exists()
+
+    first = ok(node.play("8.3.RC1"))
+    assert first["changed"] >= 3
+    facts = node.facts()
+    assert facts["cann"]["toolkit"]["version"] == "8.3.RC1"
+    assert facts["cann"]["kernels"]["version"] == "8.3.RC1"
+    assert facts["cann"]["nnal"]["version"] == "8.3.RC1"
+    assert facts["scripts"] == [
+        str(node.install_path / "ascend-toolkit/set_env.sh"),
+        str(node.install_path / "nnal/atb/set_env.sh"),
+    ]
+    env_text = node.env_file.read_text()
+    assert "ATLAS_CANN_VERSION=8.3.RC1" in env_text
+    assert f'ATLAS_CANN_SET_ENV_SCRIPTS="{node.install_path}/ascend-toolkit/set_env.sh ' in env_text
+
+    second = ok(node.play("8.3.RC1"))
+    assert second["changed"] == 0
+
+
+def test_upgrade_then_downgrade(node: Node) -> None:
+    ok(node.play("8.2.RC1"))
+    up = node.play("8.3.RC1")
+    ok(up)
+    assert "upgrade toolkit 8.2.RC1 -> 8.3.RC1" in up.stdout
+    assert node.facts()["cann"]["toolkit"]["version"] == "8.3.RC1"
+    assert not (node.install_path / "ascend-toolkit/8.2.RC1").exists()
+    down = node.play("8.2.RC1")
+    ok(down)
+    assert "downgrade toolkit 8.3.RC1 -> 8.2.RC1" in down.stdout
+    facts = node.facts()["cann"]
+    assert [facts[c]["version"] for c in ("toolkit", "kernels", "nnal")] == ["8.2.RC1"] * 3
+    assert ok(node.play("8.2.RC1"))["changed"] == 0
+
+
+def test_70rc1_from_the_zip_without_nnal(node: Node) -> None:
+    ok(node.play("7.0.RC1"))
+    facts = node.facts()["cann"]
+    assert facts["toolkit"]["version"] == "7.0.RC1" and facts["kernels"]["version"] == "7.0.RC1"
+    assert not facts["nnal"]["installed"]
+    assert ok(node.play("7.0.RC1"))["changed"] == 0
+
+
+def test_upgrade_across_the_85_layout(node: Node) -> None:
+    ok(node.play("8.3.RC1"))
+    up = node.play("8.5.0")
+    ok(up)
+    assert "upgrade toolkit 8.3.RC1 -> 8.5.0" in up.stdout
+    assert "from cann/Ascend-cann-910b-ops_8.5.0_linux-x86_64.run" in up.stdout
+    facts = node.facts()
+    assert facts["cann"]["toolkit"]["layout"] == "cann"
+    assert [facts["cann"][c]["version"] for c in ("toolkit", "kernels", "nnal")] == ["8.5.0"] * 3
+    assert facts["scripts"] == [
+        str(node.install_path / "cann/set_env.sh"),
+        str(node.install_path / "nnal/atb/set_env.sh"),
+    ]
+    assert ok(node.play("8.5.0"))["changed"] == 0
+
+
+def test_tampered_package_is_refused_before_it_runs(node: Node, bundle: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "bundle"
+    (copy / "cann").mkdir(parents=True)
+    (copy / "manifest.json").write_bytes((bundle / "manifest.json").read_bytes())
+    for path in (bundle / "cann").iterdir():
+        (copy / "cann" / path.name).write_bytes(path.read_bytes())
+    toolkit = copy / "cann/Ascend-cann-toolkit_8.3.RC1_linux-x86_64.run"
+    data = bytearray(toolkit.read_bytes())
+    data[-50] ^= 0xFF
+    toolkit.write_bytes(bytes(data))
+    result = node.play("8.3.RC1", bundle=copy)
+    assert result.returncode != 0
+    assert str(toolkit) in result.stdout
+    assert sha256(toolkit) in result.stdout and sha256(bundle / toolkit.relative_to(copy)) in result.stdout
+    assert not (node.install_path / "ascend-toolkit").exists()
+
+
+def test_bad_version_fails_before_touching_the_node(node: Node) -> None:
+    result = node.play("8.3")
+    assert result.returncode != 0
+    assert "is not a CANN release name" in result.stdout
