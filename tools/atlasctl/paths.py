@@ -11,9 +11,13 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+DEFAULT_CACHE_DIR = "/var/cache/atlas-serving"
+DEFAULT_LAB_DIR = "/var/lib/atlas-lab"
+
+
 def cache_dir() -> Path:
-    return Path(os.environ.get("ATLAS_CACHE_DIR", "/var/cache/atlas-serving"))
+    return Path(os.environ.get("ATLAS_CACHE_DIR") or DEFAULT_CACHE_DIR)
 
 
 def lab_dir() -> Path:
-    return Path(os.environ.get("ATLAS_LAB_DIR", "/var/lib/atlas-lab"))
+    return Path(os.environ.get("ATLAS_LAB_DIR") or DEFAULT_LAB_DIR)

@@ -5,17 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-DEFAULT_CACHE_DIR = "/var/cache/atlas-serving"
-DEFAULT_LAB_DIR = "/var/lib/atlas-lab"
+from atlasctl.paths import cache_dir, lab_dir, repo_root
+
 DEFAULT_CONFIG = Path("inventory/lab/lab.yml")
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("ATLAS_CACHE_DIR") or DEFAULT_CACHE_DIR)
-
-
-def lab_dir() -> Path:
-    return Path(os.environ.get("ATLAS_LAB_DIR") or DEFAULT_LAB_DIR)
+__all__ = ["cache_dir", "lab_dir", "repo_root"]
 
 
 def base_dir() -> Path:
@@ -48,11 +41,6 @@ def bundle_dir() -> Path:
 
 def state_file() -> Path:
     return lab_dir() / "state.json"
-
-
-def repo_root() -> Path:
-    """The checkout this package runs from (tools/atlasctl/lab/paths.py -> repo root)."""
-    return Path(__file__).resolve().parents[3]
 
 
 def resolve_config(path: str | os.PathLike[str] | None) -> Path:
