@@ -333,7 +333,8 @@ def render(f: Figures) -> str:
         "stamp re-verify (unchanged files, cache dropped first)",
         f"  {f.stamp_s * 1e3:.1f} ms for {f.files} files = {f.stamp_per_file_ms:.2f} ms per file; "
         f"storage bytes read {f.stamp_bytes_read}, read() bytes {f.stamp_rchar}",
-        "  (the read() bytes are the checksum lists and the stamp file; no model byte is read)",
+        "  (read() bytes = the two checksum lists and the stamp file; storage reads are their blocks and inode/"
+        "directory metadata after the cache drop; no model byte is read)",
         f"  130 GB in {MODEL_130GB_FILES} files: a stamp check is one stat per file, independent of size, so "
         f"~{f.stamp_130gb_extrapolated_s * 1e3:.0f} ms",
         "  extrapolated from the per-file cost measured here. Sparse 130 GB files were not used: their",
