@@ -346,7 +346,6 @@ remove_version() {
     local old="$1" rec script
     rec=$(component_record)
     script="$(dirname "$rec")/script/uninstall.sh"
-    case "$KIND" in nnal|kernels|ops) script="$(dirname "$rec")/script/uninstall.sh" ;; esac
     if [ -f "$script" ]; then
         bash "$script" --quiet >/dev/null || die "uninstalling $PKG_NAME $old with $script failed"
     else
