@@ -44,17 +44,11 @@ def test_env_lines_sorted_quoted_and_checked():
         serving.env_lines({"X": "a\nb"})
 
 
-def test_free_gib_takes_the_longest_mount_prefix():
-    mounts = [
-        {"mount": "/", "size_available": 10 * 2**30},
-        {"mount": "/opt", "size_available": 2 * 2**30},
-        {"mount": "/optical", "size_available": 99 * 2**30},
-    ]
-    assert serving.free_gib("/opt/atlas", mounts) == 2.0
-    assert serving.free_gib("/var/lib", mounts) == 10.0
-    assert serving.free_gib("/optx", mounts) == 10.0
-    with pytest.raises(AnsibleFilterError, match="no mount"):
-        serving.free_gib("/x", [])
+def test_df_avail_gib_maps_paths_in_order():
+    out = "     Avail\n 10737418240\n  2147483648\n"
+    assert serving.df_avail_gib(out, ["/opt", "/var/lib"]) == {"/opt": 10.0, "/var/lib": 2.0}
+    with pytest.raises(AnsibleFilterError, match="1 value"):
+        serving.df_avail_gib("Avail\n1\n", ["/a", "/b"])
 
 
 def test_fleet_table_lists_every_host_even_without_report():

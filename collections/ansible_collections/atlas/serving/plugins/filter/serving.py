@@ -2,7 +2,7 @@
 
 ``engine_argv``  a profile's flag dict -> the engine's argv list
 ``env_lines``    an environment dict -> sorted ``KEY=value`` lines for a systemd EnvironmentFile
-``free_gib``     a path + ansible mount facts -> free GiB on the filesystem holding the path
+``df_avail_gib`` ``df --output=avail`` output -> free GiB per path
 ``fleet_table``  play hosts + hostvars -> the fleet health table (list of lines)
 """
 
@@ -66,17 +66,12 @@ def env_lines(env: dict) -> list[str]:
     return lines
 
 
-def free_gib(path: str, mounts: list) -> float:
-    """Free GiB on the mount that holds ``path`` (longest mount-point prefix)."""
-    best = None
-    for mount in mounts or []:
-        point = mount.get("mount", "")
-        inside = path == point or path.startswith(point.rstrip("/") + "/") or point == "/"
-        if inside and (best is None or len(point) > len(best["mount"])):
-            best = mount
-    if best is None:
-        raise AnsibleFilterError(f"no mount holds {path}; gather the 'mounts' facts subset first")
-    return round(best.get("size_available", 0) / 2**30, 2)
+def df_avail_gib(stdout: str, paths: list) -> dict:
+    """Parse ``df -B1 --output=avail PATH...`` into {path: free GiB} (df keeps argument order)."""
+    lines = [line.strip() for line in (stdout or "").splitlines()[1:] if line.strip()]
+    if len(lines) != len(paths):
+        raise AnsibleFilterError(f"df printed {len(lines)} value(s) for {len(paths)} path(s): {stdout!r}")
+    return {path: round(int(value) / 2**30, 2) for path, value in zip(paths, lines, strict=True)}
 
 
 _COLUMNS = (
@@ -117,6 +112,6 @@ class FilterModule:
         return {
             "engine_argv": engine_argv,
             "env_lines": env_lines,
-            "free_gib": free_gib,
+            "df_avail_gib": df_avail_gib,
             "fleet_table": fleet_table,
         }
