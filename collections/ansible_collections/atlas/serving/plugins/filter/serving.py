@@ -31,7 +31,8 @@ def engine_argv(flags: dict, positional: list | None = None) -> list[str]:
     for flag, value in flags.items():
         if not isinstance(flag, str) or not _FLAG_RE.match(flag):
             raise AnsibleFilterError(
-                f"engine flag {flag!r} is not of the form --lower-case-name; write flags as the engine's CLI spells them"
+                f"engine flag {flag!r} is not of the form --lower-case-name; "
+                "write flags as the engine's CLI spells them"
             )
         if value is None or value is False:
             continue
