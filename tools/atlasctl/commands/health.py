@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 
 from atlasctl import exitcodes
+from atlasctl.collection import ensure_on_path
 from atlasctl.runner import run_playbook
-
-COLUMNS = (("host", "NODE"), ("branch", "BRANCH"), ("release", "RELEASE"), ("engine", "ENGINE"),
-           ("service", "SERVICE"), ("health", "/health"), ("model", "MODEL"), ("hbm", "HBM"), ("npu", "NPU"))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,14 +33,10 @@ def rows_from(result) -> list[dict]:
 
 
 def render_table(rows: list[dict]) -> str:
-    cells = [[str(r.get(key, "-")) for key, _ in COLUMNS] for r in rows]
-    widths = [max([len(title)] + [len(c[i]) for c in cells]) for i, (_, title) in enumerate(COLUMNS)]
-    lines = ["  ".join(t.ljust(w) for (_, t), w in zip(COLUMNS, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
-    for r in rows:
-        if r.get("problem"):
-            lines.append(f"{r['host']}: {r['problem']}")
+    ensure_on_path()
+    filters = importlib.import_module("ansible_collections.atlas.serving.plugins.filter.serving")
+    lines = filters.table_lines(rows)
+    lines += [f"{r['host']}: {r['problem']}" for r in rows if r.get("problem")]
     return "\n".join(lines)
 
 

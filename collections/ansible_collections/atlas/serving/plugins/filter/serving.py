@@ -75,7 +75,7 @@ def df_avail_gib(stdout: str, paths: list) -> dict:
     return {path: round(int(value) / 2**30, 2) for path, value in zip(paths, lines, strict=True)}
 
 
-_COLUMNS = (
+FLEET_COLUMNS = (
     ("host", "NODE"),
     ("branch", "BRANCH"),
     ("release", "RELEASE"),
@@ -88,24 +88,25 @@ _COLUMNS = (
 )
 
 
-def fleet_rows(hosts: list, hostvars) -> list[dict]:
+def table_lines(rows: list[dict], columns=FLEET_COLUMNS) -> list[str]:
+    """Left-aligned text table; missing cells print as '-'. Shared with `atlasctl health`."""
+    cells = [[str(row.get(key, "-")) for key, _ in columns] for row in rows]
+    widths = [max([len(title)] + [len(c[i]) for c in cells]) for i, (_, title) in enumerate(columns)]
+    lines = ["  ".join(title.ljust(w) for (_, title), w in zip(columns, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return lines
+
+
+def fleet_table(hosts: list, hostvars) -> list[str]:
+    """One row per play host from its ``health_report`` fact; hosts without one say so."""
     rows = []
     for host in hosts:
         report = dict(hostvars[host].get("health_report") or {})
         report.setdefault("host", host)
         report.setdefault("service", "no report")
-        rows.append({key: str(report.get(key, "-")) for key, _ in _COLUMNS})
-    return rows
-
-
-def fleet_table(hosts: list, hostvars) -> list[str]:
-    rows = fleet_rows(hosts, hostvars)
-    widths = {key: max([len(title)] + [len(r[key]) for r in rows]) for key, title in _COLUMNS}
-    header = "  ".join(title.ljust(widths[key]) for key, title in _COLUMNS)
-    lines = [header, "  ".join("-" * widths[key] for key, _ in _COLUMNS)]
-    for row in rows:
-        lines.append("  ".join(row[key].ljust(widths[key]) for key, _ in _COLUMNS))
-    return lines
+        rows.append(report)
+    return table_lines(rows)
 
 
 class FilterModule:

@@ -1,0 +1,52 @@
+"""atlasctl entry point: subcommands discovered, errors mapped to exit codes, health rows."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from atlasctl import bundle, cli, exitcodes
+from atlasctl.commands import command_names
+from atlasctl.commands.health import render_table, rows_from
+from atlasctl.runner import HostResult, RunResult
+
+
+def test_every_product_subcommand_is_registered():
+    assert {"lab", "bundle", "models", "health"} <= set(command_names())
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--help"])
+    assert exc.value.code == 0
+
+
+def test_bundle_verify_exit_codes(tmp_path, capsys):
+    (tmp_path / "cann").mkdir()
+    pkg = tmp_path / "cann" / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run"
+    pkg.write_bytes(os.urandom(1000))
+    bundle.write_manifest(tmp_path, "t")
+    assert cli.main(["bundle", "verify", str(tmp_path), "--json"]) == exitcodes.OK
+    assert json.loads(capsys.readouterr().out)["ok"] is True
+    pkg.write_bytes(pkg.read_bytes()[:-1] + b"\x00")
+    assert cli.main(["bundle", "verify", str(tmp_path)]) == exitcodes.FAILED
+    err = capsys.readouterr().err
+    assert "Ascend-cann-toolkit_8.5.0_linux-x86_64.run: sha256 mismatch" in err
+
+
+def test_missing_bundle_is_a_usage_error_naming_the_path(tmp_path, capsys):
+    assert cli.main(["bundle", "verify", str(tmp_path / "nope")]) == exitcodes.USAGE
+    err = capsys.readouterr().err
+    assert str(tmp_path / "nope" / "manifest.json") in err and "fix:" in err
+
+
+def test_health_rows_report_unreachable_and_failed_hosts():
+    result = RunResult("failed", 2, {
+        "n1": HostResult("n1", facts={"health_report": {"host": "n1", "service": "active", "health": "200"}}),
+        "n2": HostResult("n2", unreachable=True, failed_task="Gathering Facts", message="ssh: timeout"),
+        "n3": HostResult("n3", failed=True, failed_task="Health | probe | one completion", message="HTTP 500"),
+    }, Path("/tmp"), 1.0)
+    rows = rows_from(result)
+    assert [r["service"] for r in rows] == ["active", "unreachable", "failed"]
+    text = render_table(rows)
+    assert "n3: Health | probe | one completion: HTTP 500" in text
+    assert text.splitlines()[0].startswith("NODE")
