@@ -192,12 +192,12 @@ def test_unknown_device_refused(site: Path, model: Path) -> None:
 def test_health_503_while_starting_then_200_and_sigterm(site: Path, model: Path) -> None:
     port = _free_port()
     proc = _launch(site, ["--model-path", str(model), "--port", str(port), "--host", "127.0.0.1"],
-                   {"ATLAS_STANDIN_STARTUP_SECONDS": "1.0"})
+                   {"ATLAS_STANDIN_STARTUP_SECONDS": "4.0"})
     try:
         _wait_listening(port, proc)
         assert _request(port, "GET", "/health", key=None)[0] == 503
         assert _request(port, "GET", "/health_generate", key=None)[0] == 503
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 15
         while _request(port, "GET", "/health", key=None)[0] != 200:
             assert time.monotonic() < deadline, "/health never became 200"
             time.sleep(0.1)
