@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from labtools import atlasctl, lab_hosts, lab_prerequisites
+from labtools import fresh_lab_session, lab_hosts, lab_prerequisites
 
 
 @pytest.fixture(scope="module")
 def fresh_lab():
+    """Fresh lab with the lab bundle built; yields the inventory's atlas_nodes hosts."""
     reason = lab_prerequisites()
     if reason:
         pytest.skip(reason)
-    atlasctl("lab", "down", check=False)
-    try:
-        atlasctl("lab", "up")
-        atlasctl("bundle", "build", "--spec", "inventory/lab/bundle.yml", timeout=1800)
+    with fresh_lab_session(bundle=True):
         yield lab_hosts()
-    finally:
-        atlasctl("lab", "down", check=False)

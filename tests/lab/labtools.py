@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -56,3 +58,32 @@ def lab_hosts() -> dict[str, dict]:
     return data["all"]["children"]["atlas_nodes"]["hosts"]
 
 
+
+
+LAB_LOCK = Path("/var/lib/atlas-lab.lock")
+
+
+@contextlib.contextmanager
+def lab_lock():
+    """Only one lab exists on a machine: test modules (and engineers) take turns."""
+    LAB_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(LAB_LOCK, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def fresh_lab_session(*, bundle: bool):
+    """A lab brought up from scratch (and its bundle built), always brought down after."""
+    with lab_lock():
+        atlasctl("lab", "down", check=False)
+        try:
+            atlasctl("lab", "up")
+            if bundle:
+                atlasctl("bundle", "build", "--spec", "inventory/lab/bundle.yml", timeout=1800)
+            yield
+        finally:
+            atlasctl("lab", "down", check=False)

@@ -7,25 +7,15 @@ brought down in the fixture's teardown, even when a test fails.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from atlasctl.lab import api, net, node, paths
+from labtools import atlasctl, fresh_lab_session, lab_prerequisites
 
 pytestmark = pytest.mark.lab
 ROOT = Path(__file__).resolve().parents[2]
-ATLASCTL = [sys.executable, "-m", "atlasctl"]
-
-
-def atlasctl(*args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([*ATLASCTL, *args], cwd=ROOT, text=True, capture_output=True, timeout=timeout,
-                          check=False)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"atlasctl {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 def on(name: str, *command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -37,14 +27,11 @@ def on(name: str, *command: str, check: bool = True) -> subprocess.CompletedProc
 
 @pytest.fixture(scope="module")
 def lab():
-    if os.geteuid() != 0:
-        pytest.skip("the lab needs root")
-    atlasctl("lab", "down", check=False)
-    try:
-        atlasctl("lab", "up")
+    reason = lab_prerequisites()
+    if reason:
+        pytest.skip(reason)
+    with fresh_lab_session(bundle=False):
         yield api.load_config()
-    finally:
-        atlasctl("lab", "down", check=False)
 
 
 def test_up_is_a_noop_when_healthy(lab) -> None:
