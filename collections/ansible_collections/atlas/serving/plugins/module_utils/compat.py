@@ -1,0 +1,263 @@
+# Copyright: (c) 2025, atlas.serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The release compatibility gate: is a plan (CANN, engine, Python, torch, driver) possible?
+
+The table is data (``data/compat.yml`` of this collection, loaded by the caller: the
+filter plugin or atlasctl, which have PyYAML); this module only judges a plan against it.
+
+A plan is a dict with any of: ``cann``, ``engine``, ``engine_version``, ``python``,
+``torch``, ``torch_npu``, ``vllm``, ``driver`` (empty values are not checked).
+``evaluate`` returns a verdict dict: ``ok``, ``problems`` (one sentence each, naming what
+the chosen engine needs), ``fixes``, ``row`` (the matching table row or None), ``lab``.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+
+from ansible_collections.atlas.serving.plugins.module_utils.cann import version_key as cann_key
+
+TABLE_FORMAT = 1
+# The suite's own lowest Python (preflight_min_python): bounds at or below it go unsaid.
+SUITE_MIN_PYTHON = (3, 9)
+_CLAUSE = re.compile(r"^\s*(>=|<=|==|<|>)\s*(\d+(?:\.\d+)*)\s*$")
+_NUM = re.compile(r"\d+")
+
+
+def default_table_path():
+    """``<collection>/data/compat.yml``."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.join(here, "..", "..", "data", "compat.yml")
+
+
+class CompatTableError(ValueError):
+    """The table itself is malformed; the message names the row and the field."""
+
+
+def check_table(table):
+    """Validate the table's shape; raise CompatTableError naming the bad row."""
+    if not isinstance(table, dict) or table.get("format") != TABLE_FORMAT:
+        raise CompatTableError(f"compatibility table: expected a mapping with format: {TABLE_FORMAT}")
+    sources = table.get("sources") or {}
+    for section in ("engines", "torch_npu_cann", "cann_driver"):
+        rows = table.get(section)
+        if not isinstance(rows, list) or not rows:
+            raise CompatTableError(f"compatibility table: '{section}' must be a non-empty list")
+        for index, row in enumerate(rows):
+            where = f"compatibility table {section}[{index}]"
+            if not isinstance(row, dict):
+                raise CompatTableError(f"{where}: must be a mapping")
+            if row.get("source") not in sources:
+                raise CompatTableError(f"{where}: source {row.get('source')!r} is not one of the table's sources")
+    for index, row in enumerate(table["engines"]):
+        where = f"compatibility table engines[{index}] ({row.get('engine')})"
+        if not row.get("engine") or not row.get("versions"):
+            raise CompatTableError(f"{where}: needs engine and versions")
+        if not row.get("lab") and not row.get("cann"):
+            raise CompatTableError(f"{where}: an NPU engine row needs its cann list (or lab: true)")
+        for clause in _clauses(row.get("python") or ""):
+            if clause is None:
+                raise CompatTableError(f"{where}: python {row.get('python')!r} is not a range like >=3.9,<3.12")
+    return table
+
+
+def _clauses(spec):
+    if not spec:
+        return []
+    out = []
+    for part in str(spec).split(","):
+        match = _CLAUSE.match(part)
+        out.append((match.group(1), _vtuple(match.group(2))) if match else None)
+    return out
+
+
+def _vtuple(text):
+    return tuple(int(n) for n in _NUM.findall(str(text))[:3])
+
+
+def python_satisfies(version, spec):
+    """``3.11.2`` satisfies ``>=3.9,<3.12``; compares as many components as the bound has."""
+    have = _vtuple(version)
+    for clause in _clauses(spec):
+        if clause is None:
+            raise CompatTableError(f"python range {spec!r} is not of the form >=3.9,<3.12")
+        op, bound = clause
+        mine = have[: len(bound)]
+        ok = {">=": mine >= bound, "<=": mine <= bound, "==": mine == bound,
+              "<": mine < bound, ">": mine > bound}[op]
+        if not ok:
+            return False
+    return True
+
+
+def python_label(spec):
+    """``>=3.9,<3.12`` -> ``<3.12`` (the suite needs 3.9 anyway); ``>=3.10,<3.12`` stays."""
+    kept = []
+    for clause in _clauses(spec):
+        if clause and clause[0] == ">=" and clause[1] <= SUITE_MIN_PYTHON:
+            continue
+        kept.append(f"{clause[0]}{'.'.join(map(str, clause[1]))}" if clause else "?")
+    return ",".join(kept)
+
+
+def _same_release(a, b):
+    return str(a).strip().lower() == str(b).strip().lower()
+
+
+def find_row(table, engine, version):
+    """The engine row whose versions match (first match wins), or None."""
+    for row in table["engines"]:
+        if row["engine"] == engine and any(fnmatch.fnmatchcase(str(version), str(p)) for p in row["versions"]):
+            return row
+    return None
+
+
+def requirement_text(row):
+    """``CANN 8.3.RC2 (torch-npu 2.7.1, Python <3.12)``."""
+    cann = " or ".join(str(c) for c in row.get("cann") or [])
+    extras = []
+    if row.get("torch_npu"):
+        extras.append(f"torch-npu {row['torch_npu']}")
+    if row.get("python"):
+        extras.append(f"Python {python_label(row['python'])}")
+    return f"CANN {cann}" + (f" ({', '.join(extras)})" if extras else "")
+
+
+def engines_for_cann(table, cann):
+    """NPU engine releases the table says run on ``cann``: ['vllm-ascend 0.13.0', ...]."""
+    return [
+        f"{row['engine']} {'/'.join(row['versions'])}"
+        for row in table["engines"]
+        if not row.get("lab") and any(_same_release(c, cann) for c in row.get("cann") or [])
+    ]
+
+
+def evaluate(plan, table):
+    """Judge one plan; see the module docstring for the verdict's keys."""
+    plan = {k: str(v).strip() for k, v in (plan or {}).items() if v not in (None, "")}
+    problems, fixes = [], []
+    engine, version, cann = plan.get("engine", ""), plan.get("engine_version", ""), plan.get("cann", "")
+    verdict = {"ok": True, "plan": plan, "problems": problems, "fixes": fixes, "row": None, "lab": False}
+    if cann and cann_key(cann) is None:
+        problems.append(f"CANN {cann!r} is not a CANN release name (forms: 7.0.RC1, 8.3.RC2, 8.5.0)")
+        fixes.append("set cann_version to the version in the package names")
+    if not engine:
+        _check_torch_npu(plan, None, table, problems, fixes)
+        verdict["ok"] = not problems
+        return verdict
+    row = find_row(table, engine, version)
+    if row is None:
+        known = sorted({f"{r['engine']} {'/'.join(r['versions'])}" for r in table["engines"] if r["engine"] == engine})
+        problems.append(
+            f"{engine} {version or '(no version)'} is not in the compatibility table"
+            + (f"; it knows {', '.join(known)}" if known else "; it knows no release of that engine")
+        )
+        fixes.append("choose a release the table knows, or add its row with a source to data/compat.yml")
+        verdict["ok"] = False
+        return verdict
+    verdict["row"], verdict["lab"] = row, bool(row.get("lab"))
+    source = (table.get("sources") or {}).get(row.get("source"), {})
+    verdict["source"] = f"{source.get('title', row.get('source'))} <{source.get('url', '')}>"
+    if row.get("lab"):
+        verdict["ok"] = not problems
+        return verdict
+    needs = f"{engine} {version} needs {requirement_text(row)}"
+    if not cann:
+        problems.append(f"{needs}; the plan names no CANN")
+        fixes.append(f"set cann_version: {row['cann'][0]}")
+    elif not any(_same_release(cann, c) for c in row["cann"]):
+        problems.append(needs)
+        others = engines_for_cann(table, cann)
+        fixes.append(
+            f"set cann_version: {row['cann'][0]} (and carry CANN {row['cann'][0]} in the bundle), or choose an "
+            f"engine release made for CANN {cann}: "
+            + (", ".join(others) if others else "the table has none")
+        )
+    _check_pins(plan, row, needs, problems, fixes)
+    _check_torch_npu(plan, row, table, problems, fixes)
+    verdict["ok"] = not problems
+    return verdict
+
+
+def _check_pins(plan, row, needs, problems, fixes):
+    if plan.get("python") and row.get("python") and not python_satisfies(plan["python"], row["python"]):
+        problems.append(f"{needs}: Python {plan['python']} is outside {row['python']}")
+        fixes.append(f"use a Python in {row['python']} for the engine's environment")
+    for key, label in (("torch", "torch"), ("torch_npu", "torch-npu"), ("vllm", "vLLM")):
+        want = row.get(key)
+        if plan.get(key) and want and not fnmatch.fnmatchcase(plan[key], str(want)):
+            problems.append(f"{plan['engine']} {plan['engine_version']} is built for {label} {want}, "
+                            f"not {plan[key]}")
+            fixes.append(f"pin {label} {want} in the engine's wheelset")
+
+
+def _check_torch_npu(plan, row, table, problems, fixes):
+    """torch-npu vs CANN from Ascend/pytorch, only where the engine row does not pin torch-npu."""
+    if not plan.get("torch_npu") or not plan.get("cann") or (row and row.get("torch_npu")):
+        return
+    for entry in table["torch_npu_cann"]:
+        if _same_release(entry["cann"], plan["cann"]):
+            if plan["torch_npu"] not in [str(t) for t in entry["torch_npu"]]:
+                problems.append(f"torch-npu {plan['torch_npu']} is not made for CANN {plan['cann']} "
+                                f"(Ascend/pytorch pairs it with {', '.join(map(str, entry['torch_npu']))})")
+                fixes.append(f"use torch-npu {entry['torch_npu'][0]} or the CANN its release notes name")
+            return
+
+
+def paired_driver(table, cann):
+    """The driver (HDK) released with ``cann``, or None when the table has no pair."""
+    for entry in table["cann_driver"]:
+        if _same_release(entry["cann"], cann):
+            return str(entry["driver"])
+    return None
+
+
+def check_driver(table, cann, driver):
+    """None when the node's driver is the one paired with ``cann`` (or no pair is known),
+    else a sentence naming both."""
+    want = paired_driver(table, cann)
+    if want is None or not driver:
+        return None
+    have, need = str(driver).lower(), want.lower()
+    if have == need or have.startswith(need + "."):
+        return None
+    return (f"driver {driver} is not the HDK released with CANN {cann} ({want}); Huawei tests CANN {cann} "
+            f"with driver {want}: upgrade the driver (firmware first) or confirm the pair in Huawei's "
+            "compatibility notes")
+
+
+def evaluate_fleet(plans, table):
+    """Judge the plans of many hosts at once: hosts with identical plans share one verdict.
+
+    ``plans`` maps host -> plan. Returns ``ok``, ``groups`` (list of {hosts, plan, verdict})
+    and ``report`` (one line per refused group, host names first).
+    """
+    groups = {}
+    for host in sorted(plans):
+        key = tuple(sorted((k, str(v)) for k, v in (plans[host] or {}).items() if v not in (None, "")))
+        groups.setdefault(key, []).append(host)
+    out, lines = [], []
+    for key, hosts in groups.items():
+        verdict = evaluate(dict(key), table)
+        out.append({"hosts": hosts, "plan": dict(key), "verdict": verdict})
+        if not verdict["ok"]:
+            lines.append(f"{', '.join(hosts)}: {describe_plan(dict(key))}: " + "; ".join(verdict["problems"])
+                         + ". Fix: " + "; or ".join(verdict["fixes"]) + "."
+                         + (f" Source: {verdict['source']}." if verdict.get("source") else ""))
+    return {"ok": not lines, "groups": out, "report": lines}
+
+
+def describe_plan(plan):
+    parts = []
+    if plan.get("cann"):
+        parts.append(f"CANN {plan['cann']}")
+    if plan.get("engine"):
+        parts.append(f"{plan['engine']} {plan.get('engine_version', '')}".strip())
+    for key, label in (("python", "Python"), ("torch", "torch"), ("torch_npu", "torch-npu"), ("vllm", "vLLM")):
+        if plan.get(key):
+            parts.append(f"{label} {plan[key]}")
+    return " with ".join(parts[:2]) + (f" ({', '.join(parts[2:])})" if parts[2:] else "") if parts else "empty plan"

