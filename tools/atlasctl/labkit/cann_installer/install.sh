@@ -197,6 +197,10 @@ install_toolkit() {
     fi
     mkdir -p "$vdir" || die "cannot create $vdir; check that $INSTALL_PATH is writable"
     cp -a "$SELF_DIR/files/." "$vdir/" || die "copying files to $vdir failed (disk full?)"
+    # Lab-only hook (power-off tests): pause here, files copied but no version record yet.
+    if [ -r "$SYSROOT/etc/atlas-lab/cann-install-delay" ]; then
+        sleep "$(cat "$SYSROOT/etc/atlas-lab/cann-install-delay")"
+    fi
     mkdir -p "$vdir/$ARCHDIR"
     cat > "$vdir/$ARCHDIR/ascend_toolkit_install.info" <<INFOFILE
 package_name=$PKG_NAME

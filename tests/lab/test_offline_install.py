@@ -1,0 +1,155 @@
+"""Air-gapped install on lab nodes: no route out, bundle verify -> CANN -> engine offline and
+idempotent; tampered bundles refused before anything runs; power-off mid-install recovers;
+CANN upgrade and downgrade read back. Runs on atlas-n3/atlas-n4 (the light SGLang stand-in)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from atlasctl.bundle import write_manifest
+from labtools import ENV, ROOT, atlasctl, playbook, recap
+
+pytestmark = pytest.mark.lab
+
+LAB_BUNDLE = Path("/var/lib/atlas-lab/bundle")
+PUSHED = "/var/lib/atlas/bundle"
+NODE = "atlas-n3"
+SCRATCH = "atlas-n4"
+
+
+def ssh(host: str, *cmd: str, check: bool = True, timeout: int = 120) -> str:
+    return atlasctl("lab", "ssh", host, *cmd, check=check, timeout=timeout).stdout
+
+
+def cann_versions(host: str) -> dict[str, str]:
+    """Versions as atlas.serving.cann_facts reads them on the node."""
+    run = subprocess.run([str(Path(sys.executable).with_name("ansible")), "-i", "inventory/lab", host,
+                          "-m", "atlas.serving.cann_facts", "-o"], cwd=ROOT, env=ENV, text=True,
+                         capture_output=True, timeout=120, check=True)
+    facts = json.loads(run.stdout.split("=>", 1)[1])["ansible_facts"]["cann"]
+    return {k: (facts.get(k) or {}).get("version") for k in ("toolkit", "kernels", "nnal")}
+
+
+def test_no_route_out_and_offline_install_converges(fresh_lab):
+    probe = "import socket; socket.create_connection(('192.0.2.1', 80), 3)"
+    out = atlasctl("lab", "ssh", NODE, "python3", "-c", probe, check=False, timeout=60)
+    assert out.returncode != 0 and "unreachable" in (out.stdout + out.stderr).lower()
+    assert atlasctl("bundle", "verify").returncode == 0
+    stages = ("playbooks/preflight.yml", "playbooks/cann.yml", "playbooks/engines.yml")
+    t0 = time.monotonic()
+    first = playbook(*stages, "--limit", NODE)
+    assert first.returncode == 0, first.stdout[-5000:]
+    t1 = time.monotonic()
+    second = playbook(*stages, "--limit", NODE)
+    assert second.returncode == 0, second.stdout[-5000:]
+    assert recap(second.stdout)[NODE]["changed"] == 0, second.stdout[-5000:]
+    print(f"offline install {t1 - t0:.0f}s, second run {time.monotonic() - t1:.0f}s")
+    assert cann_versions(NODE) == {"toolkit": "8.5.0", "kernels": "8.5.0", "nnal": "8.5.0"}
+    pip = "/opt/atlas/engines/sglang-standin-0.5.6/bin/pip"
+    dl = atlasctl("lab", "ssh", NODE, pip, "download", "--no-deps", "--timeout", "5", "--retries", "0",
+                  "-d", "/tmp/dl", "six", check=False, timeout=120)
+    assert dl.returncode != 0, "a node reached a package index"
+
+
+@pytest.fixture(scope="module")
+def small_bundle(fresh_lab, tmp_path_factory) -> Path:
+    """A copy of the lab bundle with CANN 8.5.0 and the stand-in wheels only (small to push)."""
+    root = tmp_path_factory.mktemp("small-bundle")
+    for path in (LAB_BUNDLE / "cann").glob("*_8.5.0_*"):
+        (root / "cann").mkdir(exist_ok=True)
+        shutil.copy2(path, root / "cann" / path.name)
+    shutil.copytree(LAB_BUNDLE / "wheels/sglang-standin-0.5.6", root / "wheels/sglang-standin-0.5.6")
+    write_manifest(root, "small")
+    return root
+
+
+def _push(src: Path) -> dict:
+    run = atlasctl("bundle", "push", "-i", "inventory/lab", "--limit", SCRATCH, "--src", str(src),
+                   "--dest", PUSHED, "--json", check=False, timeout=300)
+    return json.loads(run.stdout or "{}") | {"rc": run.returncode, "stderr": run.stderr}
+
+
+def test_push_is_delta_and_verified_on_the_node(small_bundle):
+    first = _push(small_bundle)
+    assert first["rc"] == 0 and first["verified"], first
+    assert first["hosts"][0]["files_sent"] >= 4
+    again = _push(small_bundle)
+    assert again["rc"] == 0 and again["hosts"][0]["files_sent"] == 0, again
+
+
+def _tamper(kind: str, rel: str) -> str:
+    path = f"{PUSHED}/{rel}"
+    code = {
+        "flip": f"p='{path}'; b=bytearray(open(p,'rb').read()); b[len(b)//2]^=1; open(p,'wb').write(b)",
+        "truncate": f"import os; p='{path}'; os.truncate(p, os.path.getsize(p)//2)",
+        "missing": f"import os; os.remove('{path}')",
+    }[kind]
+    ssh(SCRATCH, "python3", "-c", code)
+    return path
+
+
+@pytest.mark.parametrize("kind, stage, rel_glob", [
+    ("flip", "playbooks/cann.yml", "cann/Ascend-cann-toolkit_8.5.0_*"),
+    ("missing", "playbooks/cann.yml", "cann/Ascend-cann-toolkit_8.5.0_*"),
+    ("truncate", "playbooks/engines.yml", "wheels/sglang-standin-0.5.6/*.whl"),
+])
+def test_tampered_bundle_is_refused_before_anything_runs(small_bundle, kind, stage, rel_glob):
+    assert _push(small_bundle)["rc"] == 0  # restore the good copy (delta: only the damaged file moves)
+    rel = next(small_bundle.glob(rel_glob)).relative_to(small_bundle).as_posix()
+    _tamper(kind, rel)
+    run = playbook(stage, "--limit", SCRATCH, "-e", f"atlas_bundle_dir={PUSHED}")
+    text = " ".join(run.stdout.split())
+    assert run.returncode != 0
+    assert Path(rel).name in text, text[-3000:]
+    assert {"flip": "does not match", "missing": "missing", "truncate": "mismatch"}[kind] in text.lower()
+    if stage.endswith("cann.yml"):
+        assert "cann" not in ssh(SCRATCH, "ls", "/usr/local/Ascend", check=False), "an installer ran"
+    else:
+        assert "sglang-standin" not in ssh(SCRATCH, "ls", "/opt/atlas/engines", check=False)
+    verify = atlasctl("bundle", "push", "-i", "inventory/lab", "--limit", SCRATCH, "--src", str(small_bundle),
+                      "--dest", PUSHED, check=False, timeout=300)
+    assert verify.returncode == 0  # pushing again repairs the node's copy
+
+
+def test_power_off_during_toolkit_install_recovers(fresh_lab):
+    host = SCRATCH
+    ssh(host, "mkdir", "-p", "/etc/atlas-lab")
+    ssh(host, "sh", "-c", "echo 60 > /etc/atlas-lab/cann-install-delay")
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("ansible-playbook")), "-i", "inventory/lab",
+                             "playbooks/cann.yml", "--limit", host], cwd=ROOT, env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if "cann-8.5.0" in ssh(host, "ls", "/usr/local/Ascend", check=False):
+            break
+        time.sleep(1)
+    else:
+        proc.kill()
+        pytest.fail("the toolkit installer never started")
+    atlasctl("lab", "power", host, "off", timeout=120)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0, "the play should fail when its node powers off"
+    atlasctl("lab", "power", host, "on", timeout=300)
+    ssh(host, "rm", "-f", "/etc/atlas-lab/cann-install-delay")
+    run = playbook("playbooks/cann.yml", "--limit", host)
+    assert run.returncode == 0, run.stdout[-5000:]
+    again = playbook("playbooks/cann.yml", "--limit", host)
+    assert recap(again.stdout)[host]["changed"] == 0, again.stdout[-3000:]
+    assert cann_versions(host) == {"toolkit": "8.5.0", "kernels": "8.5.0", "nnal": "8.5.0"}
+
+
+def test_upgrade_and_back(fresh_lab):
+    host = SCRATCH
+    seen = []
+    for version in ("8.3.RC2", "8.5.0", "8.3.RC2"):
+        run = playbook("playbooks/cann.yml", "--limit", host, "-e", f"cann_version={version}")
+        assert run.returncode == 0, run.stdout[-5000:]
+        seen.append(cann_versions(host)["toolkit"])
+        assert cann_versions(host) == {"toolkit": version, "kernels": version, "nnal": version}
+    assert seen == ["8.3.RC2", "8.5.0", "8.3.RC2"]
