@@ -1,0 +1,207 @@
+# Copyright: the atlas.serving authors. GNU General Public License v3.0+
+"""Check an engine command line and environment against the schema of the release it targets.
+
+Standard library only (runs in filters, modules and atlasctl). Data, not code, says what is real:
+
+``schemas/<release>.json``   flags (``options``, ``type``, ``action``, ``nargs``, ``choices``) and ``env``
+                             extracted from the pinned release's source (atlasctl config schema refresh)
+``schemas/platform-env.json`` variables the Ascend platform and common libraries read, with value patterns
+``schemas/fictions.json``     the seed article's fictional or invalid settings with the real alternative
+
+Unknown flags and unknown environment variables are errors. Secret values (``--api-key``,
+``VLLM_API_KEY``) never appear in a message.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+
+SECRET_FLAGS = frozenset(["--api-key"])
+SECRET_ENV = frozenset(["VLLM_API_KEY", "SGLANG_API_KEY"])
+_BOOL_ACTIONS = frozenset(["store_true", "store_false", "BooleanOptionalAction", "store_const"])
+
+
+class LintError(Exception):
+    """The lint itself cannot run (missing or malformed schema)."""
+
+
+def schema_dir_default():
+    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                        "schemas")
+
+
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        known = ", ".join(known_releases(os.path.dirname(path)))
+        raise LintError(f"no schema file {path}: run `atlasctl config schema refresh` or pick a release that "
+                        f"has one ({known})") from None
+    except ValueError as exc:
+        raise LintError(f"schema file {path} is not valid JSON: {exc}") from exc
+
+
+def known_releases(schema_dir):
+    skip = {"platform-env.json", "fictions.json"}
+    return sorted(n[:-5] for n in os.listdir(schema_dir) if n.endswith(".json") and n not in skip)
+
+
+def load(release, schema_dir=None):
+    """(schema, platform variables, fictions) for ``release`` (e.g. ``vllm-ascend-0.11.0``)."""
+    schema_dir = schema_dir or schema_dir_default()
+    if not re.match(r"^[a-z0-9][a-z0-9.+-]*$", str(release)):
+        raise LintError(f"engine_release {release!r} is not a release name like vllm-ascend-0.11.0")
+    schema = _read_json(os.path.join(schema_dir, f"{release}.json"))
+    platform = _read_json(os.path.join(schema_dir, "platform-env.json"))
+    fictions = _read_json(os.path.join(schema_dir, "fictions.json"))
+    return schema, platform, fictions
+
+
+def _flag_table(schema):
+    table = {}
+    for flag in schema.get("flags", []):
+        for option in flag.get("options", []):
+            if option.startswith("--"):
+                table[option] = flag
+    return table
+
+
+def _fiction(fictions, kind, name, engine, value=None):
+    for entry in fictions.get("entries", []):
+        if entry["kind"] != kind or entry["name"] != name or engine not in entry["engines"]:
+            continue
+        if kind == "value" and str(entry.get("value")) != str(value):
+            continue
+        if kind == "envvalue" and entry["pattern"] not in str(value):
+            continue
+        return entry
+    return None
+
+
+def _fmt(entry, release, **extra):
+    return entry["message"].format(release=release, **extra)
+
+
+def _finding(kind, subject, message):
+    return {"kind": kind, "subject": subject, "message": message}
+
+
+def split_argv(argv):
+    """[(flag, [values])] from an argv: everything before the first ``--x`` is the command."""
+    pairs, current = [], None
+    for token in [str(t) for t in argv]:
+        if token.startswith("--"):
+            name, eq, inline = token.partition("=")
+            current = (name, [inline] if eq else [])
+            pairs.append(current)
+        elif current is not None:
+            current[1].append(token)
+    return pairs
+
+
+def _check_value(flag_name, spec, values, release, engine, fictions):
+    shown = "<secret>" if flag_name in SECRET_FLAGS else " ".join(values)
+    action = spec.get("action") or "store"
+    if action in _BOOL_ACTIONS:
+        if values:
+            return [f"`{flag_name}` takes no value in {release} (got {shown!r}): write it bare, or omit it"]
+        return []
+    if not values:
+        return [f"`{flag_name}` needs a value in {release}"]
+    nargs = spec.get("nargs")
+    if nargs in (None, "?") and len(values) > 1:
+        return [f"`{flag_name}` takes one value in {release}, got {len(values)} ({shown})"]
+    errors = []
+    for value in values:
+        entry = _fiction(fictions, "value", flag_name, engine, value)
+        choices = spec.get("choices")
+        if entry is not None:
+            errors.append(_fmt(entry, release, choices=", ".join(choices or [])))
+        elif choices and str(value) not in [str(c) for c in choices]:
+            errors.append("`{} {}` is not a choice in {}: {}".format(flag_name, shown, release, ", ".join(choices)))
+        elif not _type_ok(spec.get("type"), value, spec.get("nullable")):
+            errors.append("`{} {}` is not a valid {} for {}".format(flag_name, shown, spec.get("type"), release))
+    return errors
+
+
+def _type_ok(kind, value, nullable):
+    if nullable and value == "None":
+        return True
+    try:
+        if kind == "int":
+            int(str(value).replace("_", ""), 10)
+        elif kind == "float":
+            float(value)
+        elif kind in ("json", "json_list"):
+            json.loads(value)
+    except ValueError:
+        return False
+    return True
+
+
+def lint_flags(argv, schema, fictions, release):
+    engine = schema.get("engine", "")
+    table = _flag_table(schema)
+    findings = []
+    for name, values in split_argv(argv):
+        lookup = name if name in table else "--" + name[2:].replace("_", "-")
+        entry = _fiction(fictions, "flag", lookup, engine)
+        if entry is not None and lookup not in table:
+            findings.append(_finding("flag", name, _fmt(entry, release)))
+            continue
+        spec = table.get(lookup)
+        if spec is None:
+            close = difflib.get_close_matches(lookup, list(table), n=3, cutoff=0.75)
+            hint = "; did you mean {}?".format(" or ".join(f"`{c}`" for c in close)) if close else ""
+            findings.append(_finding("flag", name, f"`{name}` is not a {release} flag{hint}"))
+            continue
+        for message in _check_value(lookup, spec, values, release, engine, fictions):
+            findings.append(_finding("value", name, message))
+    return findings
+
+
+def _env_table(schema, platform):
+    engine = schema.get("engine", "")
+    table = {e["name"]: None for e in schema.get("env", [])}
+    for var in platform.get("variables", []):
+        if engine in var.get("engines", []):
+            table[var["name"]] = var.get("values")
+    return table
+
+
+def lint_env(env, schema, platform, fictions, release):
+    engine = schema.get("engine", "")
+    table = _env_table(schema, platform)
+    findings = []
+    for name in sorted(env or {}):
+        value = "" if env[name] is None else str(env[name])
+        if isinstance(env[name], bool):
+            value = value.lower()
+        shown = "<secret>" if name in SECRET_ENV else value
+        entry = _fiction(fictions, "env", name, engine)
+        if entry is not None and name not in table:
+            findings.append(_finding("env", name, _fmt(entry, release)))
+            continue
+        entry = _fiction(fictions, "envvalue", name, engine, value)
+        if entry is not None:
+            findings.append(_finding("env", name, _fmt(entry, release, value=shown)))
+            continue
+        if name not in table:
+            findings.append(_finding("env", name, f"`{name}` is not read by {release} (not in its envs, the "
+                                     "engine's source or platform-env.json): unknown variables are errors"))
+            continue
+        pattern = table[name]
+        if pattern and not re.match(pattern, value):
+            findings.append(_finding("env", name,
+                                     f"`{name}={shown}` does not match what {release} accepts ({pattern})"))
+    return findings
+
+
+def lint(argv, env, release, schema_dir=None):
+    """Every finding for ``argv`` + ``env`` against ``release``; empty list when all is real."""
+    schema, platform, fictions = load(release, schema_dir)
+    return lint_flags(argv, schema, fictions, release) + lint_env(env, schema, platform, fictions, release)
