@@ -20,6 +20,8 @@ import yaml
 from atlasctl.errors import UsageError
 
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.json.asc"  # optional GPG detached signature; not itself in the manifest
+_KEYS = ("name", "arch", "cann", "wheelsets", "models", "huawei_dir", "huawei", "pip", "suite", "sign")
 FORMAT = 1
 _CHUNK = 8 * 2**20
 
@@ -31,6 +33,11 @@ class BundleSpec:
     cann: tuple[str, ...]
     wheelsets: tuple[str, ...]
     models: tuple[dict, ...]
+    huawei_dir: str = ""
+    huawei: tuple[str, ...] = ()
+    pip: tuple[dict, ...] = ()
+    suite: bool = False
+    sign: str = ""
 
     @classmethod
     def load(cls, path: Path) -> BundleSpec:
@@ -42,10 +49,11 @@ class BundleSpec:
             raise UsageError(f"bundle spec {path} is not valid YAML: {exc}") from None
         if not isinstance(data, dict):
             raise UsageError(f"bundle spec {path} must be a mapping with name, arch, cann, wheelsets, models")
-        unknown = set(data) - {"name", "arch", "cann", "wheelsets", "models"}
+        unknown = set(data) - set(_KEYS)
         if unknown:
             raise UsageError(f"bundle spec {path}: unknown key(s) {', '.join(sorted(unknown))}")
-        for key, kind in (("name", str), ("arch", str), ("cann", list), ("wheelsets", list), ("models", list)):
+        for key, kind in (("name", str), ("arch", str), ("cann", list), ("wheelsets", list), ("models", list),
+                          ("huawei_dir", str), ("huawei", list), ("pip", list), ("suite", bool), ("sign", str)):
             if key in data and not isinstance(data[key], kind):
                 raise UsageError(f"bundle spec {path}: '{key}' must be a {kind.__name__}")
         if data.get("arch", "x86_64") not in ("x86_64", "aarch64"):
@@ -56,6 +64,11 @@ class BundleSpec:
             cann=tuple(str(v) for v in data.get("cann", [])),
             wheelsets=tuple(str(v) for v in data.get("wheelsets", [])),
             models=tuple(data.get("models", [])),
+            huawei_dir=data.get("huawei_dir", ""),
+            huawei=tuple(str(v) for v in data.get("huawei", [])),
+            pip=tuple(data.get("pip", [])),
+            suite=data.get("suite", False),
+            sign=data.get("sign", ""),
         )
 
 
@@ -79,6 +92,11 @@ def _kind_and_version(rel: str) -> tuple[str, str]:
         return "cann", stem[1] if len(stem) > 1 else ""
     if parts[0] == "wheels":
         return "wheel", parts[1].rsplit("-", 1)[-1] if len(parts) > 1 else ""
+    if parts[0] == "hdk":
+        stem = parts[-1].split("_")
+        return ("firmware" if "firmware" in parts[-1] else "driver"), stem[1] if len(stem) > 1 else ""
+    if parts[0] == "suite":
+        return "suite", ""
     if parts[0] == "models":
         return "model", parts[1] if len(parts) > 1 else ""
     return "other", ""
@@ -98,7 +116,8 @@ def write_manifest(root: Path, name: str, *, workers: int | None = None) -> dict
     except (FileNotFoundError, json.JSONDecodeError):
         old = {}
     paths = sorted(
-        p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
+        p for p in root.rglob("*")
+        if p.is_file() and p.name not in (MANIFEST, SIGNATURE) and not p.name.startswith(".")
     )
 
     def entry(path: Path) -> dict:
@@ -161,7 +180,8 @@ def verify_bundle(root: Path, *, workers: int | None = None) -> list[BadFile]:
     present = {
         p.relative_to(root).as_posix()
         for p in root.rglob("*")
-        if p.is_file() and p.name != MANIFEST and not p.name.startswith(".")
+        if p.is_file() and p.relative_to(root).as_posix() not in (MANIFEST, SIGNATURE)
+        and not p.name.startswith(".")
     }
     bad = [BadFile(p, "unexpected") for p in sorted(present - set(expected))]
     bad += [BadFile(p, "missing") for p in sorted(set(expected) - present)]
@@ -220,6 +240,10 @@ def _wheelset_step(wheelset: str, cache: Path) -> tuple[str, Step]:
 
 def _model_step(model: dict) -> tuple[str, Step]:
     name = model.get("name")
+    if name and model.get("path"):
+        from atlasctl.bundle_sources import model_dir_step
+
+        return model_dir_step(model)
     if not name or model.get("generator") != "tiny-llama":
         raise UsageError(f"model entry {model!r}: the lab builds models with generator: tiny-llama and a name")
 
@@ -235,6 +259,17 @@ def plan_build(spec: BundleSpec, cache: Path) -> list[tuple[str, Step]]:
     steps = [_cann_step(v, spec.arch) for v in spec.cann]
     steps += [_wheelset_step(w, cache) for w in spec.wheelsets]
     steps += [_model_step(m) for m in spec.models]
+    from atlasctl import bundle_sources
+
+    if spec.huawei and not spec.huawei_dir:
+        raise UsageError("bundle spec: huawei lists packages but huawei_dir is not set",
+                         fix="set huawei_dir to the directory you downloaded Huawei's packages into")
+    steps += [bundle_sources.huawei_step(Path(spec.huawei_dir), n) for n in spec.huawei]
+    steps += [bundle_sources.pip_step(e) for e in spec.pip]
+    if spec.suite:
+        from atlasctl.paths import repo_root
+
+        steps.append(bundle_sources.suite_step(repo_root()))
     return steps
 
 
@@ -248,7 +283,12 @@ def build_bundle(spec: BundleSpec, out: Path, cache: Path,
         step(out)
     if progress:
         progress("manifest")
-    return write_manifest(out, spec.name)
+    manifest = write_manifest(out, spec.name)
+    if spec.sign:
+        from atlasctl.bundle_sources import sign_manifest
+
+        sign_manifest(out, spec.sign)
+    return manifest
 
 
 def iter_summary(manifest: dict) -> Iterable[tuple[str, int, int]]:

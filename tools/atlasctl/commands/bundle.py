@@ -27,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     verify = bsub.add_parser("verify", help="check every file of a bundle against its manifest")
     verify.add_argument("dir", type=Path, nargs="?", default=None, help="bundle directory (default: the lab's)")
     verify.add_argument("--json", action="store_true", help="print the result as JSON")
+    verify.add_argument("--keyring", type=Path, default=None,
+                        help="GPG keyring whose key must have signed manifest.json (manifest.json.asc)")
     verify.set_defaults(func=_verify)
 
     push = bsub.add_parser("push", help="copy a bundle to nodes (resumable, delta) and verify it there")
@@ -60,6 +62,13 @@ def _build(args: argparse.Namespace) -> int:
 
 def _verify(args: argparse.Namespace) -> int:
     root = args.dir or lab_dir() / "bundle"
+    if args.keyring:
+        from atlasctl.bundle_sources import verify_signature
+
+        problem = verify_signature(root, args.keyring)
+        if problem:
+            print(f"bundle {root}: {problem}; do not install from it", file=sys.stderr)
+            return exitcodes.FAILED
     bad = bundle.verify_bundle(root)
     if args.json:
         print(json.dumps({"bundle": str(root), "ok": not bad,

@@ -1,0 +1,145 @@
+"""Bundle sources for real sites: Huawei packages with vendor sums, per-target wheels, model
+dirs, the suite, GPG signature; push target parsing. No network: pip resolves from a local dir."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+from atlasctl import bundle, bundle_push, bundle_sources
+from atlasctl.errors import UsageError
+
+
+def _wheel(dirpath: Path, name: str, version: str, tag: str) -> Path:
+    """A minimal valid wheel with the given platform tag."""
+    fname = f"{name}-{version}-{tag}.whl"
+    dist = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(dirpath / fname, "w") as zf:
+        zf.writestr(f"{name}/__init__.py", "")
+        zf.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        zf.writestr(f"{dist}/WHEEL", f"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\nTag: {tag}\n")
+        zf.writestr(f"{dist}/RECORD", "")
+    return dirpath / fname
+
+
+@pytest.fixture
+def huawei_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "downloads"
+    d.mkdir()
+    pkg = d / "Ascend-cann-toolkit_8.3.RC2_linux-aarch64.run"
+    pkg.write_bytes(b"#!/bin/sh\nexit 0\n" + os.urandom(512))
+    (d / (pkg.name + ".sha256")).write_text(hashlib.sha256(pkg.read_bytes()).hexdigest() + "  " + pkg.name + "\n")
+    drv = d / "Ascend-hdk-910b-npu-driver_25.3.rc1_linux-aarch64.run"
+    drv.write_bytes(b"driver")
+    (d / (drv.name + ".md5")).write_text(hashlib.md5(b"driver").hexdigest() + "\n")
+    return d
+
+
+def _spec(tmp_path: Path, text: str) -> bundle.BundleSpec:
+    path = tmp_path / "bundle.yml"
+    path.write_text(text)
+    return bundle.BundleSpec.load(path)
+
+
+def test_site_spec_builds_huawei_pip_model_and_suite(tmp_path, huawei_dir):
+    links = tmp_path / "links"
+    links.mkdir()
+    _wheel(links, "fakenpu", "1.0", "cp311-cp311-manylinux_2_17_aarch64.manylinux2014_aarch64")
+    _wheel(links, "fakenpu", "1.0", "cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64")
+    _wheel(links, "fakenpu", "1.0", "cp310-cp310-manylinux_2_17_x86_64.manylinux2014_x86_64")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    spec = _spec(tmp_path, f"""
+name: site
+arch: aarch64
+huawei_dir: {huawei_dir}
+huawei: [Ascend-cann-toolkit_8.3.RC2_linux-aarch64.run, Ascend-hdk-910b-npu-driver_25.3.rc1_linux-aarch64.run]
+pip:
+  - set: fakenpu-1.0
+    requirements: [fakenpu==1.0]
+    targets: [{{platform: manylinux2014_aarch64, python: "3.11"}}, {{platform: manylinux2014_x86_64, python: "3.11"}}]
+    find_links: [{links}]
+    no_index: true
+models: [{{name: m, path: {model}}}]
+suite: true
+""")
+    out = tmp_path / "out"
+    manifest = bundle.build_bundle(spec, out, tmp_path / "cache")
+    paths = {f["path"]: f for f in manifest["files"]}
+    assert paths["cann/Ascend-cann-toolkit_8.3.RC2_linux-aarch64.run"]["version"] == "8.3.RC2"
+    assert paths["hdk/Ascend-hdk-910b-npu-driver_25.3.rc1_linux-aarch64.run"]["kind"] == "driver"
+    wheels = sorted(p.name for p in (out / "wheels/fakenpu-1.0").glob("*.whl"))
+    assert wheels == ["fakenpu-1.0-cp311-cp311-manylinux_2_17_aarch64.manylinux2014_aarch64.whl",
+                      "fakenpu-1.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl"]
+    assert "models/m/config.json" in paths
+    assert "suite/site.yml" in paths and "suite/roles/cann/tasks/main.yml" in paths
+    assert any(p.startswith("suite/collections/ansible_collections/atlas/serving/data/compat.yml") for p in paths)
+    assert bundle.verify_bundle(out) == []
+
+
+def test_pip_refuses_a_target_without_wheels(tmp_path):
+    links = tmp_path / "links"
+    links.mkdir()
+    _wheel(links, "fakenpu", "1.0", "cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64")
+    _, step = bundle_sources.pip_step({"set": "s", "requirements": ["fakenpu==1.0"], "no_index": True,
+                                       "find_links": [str(links)],
+                                       "targets": [{"platform": "manylinux2014_aarch64", "python": "3.11"}]})
+    with pytest.raises(UsageError, match="manylinux2014_aarch64 / Python 3.11"):
+        step(tmp_path / "out")
+
+
+def test_vendor_side_file_mismatch_is_refused(tmp_path, huawei_dir):
+    pkg = huawei_dir / "Ascend-cann-toolkit_8.3.RC2_linux-aarch64.run"
+    pkg.write_bytes(pkg.read_bytes()[:-1])
+    _, step = bundle_sources.huawei_step(huawei_dir, pkg.name)
+    with pytest.raises(UsageError, match=r"sha256 .* does not match the vendor's .*\.sha256"):
+        step(tmp_path / "out")
+    with pytest.raises(UsageError, match="Ascend-cann-\\* or Ascend-hdk-\\*"):
+        bundle_sources.huawei_step(huawei_dir, "random.bin")
+
+
+@pytest.mark.skipif(not shutil.which("gpg"), reason="gpg is not installed (apt-get install gnupg)")
+def test_signature_signed_verified_and_tamper_refused(tmp_path):
+    home = tmp_path / "gnupg"
+    home.mkdir(mode=0o700)
+    gen = subprocess.run(["gpg", "--homedir", str(home), "--batch", "--passphrase", "", "--quick-gen-key",
+                          "bundle@test", "ed25519", "sign", "never"], capture_output=True, text=True)
+    assert gen.returncode == 0, gen.stderr
+    keyring = tmp_path / "trusted.gpg"
+    exported = subprocess.run(["gpg", "--homedir", str(home), "--export", "bundle@test"], capture_output=True)
+    keyring.write_bytes(exported.stdout)
+    root = tmp_path / "b"
+    (root / "cann").mkdir(parents=True)
+    (root / "cann/x.run").write_text("x")
+    bundle.write_manifest(root, "b")
+    bundle_sources.sign_manifest(root, "bundle@test", homedir=home)
+    assert bundle_sources.verify_signature(root, keyring) is None
+    assert bundle.verify_bundle(root) == []  # the signature is not a stray file
+    other = tmp_path / "other.gpg"
+    other.write_bytes(b"")
+    assert "bad or untrusted" in bundle_sources.verify_signature(root, other)
+    (root / "manifest.json").write_text((root / "manifest.json").read_text().replace('"b"', '"c"'))
+    assert "bad or untrusted" in bundle_sources.verify_signature(root, keyring)
+
+
+def test_push_targets_and_rsync_argv():
+    data = {"all": {"children": ["atlas_nodes", "ungrouped"]},
+            "atlas_nodes": {"children": ["east"]}, "east": {"hosts": ["n1"]},
+            "_meta": {"hostvars": {"n1": {"ansible_host": "10.77.0.11", "ansible_user": "root",
+                                          "ansible_ssh_private_key_file": "/k",
+                                          "ansible_ssh_common_args": "-o StrictHostKeyChecking=yes"}}}}
+    [target] = bundle_push.targets_from_inventory(data)
+    argv = bundle_push.rsync_argv(Path("/b"), target, "/var/lib/atlas/bundle", exclude_manifest=True)
+    assert "--partial-dir=.rsync-partial" in argv and "--delete" in argv
+    assert argv[-2:] == ["/b/", "root@10.77.0.11:/var/lib/atlas/bundle/"]
+    assert "/manifest.json" in argv
+    rsh = argv[argv.index("--rsh") + 1]
+    assert "-i /k" in rsh and "StrictHostKeyChecking=yes" in rsh
+    with pytest.raises(UsageError, match="atlas_nodes"):
+        bundle_push.targets_from_inventory({"_meta": {"hostvars": {}}})

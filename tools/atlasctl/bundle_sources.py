@@ -1,0 +1,162 @@
+"""Real-world bundle sources (a connected build machine): Huawei packages from a local
+download directory, pip wheels resolved per target platform and Python, model directories,
+the suite itself, and an optional GPG detached signature of manifest.json.
+
+Spec keys (bundle.yml, beside the lab's ``cann``/``wheelsets``/``models``):
+
+``huawei_dir`` + ``huawei``: directory the user downloaded into, and the file names to carry
+    (``Ascend-cann-*`` -> ``cann/``, ``Ascend-hdk-*`` -> ``hdk/``); a vendor side file
+    ``<name>.sha256`` / ``<name>.md5`` next to a package is checked before it is copied.
+``pip``: list of ``{set, requirements, targets: [{platform, python}], find_links, no_index}``;
+    each target runs ``pip download --only-binary=:all: --platform P --python-version V``
+    into ``wheels/<set>/``.
+``models`` entries with ``path``: a local model directory copied to ``models/<name>/``.
+``suite: true``: playbooks/, roles/, collections/, site.yml, ansible.cfg and
+    inventory/example-bank into ``suite/``.
+``sign``: a GPG key id; ``manifest.json.asc`` is written with ``gpg --detach-sign``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from atlasctl.errors import EnvironmentProblem, UsageError
+
+Step = Callable[[Path], None]
+SUITE_ITEMS = ("playbooks", "roles", "collections", "site.yml", "ansible.cfg", "inventory/example-bank")
+SIGNATURE = "manifest.json.asc"
+
+
+def _digest(path: Path, algo: str) -> str:
+    h = hashlib.new(algo)
+    with open(path, "rb") as fh:
+        while chunk := fh.read(8 * 2**20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def vendor_side_check(path: Path) -> None:
+    """Check ``<name>.sha256`` / ``<name>.md5`` next to a vendor package, when present."""
+    for algo in ("sha256", "md5"):
+        side = path.with_name(path.name + f".{algo}")
+        if not side.exists():
+            continue
+        words = side.read_text().split()
+        want = words[0].lower() if words else ""
+        have = _digest(path, algo)
+        if want != have:
+            raise UsageError(f"{path}: {algo} {have} does not match the vendor's {side.name} ({want})",
+                             fix="download the package again from Huawei's support site")
+
+
+def huawei_step(src_dir: Path, name: str) -> tuple[str, Step]:
+    sub = "hdk" if name.startswith("Ascend-hdk-") else "cann" if name.startswith("Ascend-cann-") else ""
+    if not sub:
+        raise UsageError(f"huawei package {name!r}: expected an Ascend-cann-* or Ascend-hdk-* file name")
+
+    def run(out: Path) -> None:
+        src = src_dir / name
+        if not src.is_file():
+            raise UsageError(f"{src} does not exist", fix=f"download {name} into {src_dir} or fix huawei_dir")
+        vendor_side_check(src)
+        dest = out / sub / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not (dest.exists() and dest.stat().st_size == src.stat().st_size
+                and dest.stat().st_mtime_ns == src.stat().st_mtime_ns):
+            shutil.copy2(src, dest)
+
+    return f"huawei {name}", run
+
+
+def pip_download_argv(requirements: list[str], dest: Path, platform: str, python: str,
+                      find_links: list[str], no_index: bool) -> list[str]:
+    argv = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--platform", platform,
+            "--python-version", python, "--dest", str(dest), "--disable-pip-version-check"]
+    for link in find_links:
+        argv += ["--find-links", link]
+    if no_index:
+        argv.append("--no-index")
+    return [*argv, *requirements]
+
+
+def pip_step(entry: dict) -> tuple[str, Step]:
+    name, reqs, targets = entry.get("set"), entry.get("requirements"), entry.get("targets")
+    if not name or not isinstance(reqs, list) or not reqs or not isinstance(targets, list) or not targets:
+        raise UsageError(f"pip entry {entry!r}: needs set, requirements (list) and targets "
+                         "([{platform: manylinux2014_aarch64, python: '3.11'}])")
+
+    def run(out: Path) -> None:
+        dest = out / "wheels" / name
+        dest.mkdir(parents=True, exist_ok=True)
+        for target in targets:
+            argv = pip_download_argv(reqs, dest, str(target["platform"]), str(target["python"]),
+                                     [str(f) for f in entry.get("find_links", [])], bool(entry.get("no_index")))
+            proc = subprocess.run(argv, text=True, capture_output=True, check=False)
+            if proc.returncode != 0:
+                raise UsageError(f"wheels {name} for {target['platform']} / Python {target['python']}: pip "
+                                 f"could not resolve: {proc.stderr.strip()[-600:]}",
+                                 fix="pin versions that publish wheels for that platform and Python")
+        (dest / "requirements.txt").write_text("\n".join(reqs) + "\n")
+
+    return f"wheels {name}", run
+
+
+def model_dir_step(model: dict) -> tuple[str, Step]:
+    name, src = model.get("name"), Path(str(model.get("path")))
+
+    def run(out: Path) -> None:
+        if not src.is_dir():
+            raise UsageError(f"model {name}: {src} is not a directory", fix="fix the model's path in the spec")
+        shutil.copytree(src, out / "models" / name, dirs_exist_ok=True, copy_function=shutil.copy2)
+
+    return f"model {name} from {src}", run
+
+
+def suite_step(repo: Path) -> tuple[str, Step]:
+    def run(out: Path) -> None:
+        for item in SUITE_ITEMS:
+            src, dest = repo / item, out / "suite" / item
+            if src.is_dir():
+                shutil.copytree(src, dest, dirs_exist_ok=True, copy_function=shutil.copy2,
+                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
+            elif src.is_file():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dest)
+
+    return "suite (playbooks, roles, collection)", run
+
+
+def _gpg() -> str:
+    gpg = shutil.which("gpg")
+    if not gpg:
+        raise EnvironmentProblem("gpg is not installed", fix="apt-get install gnupg")
+    return gpg
+
+
+def sign_manifest(root: Path, key: str, homedir: Path | None = None) -> Path:
+    sig = root / SIGNATURE
+    argv = [_gpg(), "--batch", "--yes", "--local-user", key, "--armor", "--detach-sign", "--output", str(sig)]
+    if homedir:
+        argv[1:1] = ["--homedir", str(homedir)]
+    proc = subprocess.run([*argv, str(root / "manifest.json")], text=True, capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise UsageError(f"gpg could not sign {root}/manifest.json with key {key}: {proc.stderr.strip()[-400:]}")
+    return sig
+
+
+def verify_signature(root: Path, keyring: Path) -> str | None:
+    """None when manifest.json.asc is a good signature by a key of ``keyring``, else why not."""
+    sig = root / SIGNATURE
+    if not sig.exists():
+        return f"{sig} is missing: the bundle is not signed"
+    proc = subprocess.run([_gpg(), "--batch", "--no-default-keyring", "--keyring", str(keyring.resolve()),
+                           "--verify", str(sig), str(root / "manifest.json")],
+                          text=True, capture_output=True, check=False)
+    if proc.returncode != 0:
+        return f"{sig}: bad or untrusted signature of manifest.json: {proc.stderr.strip()[-300:]}"
+    return None
