@@ -126,6 +126,7 @@ def test_signature_signed_verified_and_tamper_refused(tmp_path):
     assert "bad or untrusted" in bundle_sources.verify_signature(root, other)
     (root / "manifest.json").write_text((root / "manifest.json").read_text().replace('"b"', '"c"'))
     assert "bad or untrusted" in bundle_sources.verify_signature(root, keyring)
+    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=False)
 
 
 def test_push_targets_and_rsync_argv():
