@@ -197,3 +197,13 @@ def test_gate_override_is_loud(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:]
     assert "COMPATIBILITY GATE OVERRIDDEN by preflight_compat_override: CANN 7.0.RC1 lab bring-up" in run.stdout
     assert ARTICLE_MESSAGE in run.stdout and "GATE PASSED" in run.stdout
+
+
+def test_cli_refuses_the_article_plan_and_passes_a_compatible_one():
+    cli = [sys.executable, "-m", "atlasctl", "compat", "check"]
+    bad = subprocess.run([*cli, "--cann", "7.0.RC1", "--engine", "vllm-ascend", "--engine-version", "0.11.0"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and ARTICLE_MESSAGE in bad.stdout
+    good = subprocess.run([*cli, "--cann", "8.3.RC2", "--engine", "vllm-ascend", "--engine-version", "0.11.0",
+                           "--python", "3.11"], capture_output=True, text=True, timeout=60)
+    assert good.returncode == 0 and "compatible" in good.stdout

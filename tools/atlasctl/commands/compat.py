@@ -1,0 +1,57 @@
+"""`atlasctl compat check`: judge a release plan against the compatibility table (no host touched)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from pathlib import Path
+
+import yaml
+
+from atlasctl import exitcodes
+from atlasctl.collection import ensure_on_path
+from atlasctl.errors import UsageError
+
+FIELDS = ("cann", "engine", "engine_version", "python", "torch", "torch_npu", "vllm")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("compat", help="check a release plan against the compatibility table")
+    csub = parser.add_subparsers(dest="compat_command", metavar="ACTION", required=True)
+    check = csub.add_parser("check", help="is CANN + engine (+ Python, torch, torch-npu, vLLM) a possible plan?")
+    for field in FIELDS:
+        check.add_argument(f"--{field.replace('_', '-')}", dest=field, default="")
+    check.add_argument("--table", type=Path, default=None, help="table (default: the collection's data/compat.yml)")
+    check.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    check.set_defaults(func=_check)
+
+
+def _compat():
+    ensure_on_path()
+    return importlib.import_module("ansible_collections.atlas.serving.plugins.module_utils.compat")
+
+
+def _check(args: argparse.Namespace) -> int:
+    compat = _compat()
+    path = args.table or Path(compat.default_table_path())
+    try:
+        table = compat.check_table(yaml.safe_load(path.read_text()))
+    except (OSError, yaml.YAMLError, compat.CompatTableError) as exc:
+        raise UsageError(f"compatibility table {path}: {exc}") from None
+    plan = {f: getattr(args, f) for f in FIELDS if getattr(args, f)}
+    verdict = compat.evaluate(plan, table)
+    if args.json:
+        print(json.dumps(verdict, indent=2, default=str))
+    elif verdict["ok"]:
+        what = "lab engine, no CANN requirement" if verdict["lab"] else "compatible"
+        print(f"{compat.describe_plan(verdict['plan'])}: {what}")
+    else:
+        print(f"{compat.describe_plan(verdict['plan'])}: refused")
+        for problem in verdict["problems"]:
+            print(f"  {problem}")
+        for fix in verdict["fixes"]:
+            print(f"  fix: {fix}")
+        if verdict.get("source"):
+            print(f"  source: {verdict['source']}")
+    return exitcodes.OK if verdict["ok"] else exitcodes.FAILED
