@@ -125,6 +125,7 @@ class BenchConfig:
 class RequestRecord:
     warmup: bool
     prompt_tokens: int | None
+    sent: bool = False  # an attempt was made (connect, send); False: stopped by the duration bound
     start_ns: int = 0
     ttft_ns: int = 0
     latency_ns: int = 0
@@ -177,6 +178,7 @@ async def _one(pool: Pool, config: BenchConfig, model: str, prompt: Prompt, head
     exchange = Exchange(pool, "POST", path, _body(config, model, prompt), headers)
     parser = SSEParser()
     pieces: list[str] = []
+    rec.sent, rec.start_ns = True, time.perf_counter_ns()
     try:
         async with asyncio.timeout(config.timeout_s):
             status = await exchange.start()
@@ -390,8 +392,8 @@ class BenchResult:
         cfg["api_key"] = "***" if config.api_key else None
         return cls(
             config=cfg, model=model, completed=len(ok),
-            failed=sum(1 for r in records if not r.success and r.start_ns),
-            not_sent=sum(1 for r in records if not r.start_ns),
+            failed=sum(1 for r in records if not r.success and r.sent),
+            not_sent=sum(1 for r in records if not r.sent),
             duration_s=dur, total_input=total_in, total_output=total_out,
             request_throughput=len(ok) / dur,
             request_goodput=None if good is None else good / dur,
@@ -403,7 +405,7 @@ class BenchResult:
             timeline=timeline,
             requests=[[round((r.start_ns - t0_ns) / 1e9, 6), round(r.ttft_ns * ms, 4), round(r.latency_ns * ms, 4),
                        round(r.tpot_ns * ms, 4), r.output_tokens, r.prompt_tokens, r.success]
-                      for r in records if r.start_ns],
+                      for r in records if r.sent],
             errors=errors[:20], token_source="+".join(sorted(sources)) or "none",
             warmup={"requests": len(warm), "completed": sum(1 for r in warm if r.success),
                     "errors": sorted({r.error for r in warm if r.error})[:5]},
@@ -469,8 +471,9 @@ def _goodput(ok: list[RequestRecord], thresholds: dict[str, float]) -> int:
 
 def _timeline(ok: list[RequestRecord], t0_ns: int, end_ns: int) -> list[dict]:
     """Per-second buckets from the measured start: output tokens (chunks weighted so each request's sum is its
-    token count), completions and requests in flight during the second."""
-    seconds = int((end_ns - t0_ns) // 1_000_000_000) + 1 if ok else 0
+    token count), completions, and requests active at some time during the second ("in_flight", vLLM's
+    concurrent-requests-per-second, whose maximum is ``max_concurrent_requests``)."""
+    seconds = max(1, math.ceil((end_ns - t0_ns) / 1e9)) if ok else 0
     tokens = [0.0] * seconds
     done = [0] * seconds
     flight = [0] * seconds

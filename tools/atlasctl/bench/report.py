@@ -86,7 +86,9 @@ def document(result: BenchResult, node: str, violations: list[str] | None = None
 def save(doc: dict, root: Path | None = None) -> Path:
     folder = (root or bench_dir()) / _safe(doc["node"])
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / (doc["finished_at"].replace(":", "").replace("-", "") + ".json")
+    stamp = doc["finished_at"].replace(":", "").replace("-", "")
+    n = len(list(folder.glob(f"{stamp}-*.json")))
+    path = folder / f"{stamp}-{n:03d}.json"  # sorts by time, several runs in one second kept
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     return path
 
@@ -218,5 +220,7 @@ def html_report(doc: dict) -> str:
 
 
 def health_html(rows: list[dict], columns: list[tuple[str, str]], ok: bool, generated: str | None) -> str:
-    return _env().get_template("health_report.html.j2").render(rows=rows, columns=columns, ok=ok,
-                                                               generated=generated)
+    return _env().get_template("health_report.html.j2").render(
+        rows=rows, columns=columns, ok=ok, generated=generated,
+        bad=[bool(r.get("problem")) or r.get("service") != "active" for r in rows],
+        problems=[r for r in rows if r.get("problem")])
