@@ -53,6 +53,17 @@ def recap(output: str) -> dict[str, dict[str, int]]:
     return stats
 
 
+def changed_tasks(output: str) -> list[str]:
+    """'TASK name: host' for every task that reported changed (for failure messages)."""
+    found, task = [], ""
+    for line in output.splitlines():
+        if line.startswith("TASK ["):
+            task = line[6:].split("]")[0] + line[line.index("]") + 1:].rstrip(" *")
+        elif line.startswith("changed: ["):
+            found.append(f"{task}: {line[10:].split(']')[0]}")
+    return found
+
+
 def lab_hosts() -> dict[str, dict]:
     data = yaml.safe_load((ROOT / "inventory/lab/hosts.yml").read_text())
     return data["all"]["children"]["atlas_nodes"]["hosts"]

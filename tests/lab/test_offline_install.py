@@ -5,6 +5,7 @@ CANN upgrade and downgrade read back. Runs on atlas-n3/atlas-n4 (the light SGLan
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,8 +24,13 @@ NODE = "atlas-n3"
 SCRATCH = "atlas-n4"
 
 
+def run_on(host: str, *cmd: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess:
+    """Run argv on a node (quoted once: `lab ssh` hands its words to the remote shell)."""
+    return atlasctl("lab", "ssh", host, shlex.join(cmd), check=check, timeout=timeout)
+
+
 def ssh(host: str, *cmd: str, check: bool = True, timeout: int = 120) -> str:
-    return atlasctl("lab", "ssh", host, *cmd, check=check, timeout=timeout).stdout
+    return run_on(host, *cmd, check=check, timeout=timeout).stdout
 
 
 def cann_versions(host: str) -> dict[str, str]:
@@ -38,7 +44,7 @@ def cann_versions(host: str) -> dict[str, str]:
 
 def test_no_route_out_and_offline_install_converges(fresh_lab):
     probe = "import socket; socket.create_connection(('192.0.2.1', 80), 3)"
-    out = atlasctl("lab", "ssh", NODE, "python3", "-c", probe, check=False, timeout=60)
+    out = run_on(NODE, "python3", "-c", probe, check=False, timeout=60)
     assert out.returncode != 0 and "unreachable" in (out.stdout + out.stderr).lower()
     assert atlasctl("bundle", "verify").returncode == 0
     stages = ("playbooks/preflight.yml", "playbooks/cann.yml", "playbooks/engines.yml")
@@ -52,7 +58,7 @@ def test_no_route_out_and_offline_install_converges(fresh_lab):
     print(f"offline install {t1 - t0:.0f}s, second run {time.monotonic() - t1:.0f}s")
     assert cann_versions(NODE) == {"toolkit": "8.5.0", "kernels": "8.5.0", "nnal": "8.5.0"}
     pip = "/opt/atlas/engines/sglang-standin-0.5.6/bin/pip"
-    dl = atlasctl("lab", "ssh", NODE, pip, "download", "--no-deps", "--timeout", "5", "--retries", "0",
+    dl = run_on(NODE, pip, "download", "--no-deps", "--timeout", "5", "--retries", "0",
                   "-d", "/tmp/dl", "six", check=False, timeout=120)
     assert dl.returncode != 0, "a node reached a package index"
 
