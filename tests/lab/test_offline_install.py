@@ -5,6 +5,7 @@ CANN upgrade and downgrade read back. Runs on atlas-n3/atlas-n4 (the light SGLan
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from atlasctl.bundle import write_manifest
-from labtools import ENV, ROOT, atlasctl, playbook, recap
+from labtools import ENV, ROOT, atlasctl, playbook
 
 pytestmark = pytest.mark.lab
 
@@ -22,6 +23,16 @@ LAB_BUNDLE = Path("/var/lib/atlas-lab/bundle")
 PUSHED = "/var/lib/atlas/bundle"
 NODE = "atlas-n3"
 SCRATCH = "atlas-n4"
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """Totals of each host's PLAY RECAP lines (several playbooks in one run: summed)."""
+    stats: dict[str, dict[str, int]] = {}
+    for match in re.finditer(r"^(\S+)\s+:\s+(ok=\d+.*)$", output, re.M):
+        host = stats.setdefault(match[1], {})
+        for key, value in (kv.split("=") for kv in match[2].split()):
+            host[key] = host.get(key, 0) + int(value)
+    return stats
 
 
 def run_on(host: str, *cmd: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess:
