@@ -295,6 +295,9 @@ def set_npu(name: str, **changes: object) -> dict:
     """Change a node's simulated NPU state (health, hbm_used_mb, driver, device) through its overlay root."""
     cfg = require_lab_up()
     spec = cfg.node(name)
+    if spec.npu is None:
+        raise UsageError(f"lab node {name} is a {spec.kind} and has no NPU",
+                         fix=f"use a serving node: {', '.join(n.name for n in cfg.serving_nodes)}")
     root = node.merged(spec.name)
     if not os.path.ismount(root):
         raise EnvironmentProblem(f"lab node {name} has no mounted root at {root}", fix="run `atlasctl lab up`")

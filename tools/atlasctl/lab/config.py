@@ -22,6 +22,9 @@ VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
 CONTROLLER_HOST = 1
 FIRST_NODE_HOST = 11
 ALL_NODES_GROUP = "atlas_nodes"
+# kind: atlas = a serving node (in atlas_nodes, with NPUs); gateway = a branch load balancer
+# (nginx, no NPU, not in atlas_nodes: site.yml's serving stages never touch it).
+NODE_KINDS = ("atlas", "gateway")
 NPU_MODELS = ("910B1", "910B2", "910B2C", "910B3", "910B4")
 
 
@@ -38,7 +41,9 @@ class NodeSpec:
     index: int  # position in lab.yml, 0-based
     ip: str
     groups: tuple[str, ...]
-    npu: NpuSpec
+    npu: NpuSpec | None
+    kind: str = "atlas"
+    host_vars: tuple[tuple[str, Any], ...] = ()
 
     @property
     def netns(self) -> str:
@@ -77,6 +82,10 @@ class LabConfig:
             for group in node.groups:
                 result.setdefault(group, []).append(node.name)
         return result
+
+    @property
+    def serving_nodes(self) -> tuple[NodeSpec, ...]:
+        return tuple(n for n in self.nodes if n.kind == "atlas")
 
     @property
     def inventory_path(self) -> Path:
@@ -133,8 +142,16 @@ def _parse_node(raw: Any, index: int, network: ipaddress.IPv4Network, path: Path
     if host_number >= network.num_addresses - 1:
         raise _fail(path, where, f"no address left in {network}", "use a larger subnet or fewer nodes")
     ip = str(network.network_address + host_number)
-    npu = _parse_npu(raw.get("npu"), path, f"{where}.npu")
-    return NodeSpec(name=name, index=index, ip=ip, groups=tuple(groups), npu=npu)
+    kind = raw.get("kind", "atlas")
+    if kind not in NODE_KINDS:
+        raise _fail(path, f"{where}.kind", f"unknown kind {kind!r}", f"use one of {', '.join(NODE_KINDS)}")
+    npu = None if kind == "gateway" else _parse_npu(raw.get("npu"), path, f"{where}.npu")
+    extra = raw.get("vars", {})
+    if not isinstance(extra, dict) or not all(isinstance(k, str) and GROUP_RE.match(k) for k in extra):
+        raise _fail(path, f"{where}.vars", f"{extra!r} is not a mapping of variable names",
+                    "use vars: {snake_case_name: value}")
+    return NodeSpec(name=name, index=index, ip=ip, groups=tuple(groups), npu=npu, kind=kind,
+                    host_vars=tuple(sorted(extra.items())))
 
 
 def parse(data: Any, path: Path) -> LabConfig:

@@ -17,21 +17,32 @@ MARKER = "# atlas-lab-generated"
 
 
 def host_vars(node: NodeSpec, private_key: Path, known_hosts: Path) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "ansible_host": node.ip,
         "ansible_user": "root",
         "ansible_ssh_private_key_file": str(private_key),
         "ansible_ssh_common_args": f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes",
-        "atlas_hardware": {"npu_model": node.npu.model, "npu_count": node.npu.count, "hbm_mb": node.npu.hbm_mb},
     }
+    if node.npu is not None:
+        out["atlas_hardware"] = {"npu_model": node.npu.model, "npu_count": node.npu.count,
+                                 "hbm_mb": node.npu.hbm_mb}
+    out.update(dict(node.host_vars))
+    return out
 
 
 def build(cfg: LabConfig, private_key: Path, known_hosts: Path) -> dict[str, Any]:
+    """Serving nodes carry their host vars in atlas_nodes; other kinds (gateways) in their first group."""
     children: dict[str, Any] = {
-        ALL_NODES_GROUP: {"hosts": {n.name: host_vars(n, private_key, known_hosts) for n in cfg.nodes}}
+        ALL_NODES_GROUP: {"hosts": {n.name: host_vars(n, private_key, known_hosts) for n in cfg.serving_nodes}}
     }
     for group, members in cfg.groups.items():
         children[group] = {"hosts": {name: None for name in members}}
+    for node in cfg.nodes:
+        if node.kind != "atlas":
+            if not node.groups:
+                children.setdefault(f"lab_{node.kind}", {"hosts": {}})["hosts"][node.name] = None
+            first = node.groups[0] if node.groups else f"lab_{node.kind}"
+            children[first]["hosts"][node.name] = host_vars(node, private_key, known_hosts)
     return {"all": {"children": children}}
 
 

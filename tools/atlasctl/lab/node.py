@@ -86,7 +86,8 @@ def write_identity(root: Path, cfg: LabConfig, node: NodeSpec) -> None:
     (ssh / "authorized_keys").write_text(Path(f"{paths.private_key()}.pub").read_text())
     (ssh / "authorized_keys").chmod(0o600)
     (root / BUNDLE_MOUNT.lstrip("/")).mkdir(parents=True, exist_ok=True)
-    npu.install(root, cfg, node)
+    if node.npu is not None:
+        npu.install(root, cfg, node)
 
 
 def prepare(cfg: LabConfig, node: NodeSpec) -> None:

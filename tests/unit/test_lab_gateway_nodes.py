@@ -1,0 +1,42 @@
+"""lab.yml gateway nodes: no NPU, not in atlas_nodes, host vars carried into the inventory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from atlasctl.errors import UsageError
+from atlasctl.lab import config, inventory
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cfg(nodes: list[dict]) -> config.LabConfig:
+    data = {"lab_name": "t", "bridge": "atlasbr0", "subnet": "10.77.0.0/24", "driver_version": "24.1.rc1",
+            "firmware_version": "7.1.0.6.220", "nodes": nodes}
+    return config.parse(data, Path("/x/lab.yml"))
+
+
+def test_gateway_is_not_a_serving_node_and_keeps_its_vars():
+    cfg = _cfg([{"name": "n1", "groups": ["branch_east"], "npu": {"model": "910B3", "count": 8, "hbm_mb": 65536}},
+                {"name": "gw-east", "kind": "gateway", "groups": ["gateway"], "vars": {"gateway_branch": "east"}}])
+    assert [n.name for n in cfg.serving_nodes] == ["n1"]
+    inv = inventory.build(cfg, Path("/k"), Path("/kh"))["all"]["children"]
+    assert list(inv["atlas_nodes"]["hosts"]) == ["n1"]
+    gw = inv["gateway"]["hosts"]["gw-east"]
+    assert gw["gateway_branch"] == "east" and gw["ansible_host"] == "10.77.0.12"
+    assert "atlas_hardware" not in gw
+
+
+def test_unknown_kind_and_bad_vars_are_named():
+    with pytest.raises(UsageError, match=r"nodes\[0\]\.kind"):
+        _cfg([{"name": "gw", "kind": "router", "groups": []}])
+    with pytest.raises(UsageError, match=r"nodes\[0\]\.vars"):
+        _cfg([{"name": "gw", "kind": "gateway", "groups": [], "vars": ["x"]}])
+
+
+def test_committed_lab_has_a_gateway_per_branch():
+    cfg = config.load(ROOT / "inventory/lab/lab.yml")
+    branches = {g.removeprefix("branch_") for n in cfg.serving_nodes for g in n.groups if g.startswith("branch_")}
+    gateways = {dict(n.host_vars)["gateway_branch"] for n in cfg.nodes if n.kind == "gateway"}
+    assert branches == gateways and len(branches) >= 2
