@@ -94,7 +94,8 @@ def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = ""
         "serving_set_env_scripts": profile.get("cann_set_env", []),
         **(overrides or {}),
     }
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
+                             trim_blocks=True)  # as Ansible templates
     env.filters["comment"] = _comment
     env.filters["quote"] = lambda s: "'" + str(s).replace("'", "'\\''") + "'"
     filters = _filters()

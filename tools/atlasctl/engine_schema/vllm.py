@@ -272,6 +272,17 @@ def _spread(call: ast.Call, sources: dict[str, str], index: PackageIndex) -> dic
     return {}
 
 
+def _dict_overrides(call: ast.Call) -> dict[str, ast.expr]:
+    """Literal keys of ``**{**x_kwargs["f"], "default": 8}`` (they override the field's)."""
+    found: dict[str, ast.expr] = {}
+    for kw in call.keywords:
+        if kw.arg is None and isinstance(kw.value, ast.Dict):
+            for key, value in zip(kw.value.keys, kw.value.values, strict=True):
+                if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                    found[key.value] = value
+    return found
+
+
 def _help(kw: dict[str, ast.expr]) -> str:
     node = kw.get("help")
     if node is None:
@@ -328,6 +339,7 @@ def flags_of_function(func: ast.FunctionDef, index: PackageIndex, frontend: list
         if not options[0].startswith("-"):
             continue  # positional (model_tag)
         spec = _spread(node, sources, index)
+        spec.update(_explicit(_dict_overrides(node)))
         spec.update(_explicit(kw))
         flags.append(_flag_entry(options, spec, _help(kw)))
     return flags

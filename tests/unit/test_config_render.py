@@ -1,0 +1,66 @@
+"""Golden renders of every shipped profile (args, env, systemd unit) and the secret handling of
+`atlasctl config render`.
+
+Regenerate after an intended change: UPDATE_GOLDEN=1 pytest tests/unit/test_config_render.py
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from atlasctl import planner
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+@pytest.mark.parametrize("profile", planner.profile_names())
+def test_render_matches_golden(profile):
+    rendered = planner.render(profile)
+    for suffix, text in ((".args", rendered.args_text), (".env", rendered.env_text),
+                         (".service", rendered.unit_text)):
+        path = GOLDEN / f"{profile}{suffix}"
+        if os.environ.get("UPDATE_GOLDEN") == "1":
+            path.write_text(text, encoding="utf-8")
+        assert path.is_file(), f"{path} missing: run with UPDATE_GOLDEN=1"
+        assert text == path.read_text(encoding="utf-8"), f"{profile}{suffix} differs from {path}"
+
+
+def test_golden_files_are_the_shipped_profiles_only():
+    names = {p.name.rsplit(".", 1)[0] for p in GOLDEN.iterdir()}
+    assert names == set(planner.profile_names())
+
+
+def test_rendered_article_profile_carries_the_article_intent_with_real_flags():
+    argv = planner.render("vllm-ascend-0.11.0-llama2-70b-chat-8x64g").argv
+    assert argv[:3] == ["/opt/atlas/engines/vllm-ascend-0.11.0/bin/vllm", "serve",
+                        "/var/lib/atlas/models/llama-2-70b-chat-hf"]
+    pairs = dict(zip(argv[3::1], argv[4::1], strict=False))
+    assert pairs["--tensor-parallel-size"] == "8" and pairs["--block-size"] == "128"
+    assert pairs["--gpu-memory-utilization"] == "0.85" and pairs["--dtype"] == "float16"
+    assert "--enable-prefix-caching" in argv and "--enable-chunked-prefill" in argv
+    sglang = planner.render("sglang-0.5.6-mistral-7b-4x32g").argv
+    assert "--max-running-requests" in sglang and "--disable-radix-cache" not in sglang
+
+
+def test_render_to_files_keeps_the_key_in_the_0600_env_file_only(tmp_path):
+    env = {**os.environ, "ATLAS_SERVING_API_KEY": "vault-s3cr3t"}
+    cmd = [sys.executable, "-m", "atlasctl", "config", "render", "vllm-ascend-0.11.0-mistral-7b-8x64g"]
+    shown = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    assert "vault-s3cr3t" not in shown.stdout + shown.stderr and "VLLM_API_KEY=<secret>" in shown.stdout
+    subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True, env=env, check=True)
+    env_file = tmp_path / "atlas-serving.env"
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert "VLLM_API_KEY=vault-s3cr3t" in env_file.read_text()
+    assert "vault-s3cr3t" not in (tmp_path / "atlas-serving.args").read_text()
+
+
+def test_sglang_key_goes_on_the_command_line_and_is_masked_when_shown():
+    env = {**os.environ, "ATLAS_SERVING_API_KEY": "vault-s3cr3t"}
+    shown = subprocess.run([sys.executable, "-m", "atlasctl", "config", "render", "sglang-0.5.6-mistral-7b-8x64g"],
+                           capture_output=True, text=True, env=env, check=True)
+    assert "vault-s3cr3t" not in shown.stdout and "--api-key\n<secret>\n" in shown.stdout
