@@ -11,7 +11,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test lint unit lab-test host-deps venv lab-up lab-down bundle site bench-verify clean
+.PHONY: demo test lint unit lab-test host-deps venv lab-up lab-down bundle site bench-verify bench-client clean
 
 demo: host-deps venv
 	$(ATLASCTL) lab up
@@ -60,8 +60,12 @@ bundle: venv
 site: venv
 	$(VENV)/bin/ansible-playbook -i inventory/lab site.yml
 
+# Benchmarks print figures; they are not timed tests.
 bench-verify: venv
 	$(PY) -m atlasctl.verify_bench
+
+bench-client: venv
+	$(PY) -m atlasctl.bench_accuracy --json artifacts/bench/accuracy.json
 
 clean: lab-down
 	rm -rf $(VENV)
