@@ -19,7 +19,7 @@ MAX_WAVES = 16
 def default_waves(groups: dict[str, list[str]], branch_order: list[str] | None = None,
                   batch: int | str = 1, prefix: str = "branch_") -> list[dict[str, Any]]:
     branches = list(branch_order) if branch_order else sorted(g[len(prefix):] for g in groups if g.startswith(prefix))
-    waves: list[dict[str, Any]] = [{"name": "canary", "hosts": "canary", "serial": 1}]
+    waves: list[dict[str, Any]] = [{"name": "canary", "hosts": "canary", "serial": 1}] if "canary" in groups else []
     waves += [{"name": b, "hosts": f"{prefix}{b}", "serial": batch} for b in branches]
     return waves
 
