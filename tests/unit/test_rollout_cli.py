@@ -1,0 +1,93 @@
+"""atlasctl rollout: lock per inventory, resume state, failure folded from the rescue's message."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from atlasctl import rollout
+from atlasctl.errors import UsageError
+from atlasctl.runner import RunResult
+
+PLAN = [{"name": "canary", "hosts": ["n1"], "serial": 1, "index": 1, "skipped": False},
+        {"name": "east", "hosts": ["n2"], "serial": 1, "index": 2, "skipped": False}]
+FAILURE = {"host": "n2", "wave": "east", "gate": "slo", "why": "p95 e2el 900 ms > 300 ms", "measured": {},
+           "previous": "r1", "release": "r2", "task": "x"}
+
+
+def _events(fail: bool) -> list[dict]:
+    ev = [{"event": "runner_on_ok", "event_data": {"task": "Rollout | plan | the waves", "host": "localhost",
+                                                   "res": {"ansible_facts": {"rollout_plan": PLAN}}}},
+          {"event": "playbook_on_play_start", "event_data": {"play": "Rollout | wave 1"}},
+          {"event": "runner_on_ok", "event_data": {"task": "Rollout | node | report", "host": "n1", "res": {
+              "ansible_facts": {"rollout_node_report": {"host": "n1", "wave": "canary", "previous": "r1",
+                                                        "release": "r2", "result": "ok"}}}}},
+          {"event": "playbook_on_play_start", "event_data": {"play": "Rollout | wave 2"}}]
+    if fail:
+        ev.append({"event": "runner_on_failed", "event_data": {
+            "task": "Rollout | rollback | stop the rollout", "host": "n2",
+            "res": {"msg": rollout.FAILED_PREFIX + json.dumps(FAILURE)}}})
+    return ev
+
+
+def _fake(fail: bool, seen: list[dict]):
+    def run_fn(playbook, inv, *, extravars, limit, on_event):
+        seen.append(extravars)
+        for event in _events(fail):
+            on_event(event)
+        return RunResult("failed" if fail else "successful", 2 if fail else 0, {}, Path("/tmp"), 1.0)
+    return run_fn
+
+
+@pytest.fixture
+def inv(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATLAS_ROLLOUT_DIR", str(tmp_path / "rollouts"))
+    path = tmp_path / "inv"
+    path.mkdir()
+    return path
+
+
+def test_failure_then_resume_from_the_failed_wave(inv):
+    seen: list[dict] = []
+    report = rollout.run(inv, "r2", run_fn=_fake(True, seen))
+    assert report["status"] == "failed" and report["completed"] == ["canary"]
+    assert report["failure"]["gate"] == "slo" and report["failure"]["host"] == "n2"
+    assert Path(report["report"]).is_file()
+    report = rollout.run(inv, "r2", resume=True, run_fn=_fake(False, seen))
+    assert seen[1]["rollout_resume_from"] == "east" and seen[1]["atlas_release_id"] == "r2"
+    assert report["status"] == "ok" and report["completed"] == ["canary", "east"]
+    with pytest.raises(UsageError, match="nothing to resume"):
+        rollout.run(inv, "r2", resume=True, run_fn=_fake(False, seen))
+
+
+def test_resume_of_another_release_is_refused(inv):
+    rollout.run(inv, "r2", run_fn=_fake(True, []))
+    with pytest.raises(UsageError, match="'r2', not 'r3'"):
+        rollout.run(inv, "r3", resume=True, run_fn=_fake(False, []))
+
+
+def test_second_rollout_on_the_same_inventory_is_refused(inv):
+    holding, release = threading.Event(), threading.Event()
+
+    def slow(playbook, inv_, *, extravars, limit, on_event):
+        holding.set()
+        release.wait(10)
+        return RunResult("successful", 0, {}, Path("/tmp"), 1.0)
+
+    t = threading.Thread(target=rollout.run, args=(inv, "r2"), kwargs={"run_fn": slow})
+    t.start()
+    assert holding.wait(10)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "atlasctl", "rollout", "-i", str(inv), "--release", "r9"],
+                              capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ))
+    finally:
+        release.set()
+        t.join()
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "already running" in proc.stderr and "release r2" in proc.stderr

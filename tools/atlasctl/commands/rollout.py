@@ -1,0 +1,81 @@
+"""`atlasctl rollout -i INV --release ID`: staged rollout (canary, then branch by branch) through
+playbooks/rollout.yml with health and SLO gates, automatic rollback and --resume.
+
+Exit status: 0 every wave completed, 1 a gate failed (the node was rolled back, the rollout
+stopped), 2 bad command line or a rollout already running on the inventory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from atlasctl import exitcodes, rollout
+from atlasctl.errors import UsageError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("rollout", help="staged rollout of a release with health/SLO gates and rollback",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-i", "--inventory", required=True, help="inventory path (e.g. inventory/lab)")
+    p.add_argument("--release", required=True, help="release id (atlas_release_id) to roll out")
+    p.add_argument("--vars", type=Path, action="append", default=[],
+                   help="YAML file of the release's variables (engines_version, serving_flags_extra, ...)")
+    p.add_argument("-e", "--extra", action="append", default=[], metavar="KEY=VALUE",
+                   help="one release variable (VALUE parsed as YAML)")
+    p.add_argument("--resume", action="store_true", help="start at the wave that failed last time")
+    p.add_argument("-l", "--limit", default=None, help="host pattern")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--html", type=Path, default=None, help="also write the report as an HTML page")
+    p.set_defaults(func=run)
+
+
+def extravars(files: list[Path], pairs: list[str]) -> dict:
+    out: dict = {}
+    for path in files:
+        if not path.is_file():
+            raise UsageError(f"--vars {path} does not exist", fix="pass a YAML file of release variables")
+        data = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(data, dict):
+            raise UsageError(f"--vars {path} is not a mapping", fix="write `key: value` lines")
+        out.update(data)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.isidentifier():
+            raise UsageError(f"-e {pair!r} is not KEY=VALUE", fix="e.g. -e serving_lint_override=true")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def _summary(report: dict) -> str:
+    lines = [f"rollout {report['release']} on {report['inventory']}: {report['status'].upper()} "
+             f"in {report['seconds']} s (waves done: {', '.join(report['completed']) or '-'})"]
+    failure = report.get("failure")
+    if failure:
+        lines.append(f"  failed: node {failure['host']}, wave {failure.get('wave')}, gate {failure['gate']}: "
+                     f"{failure['why'][:600]}")
+        if failure.get("measured"):
+            lines.append(f"  measured: {json.dumps(failure['measured'].get('metrics', failure['measured']))[:600]}")
+        lines.append(f"  resume after fixing: atlasctl rollout -i {report['inventory']} --release "
+                     f"{report['release']} --resume")
+    lines.append(f"  report: {report['report']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    variables = extravars(args.vars, args.extra)
+    out = sys.stdout if sys.stdout.isatty() and not args.json else None
+    try:
+        report = rollout.run(args.inventory, args.release, extravars=variables, resume=args.resume,
+                             limit=args.limit, out=out)
+    except rollout.RolloutBusy as exc:
+        print(f"atlasctl rollout: {exc.render()}", file=sys.stderr)
+        return exitcodes.USAGE
+    if args.html:
+        args.html.write_text(rollout.html_report(report))
+    print(json.dumps(report, indent=1, sort_keys=True) if args.json else _summary(report))
+    return exitcodes.OK if report["status"] == "ok" else exitcodes.FAILED

@@ -1,0 +1,235 @@
+"""Staged rollouts: a lock per inventory, resume state, event folding into a per-run report.
+
+The playbook (playbooks/rollout.yml) does the work; this module drives it through
+ansible-runner, refuses a second rollout on the same inventory, remembers which waves
+completed so `--resume` starts at the failed one, and writes the JSON/HTML report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+import fcntl
+import hashlib
+import html
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from atlasctl.errors import AtlasError, UsageError
+from atlasctl.paths import repo_root
+from atlasctl.runner import resolve_inventory, run_playbook
+
+PLAYBOOK = "playbooks/rollout.yml"
+WAVE_PLAY_RE = re.compile(r"^Rollout \| wave (\d+)$")
+FAILED_PREFIX = "ROLLOUT FAILED "
+
+
+class RolloutBusy(AtlasError):
+    """Another rollout holds this inventory's lock."""
+
+
+def rollouts_dir() -> Path:
+    return Path(os.environ.get("ATLAS_ROLLOUT_DIR", repo_root() / "artifacts" / "rollouts"))
+
+
+def inventory_key(inventory: Path) -> str:
+    digest = hashlib.sha256(str(inventory).encode()).hexdigest()[:10]
+    return f"{inventory.name}-{digest}"
+
+
+@contextlib.contextmanager
+def inventory_lock(inventory: Path, release: str) -> Iterator[Path]:
+    """Hold the inventory's rollout lock; a second holder is refused at once, naming the first."""
+    folder = rollouts_dir() / inventory_key(inventory)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "rollout.lock"
+    fh = open(path, "a+")  # noqa: SIM115 (held for the whole rollout)
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            raise RolloutBusy(f"a rollout is already running on {inventory} ({holder})",
+                              fix="wait for it to finish; two rollouts on one inventory are refused") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}, release {release}, since {_now()}\n")
+        fh.flush()
+        yield folder
+    finally:
+        fh.close()
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def load_state(folder: Path) -> dict[str, Any]:
+    path = folder / "state.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def save_state(folder: Path, state: dict[str, Any]) -> None:
+    tmp = folder / ".state.json.tmp"
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
+    tmp.replace(folder / "state.json")
+
+
+def resume_wave(state: dict[str, Any], release: str) -> str:
+    if not state or state.get("status") == "ok":
+        raise UsageError("nothing to resume: the last rollout on this inventory completed (or none ran)",
+                         fix="run without --resume")
+    if state.get("release") != release:
+        raise UsageError(f"the interrupted rollout was release {state.get('release')!r}, not {release!r}",
+                         fix=f"resume with --release {state.get('release')}, or start {release} without --resume")
+    waves = [w["name"] for w in state.get("plan", []) if w["name"] not in state.get("completed", [])]
+    if not waves:
+        raise UsageError("every wave of the interrupted rollout completed", fix="run without --resume")
+    return waves[0]
+
+
+@dataclasses.dataclass
+class Progress:
+    """Folds runner events into waves, node results and the failure; prints on a TTY."""
+
+    out: TextIO | None
+    plan: list[dict] = dataclasses.field(default_factory=list)
+    wave_index: int = 0
+    wave_started: dict[str, float] = dataclasses.field(default_factory=dict)
+    wave_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    completed: list[str] = dataclasses.field(default_factory=list)
+    nodes: list[dict] = dataclasses.field(default_factory=list)
+    failure: dict | None = None
+    unreachable: list[str] = dataclasses.field(default_factory=list)
+
+    def _say(self, text: str) -> None:
+        if self.out:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    def wave_name(self, index: int) -> str:
+        for wave in self.plan:
+            if wave["index"] == index:
+                return wave["name"]
+        return f"wave {index}"
+
+    def _close_wave(self) -> None:
+        if self.wave_index and self.failure is None and not self.unreachable:
+            name = self.wave_name(self.wave_index)
+            self.wave_seconds[name] = time.monotonic() - self.wave_started[name]
+            if name not in self.completed:
+                self.completed.append(name)
+                self._say(f"  wave {name} done in {self.wave_seconds[name]:.1f}s")
+
+    def __call__(self, event: dict) -> None:
+        kind = event.get("event")
+        data = event.get("event_data") or {}
+        if kind == "playbook_on_play_start":
+            match = WAVE_PLAY_RE.match(data.get("play", ""))
+            if match and int(match.group(1)) != self.wave_index:
+                self._close_wave()
+                self.wave_index = int(match.group(1))
+                name = self.wave_name(self.wave_index)
+                self.wave_started.setdefault(name, time.monotonic())
+                hosts = next((w["hosts"] for w in self.plan if w["name"] == name), [])
+                self._say(f"wave {name}: {', '.join(hosts)}")
+        elif kind == "runner_on_ok":
+            self._ok(data)
+        elif kind == "runner_on_failed" and data.get("task") == "Rollout | rollback | stop the rollout":
+            msg = str((data.get("res") or {}).get("msg", ""))
+            if msg.startswith(FAILED_PREFIX):
+                self.failure = json.loads(msg[len(FAILED_PREFIX):])
+                self._say(f"  {self.failure['host']}: FAILED at gate {self.failure['gate']}: "
+                          f"{self.failure['why'][:300]} -> rolled back to {self.failure['previous']}")
+        elif kind == "runner_on_unreachable":
+            host = data.get("host", "?")
+            self.unreachable.append(host)
+            if self.failure is None:
+                self.failure = {"host": host, "gate": "unreachable", "wave": self.wave_name(self.wave_index),
+                                "task": data.get("task", ""), "measured": {},
+                                "why": str((data.get("res") or {}).get("msg", ""))[:1500]}
+            self._say(f"  {host}: UNREACHABLE at {data.get('task', '')}")
+
+    def _ok(self, data: dict) -> None:
+        facts = (data.get("res") or {}).get("ansible_facts") or {}
+        task = data.get("task", "")
+        if task == "Rollout | plan | the waves":
+            self.plan = facts.get("rollout_plan", [])
+        elif task == "Rollout | node | report" and "rollout_node_report" in facts:
+            report = facts["rollout_node_report"]
+            self.nodes.append(report)
+            self._say(f"  {report['host']}: {report['previous']} -> {report['release']} ok")
+        elif task.startswith("Rollout | node | gate ") and self.out:
+            self._say(f"  {data.get('host')}: {task.removeprefix('Rollout | node | gate ')}")
+
+    def finish(self, ok: bool) -> None:
+        if ok:
+            self._close_wave()
+
+
+def run(inventory: str | Path, release: str, *, extravars: dict | None = None, resume: bool = False,
+        limit: str | None = None, out: TextIO | None = None,
+        run_fn: Callable[..., Any] = run_playbook) -> dict[str, Any]:
+    """Run a rollout under the inventory's lock; returns the report (also kept as JSON)."""
+    inv = resolve_inventory(inventory)
+    with inventory_lock(inv, release) as folder:
+        state = load_state(folder)
+        resume_from = resume_wave(state, release) if resume else None
+        previously = list(state.get("completed", [])) if resume else []
+        variables = {**(extravars or {}), "atlas_release_id": release}
+        if resume_from:
+            variables["rollout_resume_from"] = resume_from
+        progress = Progress(out=out)
+        started, started_at = time.monotonic(), _now()
+        result = run_fn(PLAYBOOK, inv, extravars=variables, limit=limit, on_event=progress)
+        ok = result.rc == 0 and progress.failure is None
+        progress.finish(ok)
+        report = {
+            "inventory": str(inv), "release": release, "status": "ok" if ok else "failed",
+            "started_at": started_at, "seconds": round(time.monotonic() - started, 1),
+            "resumed_from": resume_from, "plan": progress.plan,
+            "completed": previously + [w for w in progress.completed if w not in previously],
+            "wave_seconds": {k: round(v, 1) for k, v in progress.wave_seconds.items()},
+            "nodes": progress.nodes, "failure": progress.failure, "ansible_rc": result.rc,
+            "artifacts": str(result.artifacts),
+        }
+        if not ok and progress.failure is None:
+            report["failure"] = {"host": "-", "gate": "playbook", "wave": progress.wave_name(progress.wave_index),
+                                 "why": f"ansible-playbook exited {result.rc}; see {result.artifacts}", "measured": {}}
+        save_state(folder, {"release": release, "status": report["status"],
+                            "plan": progress.plan or state.get("plan", []),
+                            "completed": report["completed"], "failure": report["failure"]})
+        stamp = started_at.replace(":", "").replace("-", "")
+        path = folder / f"{stamp}-{re.sub(r'[^A-Za-z0-9._-]', '_', release)}.json"
+        path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+        report["report"] = str(path)
+        return report
+
+
+def html_report(report: dict[str, Any]) -> str:
+    """A self-contained page: waves, nodes, the failure with what it measured."""
+    esc = html.escape
+    rows = "".join(
+        f"<tr><td>{esc(w['name'])}</td><td>{esc(', '.join(w['hosts']))}</td>"
+        f"<td>{'skipped' if w.get('skipped') else ('done' if w['name'] in report['completed'] else 'not run')}</td>"
+        f"<td>{report['wave_seconds'].get(w['name'], '')}</td></tr>" for w in report["plan"])
+    nodes = "".join(f"<tr><td>{esc(n['host'])}</td><td>{esc(n['wave'])}</td><td>{esc(n['previous'])}</td>"
+                    f"<td>{esc(n['release'])}</td>"
+                    f"<td>{esc(json.dumps(n.get('slo', {}).get('metrics', {}))[:400])}</td></tr>"
+                    for n in report["nodes"])
+    failure = report.get("failure")
+    fail_html = (f"<h2>Failure</h2><pre>{esc(json.dumps(failure, indent=1))}</pre>" if failure else "")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>Rollout {esc(report['release'])}</title>"
+            "<style>body{font-family:sans-serif}td,th{border:1px solid #ccc;padding:4px}</style></head><body>"
+            f"<h1>Rollout {esc(report['release'])}: {esc(report['status'])}</h1>"
+            f"<p>{esc(report['inventory'])}, started {esc(report['started_at'])}, {report['seconds']} s</p>"
+            f"<h2>Waves</h2><table><tr><th>wave</th><th>hosts</th><th>state</th><th>s</th></tr>{rows}</table>"
+            f"<h2>Nodes</h2><table><tr><th>host</th><th>wave</th><th>from</th><th>to</th><th>SLO metrics</th></tr>"
+            f"{nodes}</table>{fail_html}</body></html>\n")
