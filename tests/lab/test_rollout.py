@@ -1,0 +1,112 @@
+"""Staged rollout on the lab: canary then branch by branch behind real nginx gateways, under
+continuous client load through both gateways; SLO-gate failure rolled back on the canary;
+a second rollout on the same inventory refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+from labtools import ATLASCTL, ENV, ROOT, atlasctl, playbook
+
+pytestmark = pytest.mark.lab
+
+GATEWAYS = {"east": "http://10.77.0.15:8080", "west": "http://10.77.0.16:8080"}
+SERVING = ["atlas-n1", "atlas-n2", "atlas-n3", "atlas-n4"]
+LENIENT_SLO = 'rollout_slo={"e2el_ms": 60000}'
+
+
+@pytest.fixture(scope="module")
+def converged(fresh_lab):
+    run = playbook("site.yml")
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+    return fresh_lab
+
+
+class Load:
+    """Bounded continuous client load: completions through each gateway, one at a time, counted."""
+
+    def __init__(self, max_seconds: float = 600):
+        self.ok = 0
+        self.failed: list[str] = []
+        self._stop = threading.Event()
+        self._deadline = time.monotonic() + max_seconds
+        self._threads = [threading.Thread(target=self._loop, args=(url,), daemon=True) for url in GATEWAYS.values()]
+
+    def _loop(self, url: str) -> None:
+        body = json.dumps({"model": "atlas-tiny-llama", "prompt": "Hello, my balance", "max_tokens": 4}).encode()
+        while not self._stop.is_set() and time.monotonic() < self._deadline:
+            req = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (lab address)
+                    json.loads(resp.read())["choices"][0]["text"]
+                self.ok += 1
+            except Exception as exc:  # noqa: BLE001 (every failure counts)
+                self.failed.append(f"{url}: {exc}")
+            time.sleep(0.05)
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(90)
+
+
+def _releases() -> dict[str, str]:
+    out = {}
+    for host in SERVING:
+        record = atlasctl("lab", "ssh", host, "cat", "/etc/atlas/serving/atlas-serving.json", timeout=60)
+        out[host] = json.loads(record.stdout)["release_id"]
+    return out
+
+
+def _rollout(*args: str) -> tuple[int, dict]:
+    proc = atlasctl("rollout", "-i", "inventory/lab", "--json", *args, check=False, timeout=1200)
+    return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {"raw": proc})
+
+
+def test_full_rollout_under_load_fails_no_request(converged):
+    with Load() as load:
+        rc, report = _rollout("--release", "lab-2026.11.2", "-e", LENIENT_SLO)
+    assert rc == 0, report
+    assert report["completed"] == ["canary", "east", "west"]
+    assert load.failed == [], load.failed[:5]
+    assert load.ok > 10, "the load did not run"
+    assert _releases() == dict.fromkeys(SERVING, "lab-2026.11.2")
+
+
+def test_slo_failure_rolls_the_canary_back_and_stops(converged):
+    before = _releases()
+    with Load() as load:
+        rc, report = _rollout("--release", "lab-2026.11.3", "-e", 'rollout_slo={"e2el_ms": 1}')
+    assert rc == 1, report
+    failure = report["failure"]
+    assert (failure["host"], failure["wave"], failure["gate"]) == ("atlas-n1", "canary", "slo")
+    assert "e2el" in failure["why"].lower() or "e2e" in failure["why"].lower(), failure
+    assert failure["measured"]["metrics"], "the report carries what the gate measured"
+    assert report["completed"] == []
+    assert _releases() == before, "the fleet stays on the old release"
+    assert load.failed == [], load.failed[:5]
+
+
+def test_second_rollout_on_the_same_inventory_is_refused(converged):
+    first = subprocess.Popen([*ATLASCTL, "rollout", "-i", "inventory/lab", "--release", "lab-2026.11.2",
+                              "-e", LENIENT_SLO], cwd=ROOT, env=ENV, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(3)
+        second = atlasctl("rollout", "-i", "inventory/lab", "--release", "lab-2026.11.2", check=False, timeout=60)
+    finally:
+        first.communicate(timeout=1200)
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert "already running" in second.stderr
+    assert first.returncode == 0
