@@ -28,6 +28,8 @@ def _events(fail: bool) -> list[dict]:
               "ansible_facts": {"rollout_node_report": {"host": "n1", "wave": "canary", "previous": "r1",
                                                         "release": "r2", "result": "ok"}}}}},
           {"event": "playbook_on_play_start", "event_data": {"play": "Rollout | wave 2"}}]
+    if not fail:
+        ev.append({"event": "playbook_on_play_start", "event_data": {"play": "Rollout | wave 3"}})
     if fail:
         ev.append({"event": "runner_on_failed", "event_data": {
             "task": "Rollout | rollback | stop the rollout", "host": "n2",

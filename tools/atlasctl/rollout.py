@@ -120,8 +120,11 @@ class Progress:
                 return wave["name"]
         return f"wave {index}"
 
+    def _ran(self, index: int) -> bool:
+        return any(w["index"] == index and not w.get("skipped") for w in self.plan)
+
     def _close_wave(self) -> None:
-        if self.wave_index and self.failure is None and not self.unreachable:
+        if self._ran(self.wave_index) and self.failure is None and not self.unreachable:
             name = self.wave_name(self.wave_index)
             self.wave_seconds[name] = time.monotonic() - self.wave_started[name]
             if name not in self.completed:
@@ -136,6 +139,8 @@ class Progress:
             if match and int(match.group(1)) != self.wave_index:
                 self._close_wave()
                 self.wave_index = int(match.group(1))
+                if not self._ran(self.wave_index):
+                    return
                 name = self.wave_name(self.wave_index)
                 self.wave_started.setdefault(name, time.monotonic())
                 hosts = next((w["hosts"] for w in self.plan if w["name"] == name), [])
