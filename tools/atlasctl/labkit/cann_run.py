@@ -25,6 +25,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import os
 import re
 import tarfile
 import zipfile
@@ -114,10 +115,9 @@ def build_cann_packages(out_dir: Path, version: str, *, arch: str = "x86_64", so
         run_bytes = build_run(spec, version, arch=arch, soc=soc)
         target = out_dir / spec.file_name
         if spec.file_name.endswith(".zip"):
-            _write_zip(target, spec.run_name, run_bytes)
+            _write_if_changed(target, _zip_bytes(spec.run_name, run_bytes), 0o644)
         else:
-            target.write_bytes(run_bytes)
-            target.chmod(0o755)
+            _write_if_changed(target, run_bytes, 0o755)
         paths.append(target)
     return paths
 
@@ -223,9 +223,22 @@ def _render_header(spec: CannPackageSpec, version: str, payload: bytes, *, unpac
     return template.encode()
 
 
-def _write_zip(target: Path, member: str, data: bytes) -> None:
+def _write_if_changed(target: Path, data: bytes, mode: int) -> None:
+    """Leave an identical package alone (its inode, ctime and any reader of it); replace a
+    different one atomically, so a node reading the bundle never sees a half-written file."""
+    if target.exists() and target.stat().st_size == len(data) and target.read_bytes() == data:
+        return
+    tmp = target.with_name(f".{target.name}.tmp")
+    tmp.write_bytes(data)
+    tmp.chmod(mode)
+    os.replace(tmp, target)
+
+
+def _zip_bytes(member: str, data: bytes) -> bytes:
     info = zipfile.ZipInfo(member, date_time=(2023, 9, 30, 0, 0, 0))
     info.external_attr = 0o100755 << 16
     info.compress_type = zipfile.ZIP_DEFLATED
-    with zipfile.ZipFile(target, "w") as archive:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as archive:
         archive.writestr(info, data)
+    return buf.getvalue()
