@@ -1,9 +1,33 @@
-"""Lab fixtures: a fresh lab per test module, always brought down afterwards."""
+"""Lab fixtures.
+
+``fresh_lab`` (module): a lab brought up from scratch with its bundle, down afterwards.
+``converged_lab`` (session): one lab for every module that needs a serving fleet:
+``site.yml --check --diff`` on the bare nodes, then ``site.yml`` twice. Modules that use
+it run after all the others (one lab per machine: a module's own fresh lab would
+destroy it), and it is brought down at the end of the session.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import subprocess
+
 import pytest
-from labtools import fresh_lab_session, lab_hosts, lab_prerequisites
+from labtools import atlasctl, fresh_lab_session, lab_hosts, lab_prerequisites, playbook
+
+
+@dataclasses.dataclass
+class ConvergedLab:
+    hosts: dict
+    bare_check: subprocess.CompletedProcess
+    bare_leftovers: dict
+    first: subprocess.CompletedProcess
+    second: subprocess.CompletedProcess | None
+
+
+def pytest_collection_modifyitems(session, config, items):
+    items.sort(key=lambda item: "converged_lab" in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(scope="module")
@@ -14,3 +38,23 @@ def fresh_lab():
         pytest.skip(reason)
     with fresh_lab_session(bundle=True):
         yield lab_hosts()
+
+
+@pytest.fixture(scope="session")
+def converged_lab():
+    reason = lab_prerequisites()
+    if reason:
+        pytest.skip(reason)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(fresh_lab_session(bundle=True))
+        hosts = lab_hosts()
+        bare = playbook("site.yml", "--check", "--diff")
+        leftovers = {
+            host: atlasctl("lab", "ssh", host, "ls -d /opt/atlas /etc/atlas /var/lib/atlas"
+                           " /etc/systemd/system/atlas-serving.service 2>/dev/null", check=False,
+                           timeout=60).stdout.split()
+            for host in hosts
+        }
+        first = playbook("site.yml")
+        second = playbook("site.yml") if first.returncode == 0 else None
+        yield ConvergedLab(hosts, bare, leftovers, first, second)

@@ -4,7 +4,11 @@ every service answers with the real engine endpoints."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import urllib.request
+from pathlib import Path
 
 import pytest
 from labtools import atlasctl, changed_tasks, playbook, recap
@@ -15,22 +19,13 @@ PORTS = {"vllm": 8000, "sglang": 30000}
 
 
 @pytest.fixture(scope="module")
-def site_runs(fresh_lab):
-    first = playbook("site.yml")
-    second = playbook("site.yml") if first.returncode == 0 else None
-    return fresh_lab, first, second
+def site_runs(converged_lab):
+    return converged_lab.hosts, converged_lab.first, converged_lab.second
 
 
 @pytest.fixture(scope="module")
-def bare_check(fresh_lab):
-    """site.yml --check --diff on bare nodes, before anything was installed."""
-    run = playbook("site.yml", "--check", "--diff")
-    leftovers = {
-        host: atlasctl("lab", "ssh", host, "ls", "-d", "/opt/atlas", "/etc/atlas", "/var/lib/atlas",
-                       "/etc/systemd/system/atlas-serving.service", check=False, timeout=60).stdout.split()
-        for host in fresh_lab
-    }
-    return fresh_lab, run, leftovers
+def bare_check(converged_lab):
+    return converged_lab.hosts, converged_lab.bare_check, converged_lab.bare_leftovers
 
 
 def test_check_mode_on_bare_nodes_changes_nothing(bare_check):
@@ -155,3 +150,89 @@ def test_env_file_is_private(site_runs):
     for host in hosts:
         out = atlasctl("lab", "ssh", host, "stat -c '%a %U' /etc/atlas/serving/atlas-serving.env", timeout=60)
         assert out.stdout.split() == ["600", "root"], host
+
+
+# --- model integrity: a bad new model version never reaches the engine ---------------------------
+
+NODE = "atlas-n3"  # an SGLang stand-in node: restarts in about a second
+
+
+def _node_path(host: str, path: str) -> Path:
+    from atlasctl.lab import paths
+
+    return paths.node_dir(host) / "merged" / path.lstrip("/")
+
+
+def _service(host: str) -> tuple[str, str, str]:
+    """(ActiveState, MainPID, current model version) of the serving unit on a node."""
+    out = atlasctl("lab", "ssh", host,
+                   "systemctl show -p ActiveState -p MainPID atlas-serving;"
+                   " readlink /var/lib/atlas/models/atlas-tiny-llama/current", timeout=60).stdout.split()
+    props = dict(line.split("=", 1) for line in out if "=" in line)
+    link = [line for line in out if "=" not in line][0]
+    return props["ActiveState"], props["MainPID"], link
+
+
+def _new_model_version(host: str, *, corrupt: bool) -> str:
+    """Write a bundle copy inside the node whose model is a new version (generation_config
+    changed, sums and manifest regenerated), optionally with one flipped byte in a shard
+    after the manifest was written (size and mtime restored). Returns its path on the node."""
+    from atlasctl import bundle
+    from atlasctl.cli import main as atlasctl_main
+    from atlasctl.lab.paths import bundle_dir
+
+    on_node = "/var/lib/atlas/test-bundle"
+    root = _node_path(host, on_node)
+    shutil.rmtree(root, ignore_errors=True)
+    model = root / "models" / "atlas-tiny-llama"
+    shutil.copytree(bundle_dir() / "models" / "atlas-tiny-llama", model)
+    gen = json.loads((model / "generation_config.json").read_text())
+    gen["max_new_tokens"] = 64
+    (model / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    for sums in ("md5sums.txt", "sha256sums.txt"):
+        (model / sums).unlink()
+    assert atlasctl_main(["models", "manifest", str(model), "--format", "sums"]) == 0
+    bundle.write_manifest(root, "test")
+    if corrupt:
+        shard = model / "model-00001-of-00002.safetensors"
+        st = shard.stat()
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        shard.write_bytes(bytes(data))
+        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return on_node
+
+
+def test_corrupt_new_model_version_is_refused_and_service_keeps_serving(site_runs):
+    hosts, first, _ = site_runs
+    assert first.returncode == 0
+    before = _service(NODE)
+    assert before[0] == "active"
+    tampered = _new_model_version(NODE, corrupt=True)
+    run = playbook("playbooks/models.yml", "playbooks/serving.yml", "--limit", NODE,
+                   "-e", f"atlas_bundle_dir={tampered}")
+    assert run.returncode != 0
+    assert "model-00001-of-00002.safetensors" in run.stdout
+    assert re.search(r"[0-9a-f]{64}[^\n]*[0-9a-f]{64}", run.stdout), "both sha256 digests named: " + run.stdout[-3000:]
+    assert _service(NODE) == before, "the engine was restarted or the current model changed"
+    out = _post(f"http://{hosts[NODE]['ansible_host']}:{PORTS['sglang']}/v1/completions",
+                {"model": "atlas-tiny-llama", "prompt": "Balance?", "max_tokens": 3})
+    assert out["usage"]["completion_tokens"] >= 1
+
+
+def test_verified_new_model_version_becomes_current_and_restarts(site_runs):
+    hosts, first, _ = site_runs
+    assert first.returncode == 0
+    before = _service(NODE)
+    good = _new_model_version(NODE, corrupt=False)
+    run = playbook("playbooks/models.yml", "playbooks/serving.yml", "playbooks/health.yml", "--limit", NODE,
+                   "-e", f"atlas_bundle_dir={good}")
+    assert run.returncode == 0, run.stdout[-5000:]
+    after = _service(NODE)
+    assert after[0] == "active"
+    assert after[2] != before[2], "current did not move to the new version"
+    assert after[1] != before[1], "the engine was not restarted on the new model"
+    # back to the lab bundle's version: the previous version is still on disk
+    back = playbook("playbooks/models.yml", "playbooks/serving.yml", "playbooks/health.yml", "--limit", NODE)
+    assert back.returncode == 0, back.stdout[-5000:]
+    assert _service(NODE)[2] == before[2]
