@@ -4,7 +4,6 @@ every service answers with the real engine endpoints."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import urllib.request
@@ -176,7 +175,9 @@ def _service(host: str) -> tuple[str, str, str]:
 def _new_model_version(host: str, *, corrupt: bool) -> str:
     """Write a bundle copy inside the node whose model is a new version (generation_config
     changed, sums and manifest regenerated), optionally with one flipped byte in a shard
-    after the manifest was written (size and mtime restored). Returns its path on the node."""
+    after the manifest was written (same size: a transfer that went wrong). Returns its
+    path on the node. (A flip that also keeps the mtime never reaches the node: rsync
+    hard-links that shard from the current version, which is the right content.)"""
     from atlasctl import bundle
     from atlasctl.cli import main as atlasctl_main
     from atlasctl.lab.paths import bundle_dir
@@ -195,11 +196,9 @@ def _new_model_version(host: str, *, corrupt: bool) -> str:
     bundle.write_manifest(root, "test")
     if corrupt:
         shard = model / "model-00001-of-00002.safetensors"
-        st = shard.stat()
         data = bytearray(shard.read_bytes())
         data[len(data) // 2] ^= 0x01
         shard.write_bytes(bytes(data))
-        os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
     return on_node
 
 
