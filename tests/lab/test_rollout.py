@@ -11,7 +11,7 @@ import time
 import urllib.request
 
 import pytest
-from labtools import ATLASCTL, ENV, ROOT, atlasctl, playbook
+from labtools import ATLASCTL, ENV, ROOT, atlasctl
 
 pytestmark = pytest.mark.lab
 
@@ -21,10 +21,9 @@ LENIENT_SLO = 'rollout_slo={"e2el_ms": 60000}'
 
 
 @pytest.fixture(scope="module")
-def converged(fresh_lab):
-    run = playbook("site.yml")
-    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
-    return fresh_lab
+def converged(converged_lab):
+    assert converged_lab.first.returncode == 0, converged_lab.first.stdout[-6000:]
+    return converged_lab.hosts
 
 
 class Load:
