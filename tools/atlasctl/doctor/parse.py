@@ -1,0 +1,151 @@
+"""Parsers of the evidence sections (pure: text in, data out)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any
+
+from atlasctl.collection import module_utils
+from atlasctl.doctor.model import Evidence
+
+ENGINES_DIR = "/opt/atlas/engines/"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_JOURNAL_LINE = re.compile(r"^(?P<ts>\d+(?:\.\d+)?)\s+(?P<rest>.*)$")
+
+
+def record(ev: Evidence) -> dict[str, Any] | None:
+    """The service record (atlas-serving.json) or None when absent or unreadable."""
+    if not ev.ok("record"):
+        return None
+    try:
+        data = json.loads(ev.text("record"))
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def env_file(text: str) -> dict[str, str]:
+    """systemd EnvironmentFile lines -> {name: value}; quotes and backslash escapes undone."""
+    env: dict[str, str] = {}
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")) or "=" not in line:
+            continue
+        name, value = line.split("=", 1)
+        name = name.strip()
+        if name.startswith("export "):
+            name = name[len("export "):].strip()
+        if not _ENV_NAME.match(name):
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            try:
+                value = shlex.split(value)[0] if value[0] == "'" else json.loads(value)
+            except ValueError:
+                value = value[1:-1]
+        env[name] = value
+    return env
+
+
+def argv(text: str) -> list[str]:
+    """The rendered args file (one argument per line, ``#`` lines skipped, as the launcher reads it)."""
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def flag(args: list[str], *names: str) -> str | None:
+    """Value of the last of ``names`` in ``args`` (``--x v`` or ``--x=v``)."""
+    found = None
+    for index, token in enumerate(args):
+        name, eq, inline = token.partition("=")
+        if name in names:
+            if eq:
+                found = inline
+            elif index + 1 < len(args):
+                found = args[index + 1]
+    return found
+
+
+def key_values(text: str) -> dict[str, str]:
+    """``Key=Value`` lines (systemctl show, /proc environ) -> dict, keys as written."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip():
+            out[key.strip()] = value.strip()
+    return out
+
+
+def version_files(text: str) -> dict[str, dict[str, str]]:
+    """``== <path>`` headers followed by the file -> {path: key=value record (lower-case keys)}."""
+    cann = module_utils("cann")
+    files: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("== "):
+            current = files.setdefault(line[3:].strip(), [])
+        elif current is not None:
+            current.append(line)
+    return {path: cann.parse_key_values("\n".join(lines)) for path, lines in files.items()}
+
+
+def versions(ev: Evidence) -> dict[str, str | None]:
+    """driver, firmware and CANN toolkit versions from their version records."""
+    files = version_files(ev.text("versions"))
+    out: dict[str, str | None] = {"driver": None, "firmware": None, "cann": None, "cann_file": None}
+    for path, rec in files.items():
+        if path.endswith("/driver/version.info"):
+            out["driver"] = rec.get("version")
+        elif path.endswith("/firmware/version.info"):
+            out["firmware"] = rec.get("version")
+        elif path.endswith("ascend_toolkit_install.info") and out["cann"] is None:
+            out["cann"], out["cann_file"] = rec.get("version"), path
+    return out
+
+
+def engine_of(args: list[str], rec: dict[str, Any] | None) -> tuple[str, str]:
+    """(engine, version) actually run: the venv in argv[0] (/opt/atlas/engines/<engine>-<version>/),
+    else the record's engine_release."""
+    if args and args[0].startswith(ENGINES_DIR):
+        name = args[0][len(ENGINES_DIR):].split("/", 1)[0]
+        engine, _, version = name.rpartition("-")
+        if engine and version:
+            return engine, version
+    release = str((rec or {}).get("engine_release") or "")
+    engine, _, version = release.rpartition("-")
+    return engine, version
+
+
+def npu(ev: Evidence) -> dict[str, Any]:
+    """``npu-smi info`` parsed by the collection's parser (devices, processes, version)."""
+    return module_utils("npu_smi").parse_info(ev.text("npu"))
+
+
+def json_section(ev: Evidence, name: str) -> Any:
+    if not ev.ok(name):
+        return None
+    try:
+        return json.loads(ev.text(name))
+    except ValueError:
+        return None
+
+
+def journal(text: str) -> list[tuple[float | None, str]]:
+    """``journalctl -o short-unix`` lines -> [(epoch seconds or None, line)]."""
+    out: list[tuple[float | None, str]] = []
+    for line in text.splitlines():
+        match = _JOURNAL_LINE.match(line)
+        out.append((float(match.group("ts")), match.group("rest")) if match else (None, line))
+    return out
+
+
+def visible_devices(env: dict[str, str]) -> list[int] | None:
+    """ASCEND_RT_VISIBLE_DEVICES as ids; None when unset (all devices visible) or not a list of ids."""
+    value = env.get("ASCEND_RT_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    try:
+        return [int(part) for part in value.split(",") if part.strip()]
+    except ValueError:
+        return None
