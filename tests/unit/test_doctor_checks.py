@@ -1,0 +1,221 @@
+"""atlasctl doctor: every diagnosis from tables of evidence -> findings (no SSH, no lab)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from atlasctl.doctor import checks
+from atlasctl.doctor.model import ERROR, INFO, WARNING, Evidence, Finding, Section, redact
+from atlasctl.labkit import npu_smi as npu_sim
+
+STARTED = 1796021984
+MODEL_DIR = "/var/lib/atlas/models/tiny/versions/abc123"
+
+
+def npu_text(health=("OK",) * 4, used=(3318,) * 4, total=32768) -> str:
+    devices = [{"id": i, "name": "910B4", "health": h, "power_w": 90.0, "temp_c": 40,
+                "bus_id": f"0000:{0xC1 + i:02X}:00.0", "hbm_used_mb": u, "hbm_total_mb": total}
+               for i, (h, u) in enumerate(zip(health, used, strict=True))]
+    return npu_sim.render_info({"driver_version": "25.5.0", "devices": devices})
+
+
+def args_text(engine: str = "sglang", extra: tuple[str, ...] = ()) -> str:
+    if engine == "sglang":
+        base = ["/opt/atlas/engines/sglang-standin-0.5.6/bin/python", "-m", "sglang.launch_server",
+                "--model-path", "/var/lib/atlas/models/tiny/current", "--tp-size", "1",
+                "--mem-fraction-static", "0.85", "--port", "30000"]
+    else:
+        base = ["/opt/atlas/engines/vllm-ascend-0.11.0/bin/vllm", "serve", "/var/lib/atlas/models/tiny/current",
+                "--tensor-parallel-size", "1", "--port", "8000"]
+    return "#\n# Ansible managed\n#\n" + "\n".join(base + list(extra))
+
+
+def record(**changes) -> str:
+    rec = {"engine": "sglang", "engine_release": "sglang-0.5.6", "model_path": "/var/lib/atlas/models/tiny/current",
+           "model_version": "abc123", "port": 30000, "profile": "lab", "release_id": "r1",
+           "served_model_name": "tiny", "service": "atlas-serving"}
+    rec.update(changes)
+    return json.dumps(rec)
+
+
+VERIFIED = {"config.json": {"size": 10, "mtime_ns": 5, "ino": 7},
+            "model.safetensors": {"size": 99, "mtime_ns": 6, "ino": 8}}
+
+
+def models(stamp: dict | None = "default", files: dict | None = None, version: str = "abc123") -> str:
+    """The models section: the stamp vouches for VERIFIED; ``files`` is what is on disk now."""
+    files = files if files is not None else VERIFIED
+    if stamp == "default":
+        stamp = {"format": 1, "root": MODEL_DIR,
+                 "files": {k: dict(v, ctime_ns=1, dev=1, md5="m", sha256="s") for k, v in VERIFIED.items()}}
+    item = {"name": "tiny", "link": "/var/lib/atlas/models/tiny/current", "target": f"versions/{version}",
+            "version": version, "version_dir": MODEL_DIR, "files": files,
+            "stamp_path": f"/var/lib/atlas/stamps/model-tiny-{version}.json", "stamp": stamp}
+    if stamp is None:
+        item["stamp_error"] = "[Errno 2] No such file or directory"
+    return json.dumps([item])
+
+
+VERSIONS = ("== /usr/local/Ascend/driver/version.info\nVersion=25.5.0\n"
+            "== /usr/local/Ascend/cann/x86_64-linux/ascend_toolkit_install.info\n"
+            "package_name=Ascend-cann-toolkit\nversion=8.5.0\n")
+
+
+def healthy() -> dict[str, Section]:
+    return {
+        "npu": Section(0, npu_text()),
+        "service": Section(0, "MainPID=958\nResult=success\nNRestarts=0\nExecMainStatus=0\nLoadState=loaded\n"
+                              f"ActiveState=active\nSubState=running\nActiveEnterTimestamp=@{STARTED}"),
+        "record": Section(0, record()),
+        "modes": Section(0, "/etc/atlas/serving/atlas-serving.env 600 root root\n"
+                            "/etc/atlas/serving/atlas-serving.args 640 root atlas-serving"),
+        "env": Section(0, "# Ansible managed\nPYTORCH_NPU_ALLOC_CONF=expandable_segments:True\n"
+                          "SGLANG_SET_CPU_AFFINITY=1\nSGLANG_API_KEY=<redacted>"),
+        "args": Section(0, args_text(extra=("--api-key", "<redacted>"))),
+        "environ": Section(0, "ASCEND_TOOLKIT_HOME=/usr/local/Ascend/cann\nASCEND_HOME_PATH=/usr/local/Ascend/cann"),
+        "journal": Section(0, f"{STARTED + 1}.016 n4 atlas-serving-launch[958]: Load weight end. avail mem=58.00 GB\n"
+                              f"{STARTED + 2}.018 n4 atlas-serving-launch[958]: The server is fired up and ready"),
+        "versions": Section(0, VERSIONS),
+        "models": Section(0, models()),
+        "probe": Section(0, json.dumps({"port": 30000, "/health": 200, "/v1/models": 401})),
+    }
+
+
+def ev(**changes: Section | None) -> Evidence:
+    sections = healthy()
+    for name, sec in changes.items():
+        if sec is None:
+            sections.pop(name, None)
+        else:
+            sections[name] = sec
+    return Evidence("atlas-n4", sections)
+
+
+@pytest.fixture(scope="module")
+def ctx() -> checks.Context:
+    return checks.default_context()
+
+
+def test_healthy_evidence_has_no_findings(ctx):
+    assert checks.diagnose(ev(), ctx) == []
+
+
+def journal_line(offset: int, text: str) -> str:
+    return f"{STARTED + offset}.5 atlas-n4 atlas-serving-launch[958]: {text}"
+
+
+CASES = [
+    # (id, evidence changes, check, severity, text in message or evidence)
+    ("no npu-smi", {"npu": Section(127, "npu-smi: command not found")}, "npu-visible", ERROR, "not installed"),
+    ("driver unloaded", {"npu": Section(8, "The driver is not loaded.")}, "npu-visible", ERROR, "not loaded"),
+    ("no device listed", {"npu": Section(0, "+---+\n| npu-smi 25.5.0 Version: 25.5.0 |\n")}, "npu-visible",
+     ERROR, "lists no NPU"),
+    ("health critical", {"npu": Section(0, npu_text(health=("OK", "Critical", "OK", "OK")))}, "npu-health",
+     ERROR, "NPU 1 Critical"),
+    ("health warning", {"npu": Section(0, npu_text(health=("Warning", "OK", "OK", "OK")))}, "npu-health",
+     WARNING, "NPU 0 Warning"),
+    ("tp above npus", {"args": Section(0, args_text(extra=("--tp-size", "8")))}, "npu-count", ERROR,
+     "4 usable NPU(s) for tensor parallel size 8"),
+    ("tp above visible", {"env": Section(0, "ASCEND_RT_VISIBLE_DEVICES=0"),
+                          "args": Section(0, args_text(extra=("--tp-size", "2")))}, "npu-count", ERROR,
+     "ASCEND_RT_VISIBLE_DEVICES=0"),
+    ("hbm over sglang fraction", {"npu": Section(0, npu_text(used=(3318, 30000, 3318, 3318)))}, "hbm", ERROR,
+     "NPU 1 30000/32768"),
+    ("hbm over vllm default 0.9", {"record": Section(0, record(engine="vllm", engine_release="vllm-ascend-0.11.0")),
+                                   "args": Section(0, args_text("vllm")),
+                                   "npu": Section(0, npu_text(used=(30000, 3318, 3318, 3318)))}, "hbm", ERROR,
+     "--gpu-memory-utilization default 0.9"),
+    ("service failed", {"service": Section(0, "MainPID=0\nLoadState=loaded\nActiveState=failed\nSubState=failed\n"
+                                              "Result=exit-code\nNRestarts=5")}, "service", ERROR, "failed"),
+    ("service not installed", {"service": Section(0, "LoadState=not-found\nActiveState=inactive")}, "service",
+     ERROR, "not installed"),
+    ("health 503", {"probe": Section(0, json.dumps({"port": 30000, "/health": 503, "/v1/models": 401}))},
+     "service", ERROR, "answers 503"),
+    ("cann env missing", {"environ": Section(0, "")}, "cann-env", ERROR, "not sourced"),
+    ("device id list", {"env": Section(0, "ASCEND_DEVICE_ID=0,1,2,3\nSGLANG_API_KEY=<redacted>")}, "env-file",
+     ERROR, "ASCEND_RT_VISIBLE_DEVICES=0,1,2,3"),
+    ("fictional variable", {"env": Section(0, "VLLM_USE_CANN=1\nSGLANG_API_KEY=<redacted>")}, "env-file", ERROR,
+     "`VLLM_USE_CANN` is fictional"),
+    ("fictional quoted", {"env": Section(0, 'ASCEND_HBM_CACHE_ENABLE="1"')}, "env-file", ERROR,
+     "ASCEND_HBM_CACHE_ENABLE"),
+    ("env file world readable", {"modes": Section(0, "/etc/atlas/serving/atlas-serving.env 644 root root")},
+     "env-file-mode", ERROR, "not 0600 root:root"),
+    ("env file other owner", {"modes": Section(0, "/etc/atlas/serving/atlas-serving.env 600 atlas-serving root")},
+     "env-file-mode", ERROR, "atlas-serving:root"),
+    ("args world readable", {"modes": Section(0, "/etc/atlas/serving/atlas-serving.args 644 root atlas-serving")},
+     "args-file-mode", ERROR, "readable by everyone"),
+    ("key not enforced", {"probe": Section(0, json.dumps({"port": 30000, "/health": 200, "/v1/models": 200}))},
+     "api-key", ERROR, "without it is served"),
+    ("no key", {"env": Section(0, "SGLANG_SET_CPU_AFFINITY=1"), "args": Section(0, args_text()),
+                "probe": Section(0, json.dumps({"port": 30000, "/health": 200, "/v1/models": 200}))},
+     "api-key", INFO, "no API key"),
+    ("npu oom now", {"journal": Section(0, journal_line(5, "RuntimeError: NPU out of memory. Tried to allocate"))},
+     "oom", ERROR, "torch_npu allocator"),
+    ("cuda oom", {"journal": Section(0, journal_line(5, "torch.OutOfMemoryError: CUDA out of memory."))},
+     "oom", ERROR, "since the service last started"),
+    ("vllm kv", {"journal": Section(0, journal_line(5, "ValueError: No available memory for the cache blocks. "))},
+     "oom", ERROR, "vLLM KV cache"),
+    ("sglang static", {"journal": Section(0, journal_line(
+        5, "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: 0.85"))},
+     "oom", ERROR, "SGLang static memory"),
+    ("oom killer", {"journal": Section(0, journal_line(
+        5, "atlas-serving.service: Failed with result 'oom-kill'."))}, "oom", ERROR, "kernel OOM killer"),
+    ("oom before restart", {"journal": Section(0, journal_line(-60, "RuntimeError: NPU out of memory."))},
+     "oom", WARNING, "before the last start"),
+    ("sglang retract", {"journal": Section(0, journal_line(5, "Decode out of memory. Try to lower your batch size."))},
+     "oom", WARNING, "SGLang retract"),
+    ("driver not cann's pair", {"versions": Section(0, VERSIONS.replace("25.5.0", "24.1.rc1"))}, "versions",
+     WARNING, "driver 24.1.rc1"),
+    ("engine needs other cann", {"record": Section(0, record(engine="vllm", engine_release="vllm-ascend-0.11.0")),
+                                 "args": Section(0, args_text("vllm"))}, "versions", ERROR, "needs CANN 8.3.RC2"),
+    ("no cann at all", {"record": Section(0, record(engine="vllm", engine_release="vllm-ascend-0.11.0")),
+                        "args": Section(0, args_text("vllm")), "environ": None,
+                        "versions": Section(0, "== /usr/local/Ascend/driver/version.info\nVersion=25.5.0\n")},
+     "versions", ERROR, "no CANN toolkit"),
+    ("stamp missing", {"models": Section(0, models(stamp=None))}, "model-stamp", ERROR, "no verification stamp"),
+    ("file changed", {"models": Section(0, models(files={
+        "config.json": {"size": 10, "mtime_ns": 5, "ino": 7},
+        "model.safetensors": {"size": 99, "mtime_ns": 999, "ino": 8}}))}, "model-stamp", ERROR, "model.safetensors"),
+    ("file added", {"models": Section(0, models(files=dict(VERIFIED, **{"evil.py": {"size": 1, "mtime_ns": 1,
+                                                                                    "ino": 9}})))},
+     "model-stamp", ERROR, "evil.py (not verified)"),
+    ("file gone", {"models": Section(0, models(files={"config.json": VERIFIED["config.json"]}))}, "model-stamp",
+     ERROR, "model.safetensors (gone)"),
+    ("link missing", {"models": Section(0, "[]")}, "model", ERROR, "is missing"),
+    ("rendered for old version", {"record": Section(0, record(model_version="old999"))}, "model", WARNING, "old999"),
+]
+
+
+@pytest.mark.parametrize(("changes", "check", "severity", "text"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_fault_is_diagnosed(ctx, changes, check, severity, text):
+    findings = checks.diagnose(ev(**changes), ctx)
+    match = [f for f in findings if f.check == check and f.severity == severity]
+    assert match, f"no {severity} {check} finding in {findings}"
+    assert any(text in f.message or text in f.evidence for f in match), match
+    assert all(f.fix and f.evidence and f.host == "atlas-n4" for f in findings)
+
+
+def test_unknown_variable_in_env_file_names_the_release(ctx):
+    findings = checks.check_env_file(ev(env=Section(0, "MY_TUNING=1")), ctx)
+    assert [f.severity for f in findings] == [ERROR]
+    assert "sglang-0.5.6" in findings[0].message
+
+
+def test_missing_sections_give_no_findings(ctx):
+    """A host whose gather stopped early is judged on what came back, without crashing."""
+    empty = Evidence("h", {})
+    assert checks.diagnose(empty, ctx) == []
+
+
+def test_findings_never_carry_a_key():
+    key = "sk-abcdef0123456789"
+    f = Finding("h", "oom", ERROR, f"--api-key {key}", f"server_args=ServerArgs(api_key='{key}', port=1)",
+                f"VLLM_API_KEY={key}")
+    assert key not in json.dumps(f.to_dict())
+    assert "api_key=None" in redact("ServerArgs(api_key=None, x=1)")
+
+
+def test_finding_rejects_unknown_severity():
+    with pytest.raises(ValueError, match="severity"):
+        Finding("h", "x", "fatal", "m", "e", "f")

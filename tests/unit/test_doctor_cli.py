@@ -1,0 +1,121 @@
+"""atlasctl doctor: evidence script and its parser, inventory SSH settings, report and exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from atlasctl import exitcodes
+from atlasctl.doctor import checks, gather, inventory, report
+from atlasctl.doctor.model import ERROR, WARNING, Evidence, Finding, Section
+from atlasctl.errors import UsageError
+
+
+def test_script_output_splits_into_sections_with_exit_codes():
+    sections = (("one", "echo hello; echo world"), ("two", "printf 'no newline'; exit 3"),
+                ("three", "echo err >&2; true"))
+    out = subprocess.run(["bash", "-c", gather.script(sections)], capture_output=True, text=True, check=True).stdout
+    ev = gather.split_sections("h", out)
+    assert ev.sections == {"one": Section(0, "hello\nworld"), "two": Section(3, "no newline"),
+                           "three": Section(0, "err")}
+
+
+def test_cut_off_output_marks_the_open_section_failed():
+    text = f"{gather.MARK} npu\n| npu-smi 25.5.0 |\n"
+    assert gather.split_sections("h", text).section("npu") == Section(255, "| npu-smi 25.5.0 |")
+
+
+def test_node_side_redaction_of_env_and_args(tmp_path):
+    """The sed expressions the script runs on the node blank the key before it leaves the node."""
+    env, args = tmp_path / "e.env", tmp_path / "a.args"
+    env.write_text("VLLM_API_KEY=sk-secret-1\nHF_HUB_OFFLINE=1\n")
+    args.write_text("bin/python\n--api-key\nsk-secret-2\n--port\n30000\n--api-key=sk-secret-3\n")
+    snippets = dict(gather.SECTIONS)
+    env_cmd = snippets["env"].replace("/etc/atlas/serving/atlas-serving.env", str(env))
+    args_cmd = snippets["args"].replace("/etc/atlas/serving/atlas-serving.args", str(args))
+    out = subprocess.run(["bash", "-c", gather.script((("env", env_cmd), ("args", args_cmd)))],
+                         capture_output=True, text=True, check=True).stdout
+    assert "sk-secret" not in out
+    ev = gather.split_sections("h", out)
+    assert ev.text("env") == "VLLM_API_KEY=<redacted>\nHF_HUB_OFFLINE=1"
+    assert ev.text("args").splitlines() == ["bin/python", "--api-key", "<redacted>", "--port", "30000",
+                                            "--api-key=<redacted>"]
+
+
+LISTING = {
+    "_meta": {"hostvars": {
+        "n1": {"ansible_host": "10.77.0.11", "ansible_user": "root", "ansible_ssh_private_key_file": "/k/id",
+               "ansible_ssh_common_args": "-o UserKnownHostsFile=/k/known_hosts -o StrictHostKeyChecking=yes"},
+        "n2": {"ansible_host": "10.77.0.12", "ansible_port": 2222},
+        "gw": {"ansible_host": "10.77.0.21"},
+    }},
+    "all": {"children": ["ungrouped", "atlas_nodes", "gateway"]},
+    "atlas_nodes": {"children": ["branch_east"], "hosts": ["n2"]},
+    "branch_east": {"hosts": ["n1"]},
+    "gateway": {"hosts": ["gw"]},
+}
+
+
+def test_targets_are_the_serving_group_with_their_ssh_settings():
+    found = inventory.targets_from_listing(LISTING)
+    assert [t.name for t in found] == ["n1", "n2"]
+    n1, n2 = found
+    assert (n1.address, n1.user, n1.port, n1.key_file, n1.known_hosts) == \
+        ("10.77.0.11", "root", 22, "/k/id", ("/k/known_hosts",))
+    assert n2.port == 2222 and n2.known_hosts[0].endswith("/.ssh/known_hosts") and n2.key_file is None
+
+
+@pytest.mark.parametrize("args", ["-o StrictHostKeyChecking=no", "-oStrictHostKeyChecking=no",
+                                  "-o 'StrictHostKeyChecking no'"])
+def test_inventory_that_turns_host_keys_off_is_refused(args):
+    with pytest.raises(UsageError, match="host key checking off"):
+        inventory.target("n1", {"ansible_ssh_common_args": args})
+
+
+def test_unreachable_host_is_named_and_exits_3():
+    targets = [inventory.Target(n, n, "root", 22, None, ()) for n in ("a", "b")]
+
+    def run(t, script):
+        if t.name == "b":
+            raise OSError("No route to host")
+        return f"{gather.MARK} record\n{{}}\n{gather.MARK}-rc record 0\n"
+
+    evidence, unreachable, seconds = gather.gather_all(targets, run)
+    assert set(evidence) == {"a"} and "No route to host" in unreachable["b"] and seconds >= 0
+    rep = report.build(["a", "b"], evidence, unreachable, checks.default_context(), seconds)
+    assert rep.exit_code == exitcodes.ENVIRONMENT
+    text = report.render_text(rep)
+    assert "b: UNREACHABLE" in text and "unreachable: b" in text
+    assert json.loads(report.render_json(rep))["hosts"]["b"]["reachable"] is False
+
+
+@pytest.mark.parametrize(("severities", "code"), [((), 0), ((WARNING,), 0), ((ERROR, WARNING), 1)])
+def test_exit_code_follows_the_worst_finding(severities, code):
+    findings = tuple(Finding("a", "x", s, "m", "e", "f") for s in severities)
+    rep = report.Report(("a",), findings, {}, 0.1)
+    assert rep.exit_code == code
+    assert report.render_text(rep).splitlines()[0] == ("a: healthy" if not severities else
+                                                      f"a: {', '.join(f'1 {s}' for s in severities)}")
+
+
+def test_json_report_lists_findings_per_host():
+    ev = Evidence("a", {"npu": Section(8, "The driver is not loaded.")})
+    rep = report.build(["a"], {"a": ev}, {}, checks.default_context(), 0.5)
+    doc = json.loads(report.render_json(rep))
+    assert doc["exit_code"] == 1 and not doc["ok"]
+    assert doc["hosts"]["a"]["findings"][0]["check"] == "npu-visible"
+    assert set(doc["hosts"]["a"]["findings"][0]) == {"host", "check", "severity", "message", "evidence", "fix"}
+
+
+def test_cli_help_names_the_exit_codes():
+    out = subprocess.run([sys.executable, "-m", "atlasctl", "doctor", "--help"], capture_output=True, text=True,
+                         check=True).stdout
+    assert "-i INVENTORY" in out and "--json" in out and "3 a host could not be reached" in out
+
+
+def test_cli_refuses_a_missing_inventory(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "atlasctl", "doctor", "-i", str(tmp_path / "nope")],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == exitcodes.USAGE and "does not exist" in proc.stderr
