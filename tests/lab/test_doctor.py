@@ -1,0 +1,184 @@
+"""atlasctl doctor on the converged lab: healthy fleet, then one fault at a time on one SGLang node
+(atlas-n4: the stand-in restarts in about a second), each expected as a finding and restored.
+Then the API key: enforced by the engine, absent from every artifact of the run."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from labtools import ENV, ROOT, atlasctl, lab_hosts, playbook
+
+pytestmark = pytest.mark.lab
+
+NODE = "atlas-n4"
+ENV_FILE = "/etc/atlas/serving/atlas-serving.env"
+MODEL_LINK = "/var/lib/atlas/models/atlas-tiny-llama/current"
+
+
+@pytest.fixture(scope="module")
+def converged(converged_lab):
+    assert converged_lab.first.returncode == 0, converged_lab.first.stdout[-6000:]
+    return converged_lab.hosts
+
+
+def doctor(*args: str) -> tuple[int, dict, str]:
+    proc = atlasctl("doctor", "-i", "inventory/lab", "--json", *args, check=False, timeout=180)
+    assert proc.returncode in (0, 1, 3), proc.stderr
+    return proc.returncode, json.loads(proc.stdout), proc.stdout + proc.stderr
+
+
+def errors(doc: dict, host: str = NODE) -> list[dict]:
+    return [f for f in doc["hosts"][host]["findings"] if f["severity"] == "error"]
+
+
+def on_node(command: str) -> str:
+    return atlasctl("lab", "ssh", NODE, command, timeout=120).stdout
+
+
+def node_url(path: str) -> str:
+    return f"http://{lab_hosts()[NODE]['ansible_host']}:30000{path}"
+
+
+def status(path: str, key: str | None = None) -> int:
+    request = urllib.request.Request(node_url(path), headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def wait_healthy(timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            if status("/health") == 200:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"{NODE} /health did not answer 200 within {timeout}s")
+
+
+def test_converged_fleet_is_healthy(converged):
+    started = time.monotonic()
+    rc, doc, out = doctor()
+    wall = time.monotonic() - started
+    assert rc == 0, out
+    assert set(doc["hosts"]) == set(converged)
+    assert all(not errors(doc, host) for host in converged), out
+    print(f"doctor over {len(converged)} hosts: {wall:.1f}s wall, {doc['seconds']}s gather")
+    assert wall < 60
+
+
+@contextlib.contextmanager
+def npu_state(*flags: str) -> Iterator[None]:
+    before = json.loads(atlasctl("lab", "npu", NODE, "--json").stdout)
+    atlasctl("lab", "npu", NODE, *flags)
+    try:
+        yield
+    finally:
+        for dev in before["devices"]:
+            atlasctl("lab", "npu", NODE, "--device", str(dev["id"]), "--health", dev["health"],
+                     "--hbm-used-mb", str(dev["hbm_used_mb"]))
+        atlasctl("lab", "npu", NODE, "--driver", "loaded" if before.get("driver_loaded", True) else "unloaded")
+
+
+@contextlib.contextmanager
+def env_lines(*lines: str) -> Iterator[None]:
+    on_node(f"cp -p {ENV_FILE} {ENV_FILE}.doctor-test && printf '%s\\n' {' '.join(lines)} >> {ENV_FILE}")
+    try:
+        yield
+    finally:
+        on_node(f"mv -f {ENV_FILE}.doctor-test {ENV_FILE}")
+
+
+@contextlib.contextmanager
+def oom_line() -> Iterator[None]:
+    # journalctl -u matches OBJECT_SYSTEMD_UNIT= from root (_UID=0): the line lands in the unit's journal.
+    on_node("printf 'MESSAGE=RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB\\n"
+            "OBJECT_SYSTEMD_UNIT=atlas-serving.service\\nSYSLOG_IDENTIFIER=atlas-serving-launch\\n' "
+            "| logger --journald && sleep 0.3")
+    try:
+        yield
+    finally:
+        time.sleep(1.1)  # the journal line and the restart fall in different seconds
+        on_node("systemctl restart atlas-serving.service")
+        wait_healthy()
+
+
+@contextlib.contextmanager
+def stamp_removed() -> Iterator[None]:
+    on_node(f"rm -f /var/lib/atlas/stamps/model-atlas-tiny-llama-$(basename $(readlink {MODEL_LINK})).json")
+    try:
+        yield
+    finally:
+        proc = playbook("playbooks/models.yml", "--limit", NODE)
+        assert proc.returncode == 0, proc.stdout[-4000:]
+
+
+FAULTS = {
+    "npu-critical": (lambda: npu_state("--health", "Critical"), "npu-health", "Critical"),
+    "driver-unloaded": (lambda: npu_state("--driver", "unloaded"), "npu-visible", "not loaded"),
+    "hbm-over-limit": (lambda: npu_state("--hbm-used-mb", "31000"), "hbm", "above the profile's limit"),
+    "device-id-list": (lambda: env_lines("ASCEND_DEVICE_ID=0,1,2,3"), "env-file", "ASCEND_RT_VISIBLE_DEVICES"),
+    "fictional-env": (lambda: env_lines("VLLM_USE_CANN=1"), "env-file", "VLLM_USE_CANN"),
+    "oom-in-journal": (oom_line, "oom", "NPU out of memory"),
+    "model-stamp-missing": (stamp_removed, "model-stamp", "no verification stamp"),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_injected_fault_is_found_then_cleared(converged, fault):
+    inject, check, text = FAULTS[fault]
+    with inject():
+        rc, doc, out = doctor("-l", NODE)
+        assert rc == 1, out
+        found = [f for f in errors(doc) if f["check"] == check]
+        assert found and any(text in f["message"] + f["evidence"] for f in found), out
+        assert all(f["fix"] for f in found)
+    rc, doc, out = doctor("-l", NODE)
+    assert rc == 0, f"{fault} not cleared by its restore:\n{out}"
+
+
+def _grep_tree(root: Path, needle: bytes) -> list[str]:
+    hits = []
+    for path in root.rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file() and not path.is_symlink() and needle in path.read_bytes():
+                hits.append(str(path))
+    return hits
+
+
+def test_api_key_enforced_and_never_written_down(converged):
+    key = "atlas-doctor-" + secrets.token_hex(16)
+    log = Path(tempfile.mkdtemp(prefix="doctor-key-")) / "ansible.log"
+    ENV["ANSIBLE_LOG_PATH"] = str(log)  # labtools.playbook runs with ENV
+    try:
+        keyed = playbook("playbooks/serving.yml", "--limit", NODE, "-e", f"serving_api_key={key}", "-v")
+        assert keyed.returncode == 0, keyed.stdout[-4000:]
+        wait_healthy()
+        assert status("/v1/models") == 401
+        assert status("/health") == 200
+        assert status("/v1/models", key) == 200
+        rc, doc, out = doctor("-l", NODE)
+        assert rc == 0, out
+        assert not [f for f in doc["hosts"][NODE]["findings"] if f["check"] == "api-key"], out
+        assert log.is_file() and log.stat().st_size > 0, f"no ansible log at {log}: the grep would prove nothing"
+        leaks = [name for name, text in (("playbook stdout", keyed.stdout + keyed.stderr), ("doctor output", out))
+                 if key in text]
+        leaks += _grep_tree(log.parent, key.encode()) + _grep_tree(ROOT / "artifacts", key.encode())
+        assert not leaks, f"the API key was written to: {leaks}"
+    finally:
+        ENV.pop("ANSIBLE_LOG_PATH", None)
+        restored = playbook("playbooks/serving.yml", "--limit", NODE)
+        assert restored.returncode == 0, restored.stdout[-4000:]
+        wait_healthy()
+    assert status("/v1/models") == 200
