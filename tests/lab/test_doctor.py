@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import subprocess
 import tempfile
 import time
 import urllib.error
@@ -15,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from labtools import ENV, ROOT, atlasctl, lab_hosts, playbook
 
 pytestmark = pytest.mark.lab
@@ -182,3 +184,20 @@ def test_api_key_enforced_and_never_written_down(converged):
         assert restored.returncode == 0, restored.stdout[-4000:]
         wait_healthy()
     assert status("/v1/models") == 200
+
+
+def test_changed_host_key_makes_the_host_unreachable(converged, tmp_path):
+    """Host key checking stays on: a known_hosts with another key for the node refuses it (exit 3)."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+    kind, blob = (tmp_path / "other.pub").read_text().split()[:2]
+    address = lab_hosts()[NODE]["ansible_host"]
+    (tmp_path / "known_hosts").write_text(f"{address} {kind} {blob}\n")
+    hostvars = dict(lab_hosts()[NODE])
+    hostvars["ansible_ssh_common_args"] = f"-o UserKnownHostsFile={tmp_path / 'known_hosts'} " \
+                                          "-o StrictHostKeyChecking=yes"
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(yaml.safe_dump({"all": {"children": {"atlas_nodes": {"hosts": {NODE: hostvars}}}}}))
+    proc = atlasctl("doctor", "-i", str(inv), check=False, timeout=120)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert f"{NODE}: UNREACHABLE" in proc.stdout and "does not match" in proc.stdout
+    assert f"unreachable: {NODE}" in proc.stdout
