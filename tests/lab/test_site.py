@@ -31,7 +31,7 @@ def test_check_mode_on_bare_nodes_changes_nothing(bare_check):
     hosts, run, leftovers = bare_check
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     stats = recap(run.stdout)
-    assert set(stats) == set(hosts)
+    assert set(hosts) < set(stats), "the serving nodes and the gateways"
     assert all(s["changed"] > 0 for s in stats.values()), "check mode must report what it would change"
     assert leftovers == {host: [] for host in hosts}, "check mode wrote to a node"
     assert "+++ after" in run.stdout, "--diff shows the rendered files"
@@ -57,7 +57,7 @@ def test_first_run_converges(site_runs):
     hosts, first, _ = site_runs
     assert first.returncode == 0, first.stdout[-6000:] + first.stderr[-3000:]
     stats = recap(first.stdout)
-    assert set(stats) == set(hosts)
+    assert set(hosts) < set(stats), "the serving nodes and the gateways"
     for host, s in stats.items():
         assert s["failed"] == 0 and s["unreachable"] == 0, (host, s)
         assert s["changed"] > 0, f"{host}: a first run on a bare node must change something"
@@ -68,7 +68,7 @@ def test_second_run_changes_nothing(site_runs):
     assert second is not None, "first run failed"
     assert second.returncode == 0, second.stdout[-6000:]
     stats = recap(second.stdout)
-    assert set(stats) == set(hosts)
+    assert set(hosts) < set(stats), "the serving nodes and the gateways"
     changed = {h: s["changed"] for h, s in stats.items() if s["changed"]}
     assert not changed, f"second run changed: {changed}: {changed_tasks(second.stdout)}"
 
