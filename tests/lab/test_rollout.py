@@ -17,6 +17,7 @@ pytestmark = pytest.mark.lab
 
 GATEWAYS = {"east": "http://10.77.0.15:8080", "west": "http://10.77.0.16:8080"}
 SERVING = ["atlas-n1", "atlas-n2", "atlas-n3", "atlas-n4"]
+CANARY = "atlas-n3"
 LENIENT_SLO = 'rollout_slo={"e2el_ms": 60000}'
 
 
@@ -89,7 +90,7 @@ def test_slo_failure_rolls_the_canary_back_and_stops(converged):
         rc, report = _rollout("--release", "lab-2026.11.3", "-e", 'rollout_slo={"e2el_ms": 1}')
     assert rc == 1, report
     failure = report["failure"]
-    assert (failure["host"], failure["wave"], failure["gate"]) == ("atlas-n1", "canary", "slo")
+    assert (failure["host"], failure["wave"], failure["gate"]) == (CANARY, "canary", "slo")
     assert "e2el" in failure["why"].lower() or "e2e" in failure["why"].lower(), failure
     assert failure["measured"]["metrics"], "the report carries what the gate measured"
     assert report["completed"] == []
@@ -97,15 +98,56 @@ def test_slo_failure_rolls_the_canary_back_and_stops(converged):
     assert load.failed == [], load.failed[:5]
 
 
+def test_engine_that_fails_to_start_is_rolled_back(converged):
+    """A release with a flag the engine does not have, forced past the lint with the expert
+    override: the canary's engine exits at start, the canary goes back to the old release."""
+    before = _releases()
+    with Load() as load:
+        rc, report = _rollout("--release", "lab-2026.11.4", "-e", 'serving_flags_extra={"--no-such-flag": true}',
+                              "-e", "serving_lint_override=true", "-e", "rollout_health_timeout_s=30",
+                              "-e", LENIENT_SLO)
+    assert rc == 1, report
+    failure = report["failure"]
+    assert (failure["host"], failure["wave"]) == (CANARY, "canary"), failure
+    assert failure["gate"] in ("restart", "health"), failure
+    assert _releases() == before, "the fleet stays on the old release"
+    args = atlasctl("lab", "ssh", CANARY, "cat", "/etc/atlas/serving/atlas-serving.args", timeout=60).stdout
+    assert "--no-such-flag" not in args, "the canary runs the old configuration again"
+    assert load.failed == [], load.failed[:5]
+
+
 def test_second_rollout_on_the_same_inventory_is_refused(converged):
-    first = subprocess.Popen([*ATLASCTL, "rollout", "-i", "inventory/lab", "--release", "lab-2026.11.2",
-                              "-e", LENIENT_SLO], cwd=ROOT, env=ENV, text=True,
+    # the first one fails its SLO gate on the canary: long enough to collide with, short to wait for
+    first = subprocess.Popen([*ATLASCTL, "rollout", "-i", "inventory/lab", "--release", "lab-2026.11.5",
+                              "-e", 'rollout_slo={"e2el_ms": 1}'], cwd=ROOT, env=ENV, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         time.sleep(3)
-        second = atlasctl("rollout", "-i", "inventory/lab", "--release", "lab-2026.11.2", check=False, timeout=60)
+        second = atlasctl("rollout", "-i", "inventory/lab", "--release", "lab-2026.11.5", check=False, timeout=60)
     finally:
         first.communicate(timeout=1200)
     assert second.returncode == 2, second.stdout + second.stderr
     assert "already running" in second.stderr
-    assert first.returncode == 0
+    assert first.returncode == 1
+
+
+def test_node_powered_off_stops_the_rollout_and_resume_completes(converged):
+    """atlas-n2 is off when its wave reaches it: the rollout stops there, the west branch
+    stays on the old release; with the node back, --resume finishes the rollout."""
+    before = _releases()
+    release = "lab-2026.11.6"
+    atlasctl("lab", "power", "atlas-n2", "off", timeout=120)
+    try:
+        rc, report = _rollout("--release", release, "-e", LENIENT_SLO)
+    finally:
+        atlasctl("lab", "power", "atlas-n2", "on", timeout=180)
+    assert rc == 1, report
+    assert report["failure"]["host"] == "atlas-n2" and report["failure"]["wave"] == "east", report["failure"]
+    assert report["completed"] == ["canary"]
+    now = _releases()
+    assert now["atlas-n4"] == before["atlas-n4"], "a later wave was touched"
+    assert now["atlas-n3"] == release
+    rc, report = _rollout("--release", release, "--resume", "-e", LENIENT_SLO)
+    assert rc == 0, report
+    assert report["completed"][-1] == "west"
+    assert _releases() == dict.fromkeys(SERVING, release)

@@ -184,6 +184,20 @@ def test_tampered_package_is_refused_before_it_runs(node: Node, bundle: Path, tm
     assert not (node.install_path / "ascend-toolkit").exists()
 
 
+def test_bad_nnal_is_refused_before_the_toolkit_installs(node: Node, bundle: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "bundle"
+    (copy / "cann").mkdir(parents=True)
+    (copy / "manifest.json").write_bytes((bundle / "manifest.json").read_bytes())
+    for path in (bundle / "cann").iterdir():
+        (copy / "cann" / path.name).write_bytes(path.read_bytes())
+    nnal = copy / "cann/Ascend-cann-nnal_8.3.RC1_linux-x86_64.run"
+    nnal.write_bytes(nnal.read_bytes()[:-10])  # truncated in transfer
+    result = node.play("8.3.RC1", bundle=copy)
+    assert result.returncode != 0
+    assert "Refused before any installer ran" in result.stdout and str(nnal) in result.stdout
+    assert not (node.install_path / "ascend-toolkit").exists(), "the toolkit installed alone"
+
+
 def test_bad_version_fails_before_touching_the_node(node: Node) -> None:
     result = node.play("8.3")
     assert result.returncode != 0

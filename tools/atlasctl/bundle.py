@@ -8,7 +8,6 @@ rebuild over a 100 GB bundle hashes only what changed.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable
@@ -17,13 +16,13 @@ from pathlib import Path
 
 import yaml
 
+from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.json.asc"  # optional GPG detached signature; not itself in the manifest
 _KEYS = ("name", "arch", "cann", "wheelsets", "models", "huawei_dir", "huawei", "pip", "suite", "sign")
 FORMAT = 1
-_CHUNK = 8 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,15 +72,9 @@ class BundleSpec:
 
 
 def hash_file(path: Path) -> tuple[str, str]:
-    """md5 and sha256 of a file in one read."""
-    md5, sha = hashlib.md5(usedforsecurity=False), hashlib.sha256()
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as fh:
-        while n := fh.readinto(buf):
-            md5.update(view[:n])
-            sha.update(view[:n])
-    return md5.hexdigest(), sha.hexdigest()
+    """md5 and sha256 of a file in one read (the collection's verifier, one implementation)."""
+    digests = module_utils("checksums").hash_file(str(path))
+    return digests.md5, digests.sha256
 
 
 def _kind_and_version(rel: str) -> tuple[str, str]:

@@ -4,6 +4,7 @@
 ``env_lines``    an environment dict -> sorted ``KEY=value`` lines for a systemd EnvironmentFile
 ``df_avail_gib`` ``df --output=avail`` output -> free GiB per path
 ``fleet_table``  play hosts + hostvars -> the fleet health table (list of lines)
+``manifest_problems`` looped stat results + manifest sha256 map -> what does not match
 """
 
 from __future__ import annotations
@@ -75,6 +76,25 @@ def df_avail_gib(stdout: str, paths: list) -> dict:
     return {path: round(int(value) / 2**30, 2) for path, value in zip(paths, lines, strict=True)}
 
 
+def manifest_problems(stat_results: list, manifest_sha256: dict, root: str) -> list[str]:
+    """Problems of looped ``stat`` results (``item.file`` relative to root, sha256 checksums)
+    against a manifest's {path: sha256}; skipped items are ignored. Empty: all good."""
+    problems = []
+    for result in stat_results or []:
+        if result.get("skipped"):
+            continue
+        rel = result["item"]["file"]
+        stat = result.get("stat") or {}
+        if not stat.get("exists"):
+            problems.append(f"{root}/{rel}: missing from the bundle")
+        elif rel not in manifest_sha256:
+            problems.append(f"{root}/{rel}: no entry in manifest.json")
+        elif stat.get("checksum") != manifest_sha256[rel]:
+            problems.append(f"{root}/{rel}: sha256 {stat.get('checksum')} does not match the manifest's "
+                            f"{manifest_sha256[rel]}")
+    return problems
+
+
 FLEET_COLUMNS = (
     ("host", "NODE"),
     ("branch", "BRANCH"),
@@ -116,4 +136,5 @@ class FilterModule:
             "env_lines": env_lines,
             "df_avail_gib": df_avail_gib,
             "fleet_table": fleet_table,
+            "manifest_problems": manifest_problems,
         }

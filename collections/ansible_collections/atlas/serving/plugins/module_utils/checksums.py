@@ -183,8 +183,14 @@ def hash_file(
     bufsize: int = DEFAULT_BUFSIZE,
     on_bytes: Callable[[int], None] | None = None,
     buf: bytearray | None = None,
+    md5_lane: ThreadPoolExecutor | None = None,
 ) -> Digests:
-    """md5 and sha256 of one file in a single sequential read into a reused buffer."""
+    """md5 and sha256 of one file in a single sequential read.
+
+    With ``md5_lane`` (a one-thread executor), md5 runs there over the same buffer while
+    this thread runs sha256: both release the GIL on large buffers, so one file keeps two
+    cores busy and the slower md5 no longer serialises behind sha256.
+    """
     buffer = buf if buf is not None else bytearray(bufsize)
     view = memoryview(buffer)
     md5 = hashlib.md5(usedforsecurity=False) if _md5_accepts_flag() else hashlib.md5()
@@ -197,8 +203,13 @@ def hash_file(
             if not n:
                 break
             chunk = view[:n]
-            md5.update(chunk)
-            sha.update(chunk)
+            if md5_lane is not None:
+                pending = md5_lane.submit(md5.update, chunk)
+                sha.update(chunk)
+                pending.result()
+            else:
+                md5.update(chunk)
+                sha.update(chunk)
             size += n
             if on_bytes is not None:
                 on_bytes(n)
@@ -252,14 +263,22 @@ class _ByteCounter:
             self._progress(done, self.total)
 
 
-def _read_one(path: str, bufsize: int, counter: _ByteCounter, local: threading.local) -> _ReadOutcome:
+def _read_one(
+    path: str, bufsize: int, counter: _ByteCounter, local: threading.local, lanes: list | None = None
+) -> _ReadOutcome:
     buf = getattr(local, "buf", None)
     if buf is None or len(buf) != bufsize:
         buf = local.buf = bytearray(bufsize)
+    lane = None
+    if lanes is not None:
+        lane = getattr(local, "lane", None)
+        if lane is None:
+            lane = local.lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-md5")
+            lanes.append(lane)
     started = time.time_ns()
     try:
         before = FileStat.of(os.stat(path))
-        digests = hash_file(path, bufsize, counter.add, buf)
+        digests = hash_file(path, bufsize, counter.add, buf, lane)
         after = FileStat.of(os.stat(path))
     except OSError as exc:
         return _ReadOutcome(None, None, None, started, error=f"cannot read: {exc.strerror or exc}")
@@ -273,17 +292,27 @@ def hash_many(
     progress: Progress | None = None,
     sizes: dict[str, int] | None = None,
 ) -> dict[str, _ReadOutcome]:
-    """Hash {key: path} in parallel, largest first (keeps the tail short)."""
+    """Hash {key: path} in parallel, largest first (keeps the tail short).
+
+    Each reader thread has an md5 lane of its own, so ``workers`` files are read at once
+    and each keeps up to two cores hashing: the load spreads over the cores even when the
+    files are few or of uneven size.
+    """
     sizes = sizes or {}
     order = sorted(paths, key=lambda k: -sizes.get(k, 0))
     counter = _ByteCounter(sum(sizes.get(k, 0) for k in order), progress)
     nworkers = workers or default_workers(len(order))
     local = threading.local()
-    if nworkers <= 1 or len(order) <= 1:
-        return {k: _read_one(paths[k], bufsize, counter, local) for k in order}
-    with ThreadPoolExecutor(max_workers=nworkers, thread_name_prefix="verify") as pool:
-        futures = {k: pool.submit(_read_one, paths[k], bufsize, counter, local) for k in order}
-        return {k: f.result() for k, f in futures.items()}
+    lanes: list[ThreadPoolExecutor] = []
+    try:
+        if nworkers <= 1 or len(order) <= 1:
+            return {k: _read_one(paths[k], bufsize, counter, local, lanes) for k in order}
+        with ThreadPoolExecutor(max_workers=nworkers, thread_name_prefix="verify") as pool:
+            futures = {k: pool.submit(_read_one, paths[k], bufsize, counter, local, lanes) for k in order}
+            return {k: f.result() for k, f in futures.items()}
+    finally:
+        for lane in lanes:
+            lane.shutdown(wait=True)
 
 
 # --- tree listing ----------------------------------------------------------------------------
