@@ -10,13 +10,13 @@ that describes files it does not have yet.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from atlasctl import inventory as shared
 from atlasctl.bundle import MANIFEST, read_manifest
 from atlasctl.errors import EnvironmentProblem, UsageError
 
@@ -48,19 +48,12 @@ class SshTarget:
 
 def inventory_targets(inventory: Path, limit: str | None = None) -> list[SshTarget]:
     """Hosts of ``atlas_nodes`` (narrowed by ``limit``) with their SSH settings, via ansible-inventory."""
-    tool = Path(sys.executable).with_name("ansible-inventory")
-    cmd = [str(tool if tool.exists() else "ansible-inventory"), "-i", str(inventory), "--list"]
-    if limit:
-        cmd += ["--limit", limit]
-    proc = subprocess.run(cmd, text=True, capture_output=True, check=False)
-    if proc.returncode != 0:
-        raise UsageError(f"inventory {inventory} cannot be read: {proc.stderr.strip()[-500:]}")
-    return targets_from_inventory(json.loads(proc.stdout))
+    return targets_from_inventory(shared.listing(inventory, limit))
 
 
 def targets_from_inventory(data: dict) -> list[SshTarget]:
-    hostvars = data.get("_meta", {}).get("hostvars", {})
-    names = _group_hosts(data, "atlas_nodes", set())
+    hostvars = shared.hostvars(data)
+    names = shared.group_hosts(data, shared.SERVING_GROUP)
     if not names:
         raise UsageError("the inventory has no hosts in group atlas_nodes (or --limit matched none)")
     out = []
@@ -72,17 +65,6 @@ def targets_from_inventory(data: dict) -> list[SshTarget]:
                              key=hv.get("ansible_ssh_private_key_file"),
                              common_args=str(hv.get("ansible_ssh_common_args", ""))))
     return out
-
-
-def _group_hosts(data: dict, group: str, seen: set[str]) -> set[str]:
-    if group in seen:
-        return set()
-    seen.add(group)
-    entry = data.get(group, {})
-    hosts = set(entry.get("hosts", []))
-    for child in entry.get("children", []):
-        hosts |= _group_hosts(data, child, seen)
-    return hosts
 
 
 def rsync_argv(src: Path, target: SshTarget, dest: str, *, exclude_manifest: bool) -> list[str]:

@@ -8,17 +8,14 @@ into paramiko with ``RejectPolicy``: an unknown or changed host key refuses the 
 from __future__ import annotations
 
 import dataclasses
-import json
 import shlex
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from atlasctl import inventory as shared
 from atlasctl.errors import EnvironmentProblem, UsageError
 
-SERVING_GROUP = "atlas_nodes"
+SERVING_GROUP = shared.SERVING_GROUP
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
@@ -71,39 +68,15 @@ def target(name: str, hostvars: dict[str, Any]) -> Target:
     )
 
 
-def _group_hosts(listing: dict[str, Any], group: str, seen: set[str] | None = None) -> set[str]:
-    seen = seen if seen is not None else set()
-    if group in seen or group not in listing:
-        return set()
-    seen.add(group)
-    entry = listing[group] or {}
-    hosts = set(entry.get("hosts") or [])
-    for child in entry.get("children") or []:
-        hosts |= _group_hosts(listing, child, seen)
-    return hosts
-
-
 def targets_from_listing(listing: dict[str, Any], group: str = SERVING_GROUP) -> list[Target]:
     """The ``group`` members of an ``ansible-inventory --list`` document, sorted by name."""
-    hostvars = (listing.get("_meta") or {}).get("hostvars") or {}
-    names = _group_hosts(listing, group)
-    return [target(name, hostvars.get(name) or {}) for name in sorted(names)]
+    hvars = shared.hostvars(listing)
+    names = shared.group_hosts(listing, group)
+    return [target(name, hvars.get(name) or {}) for name in sorted(names)]
 
 
 def load(inventory: Path, limit: str | None = None, group: str = SERVING_GROUP) -> list[Target]:
-    beside = Path(sys.executable).parent / "ansible-inventory"
-    exe = str(beside) if beside.is_file() else shutil.which("ansible-inventory")
-    if exe is None:
-        raise EnvironmentProblem("ansible-inventory is not on PATH", fix="activate the controller virtualenv (.venv)")
-    argv = [exe, "-i", str(inventory), "--list"] + (["--limit", limit] if limit else [])
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
-    if proc.returncode != 0:
-        raise UsageError(f"ansible-inventory -i {inventory} failed: {proc.stderr.strip()[-800:]}",
-                         fix="fix the inventory (ansible-inventory -i INV --graph shows what it reads)")
-    try:
-        listing = json.loads(proc.stdout)
-    except ValueError as exc:
-        raise UsageError(f"ansible-inventory -i {inventory} printed no JSON: {exc}") from None
+    listing = shared.listing(inventory, limit)
     found = targets_from_listing(listing, group)
     if not found:
         raise UsageError(f"inventory {inventory} has no host in group {group}"
