@@ -167,12 +167,18 @@ def test_upgrade_across_the_85_layout(node: Node) -> None:
     assert ok(node.play("8.5.0"))["changed"] == 0
 
 
-def test_tampered_package_is_refused_before_it_runs(node: Node, bundle: Path, tmp_path: Path) -> None:
+def _bundle_copy(bundle: Path, tmp_path: Path) -> Path:
+    """A copy of the test bundle to tamper with (the manifest keeps the good digests)."""
     copy = tmp_path / "bundle"
     (copy / "cann").mkdir(parents=True)
     (copy / "manifest.json").write_bytes((bundle / "manifest.json").read_bytes())
     for path in (bundle / "cann").iterdir():
         (copy / "cann" / path.name).write_bytes(path.read_bytes())
+    return copy
+
+
+def test_tampered_package_is_refused_before_it_runs(node: Node, bundle: Path, tmp_path: Path) -> None:
+    copy = _bundle_copy(bundle, tmp_path)
     toolkit = copy / "cann/Ascend-cann-toolkit_8.3.RC1_linux-x86_64.run"
     data = bytearray(toolkit.read_bytes())
     data[-50] ^= 0xFF
@@ -185,11 +191,7 @@ def test_tampered_package_is_refused_before_it_runs(node: Node, bundle: Path, tm
 
 
 def test_bad_nnal_is_refused_before_the_toolkit_installs(node: Node, bundle: Path, tmp_path: Path) -> None:
-    copy = tmp_path / "bundle"
-    (copy / "cann").mkdir(parents=True)
-    (copy / "manifest.json").write_bytes((bundle / "manifest.json").read_bytes())
-    for path in (bundle / "cann").iterdir():
-        (copy / "cann" / path.name).write_bytes(path.read_bytes())
+    copy = _bundle_copy(bundle, tmp_path)
     nnal = copy / "cann/Ascend-cann-nnal_8.3.RC1_linux-x86_64.run"
     nnal.write_bytes(nnal.read_bytes()[:-10])  # truncated in transfer
     result = node.play("8.3.RC1", bundle=copy)

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import TextIO
@@ -83,7 +82,8 @@ def write_manifest(
     digests = _digest(root, workers, progress, ignore)
     if fmt == "sums":
         for alg, target in zip(("md5", "sha256"), targets, strict=True):
-            _atomic_write(target, manifest.render_sums([(rel, getattr(d, alg)) for rel, d in digests.items()]))
+            sums = manifest.render_sums([(rel, getattr(d, alg)) for rel, d in digests.items()])
+            checksums.atomic_write_text(target, sums)
     else:
         pre = prefix.strip("/")
         entries = [{"path": f"{pre}/{rel}" if pre else rel, **d.as_dict()} for rel, d in digests.items()]
@@ -91,7 +91,7 @@ def write_manifest(
         if targets[0] == "-":
             sys.stdout.write(text)
         else:
-            _atomic_write(targets[0], text)
+            checksums.atomic_write_text(targets[0], text)
     return ManifestResult(
         root,
         fmt,
@@ -147,20 +147,6 @@ def verify_model(
         )
     except checksums.VerifyError as exc:
         raise UsageError(str(exc)) from exc
-
-
-def _atomic_write(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # --- rendering -------------------------------------------------------------------------------

@@ -387,24 +387,27 @@ def load_stamps(stamps_path: str, root: str) -> tuple[dict[str, dict], str | Non
     return (files if isinstance(files, dict) else {}), None
 
 
-def save_stamps(stamps_path: str, root: str, stamps: dict[str, dict]) -> None:
-    """Atomic write (temp file in the same directory, fsync, rename)."""
-    doc = {"format": STAMP_FORMAT, "root": root, "files": dict(sorted(stamps.items()))}
-    directory = os.path.dirname(os.path.abspath(stamps_path))
+def atomic_write_text(path: str, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` atomically: temp file in the same directory, fsync, rename."""
+    directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(stamps_path) + ".", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(doc, handle, indent=1, sort_keys=True)
-            handle.write("\n")
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, stamps_path)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def save_stamps(stamps_path: str, root: str, stamps: dict[str, dict]) -> None:
+    doc = {"format": STAMP_FORMAT, "root": root, "files": dict(sorted(stamps.items()))}
+    atomic_write_text(stamps_path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
 def make_stamp(st: FileStat, digests: Digests) -> dict:
