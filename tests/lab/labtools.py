@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -98,3 +102,133 @@ def fresh_lab_session(*, bundle: bool):
             yield
         finally:
             atlasctl("lab", "down", check=False)
+
+
+# --- shared by the lab tests and the fault drills (tests/drills) ----------------------------------
+
+# Each branch's nginx gateway (inventory/lab: atlas-gw-east, atlas-gw-west).
+GATEWAYS = {"east": "http://10.77.0.15:8080", "west": "http://10.77.0.16:8080"}
+SERVING = ["atlas-n1", "atlas-n2", "atlas-n3", "atlas-n4"]
+MODEL = "atlas-tiny-llama"
+
+
+class Load:
+    """Bounded continuous client load: completions through each gateway, one at a time, counted."""
+
+    def __init__(self, max_seconds: float = 600, gateways: dict[str, str] | None = None):
+        self.ok = 0
+        self.failed: list[str] = []
+        self._stop = threading.Event()
+        self._deadline = time.monotonic() + max_seconds
+        urls = (gateways or GATEWAYS).values()
+        self._threads = [threading.Thread(target=self._loop, args=(url,), daemon=True) for url in urls]
+
+    def _loop(self, url: str) -> None:
+        body = json.dumps({"model": MODEL, "prompt": "Hello, my balance", "max_tokens": 4}).encode()
+        while not self._stop.is_set() and time.monotonic() < self._deadline:
+            req = urllib.request.Request(f"{url}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (lab address)
+                    json.loads(resp.read())["choices"][0]["text"]
+                self.ok += 1
+            except Exception as exc:  # noqa: BLE001 (every failure counts)
+                self.failed.append(f"{url}: {exc}")
+            time.sleep(0.05)
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(90)
+
+
+def releases(hosts: list[str] | None = None) -> dict[str, str]:
+    """release_id of each serving node's service record."""
+    out = {}
+    for host in hosts or SERVING:
+        record = atlasctl("lab", "ssh", host, "cat", "/etc/atlas/serving/atlas-serving.json", timeout=60)
+        out[host] = json.loads(record.stdout)["release_id"]
+    return out
+
+
+def rollout(*args: str) -> tuple[int, dict]:
+    """`atlasctl rollout -i inventory/lab --json ARGS`: (exit status, report)."""
+    proc = atlasctl("rollout", "-i", "inventory/lab", "--json", *args, check=False, timeout=1200)
+    return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {"raw": proc})
+
+
+def node_path(host: str, path: str) -> Path:
+    """A path inside a lab node's root, as the controller sees it (its overlay's merged tree)."""
+    from atlasctl.lab import paths
+
+    return paths.node_dir(host) / "merged" / path.lstrip("/")
+
+
+def model_service(host: str) -> tuple[str, str, str]:
+    """(ActiveState, MainPID, current model version) of the serving unit on a node."""
+    out = atlasctl("lab", "ssh", host,
+                   "systemctl show -p ActiveState -p MainPID atlas-serving;"
+                   f" readlink /var/lib/atlas/models/{MODEL}/current", timeout=60).stdout.split()
+    props = dict(line.split("=", 1) for line in out if "=" in line)
+    link = [line for line in out if "=" not in line][0]
+    return props["ActiveState"], props["MainPID"], link
+
+
+def new_model_version(host: str, *, corrupt: bool, on_node: str = "/var/lib/atlas/test-bundle") -> str:
+    """Write a bundle copy inside the node whose model is a new version (generation_config
+    changed, sums and manifest regenerated), optionally with one flipped byte in a shard
+    after the manifest was written (same size: a transfer that went wrong). Returns its
+    path on the node. (A flip that also keeps the mtime never reaches the node: rsync
+    hard-links that shard from the current version, which is the right content.)"""
+    from atlasctl import bundle
+    from atlasctl.cli import main as atlasctl_main
+    from atlasctl.lab.paths import bundle_dir
+
+    root = node_path(host, on_node)
+    shutil.rmtree(root, ignore_errors=True)
+    model = root / "models" / MODEL
+    shutil.copytree(bundle_dir() / "models" / MODEL, model)
+    gen = json.loads((model / "generation_config.json").read_text())
+    gen["max_new_tokens"] = 64
+    (model / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    for sums in ("md5sums.txt", "sha256sums.txt"):
+        (model / sums).unlink()
+    assert atlasctl_main(["models", "manifest", str(model), "--format", "sums"]) == 0
+    bundle.write_manifest(root, "test")
+    if corrupt:
+        shard = model / "model-00001-of-00002.safetensors"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        shard.write_bytes(bytes(data))
+    return on_node
+
+
+def cann_versions(host: str) -> dict[str, str]:
+    """Versions as atlas.serving.cann_facts reads them on the node."""
+    run = subprocess.run([str(Path(sys.executable).with_name("ansible")), "-i", "inventory/lab", host,
+                          "-m", "atlas.serving.cann_facts", "-o"], cwd=ROOT, env=ENV, text=True,
+                         capture_output=True, timeout=120, check=True)
+    facts = json.loads(run.stdout.split("=>", 1)[1])["ansible_facts"]["cann"]
+    return {k: (facts.get(k) or {}).get("version") for k in ("toolkit", "kernels", "nnal")}
+
+
+def doctor(*args: str) -> tuple[int, dict, str]:
+    """`atlasctl doctor -i inventory/lab --json ARGS`: (exit status, report, raw output)."""
+    proc = atlasctl("doctor", "-i", "inventory/lab", "--json", *args, check=False, timeout=180)
+    assert proc.returncode in (0, 1, 3), proc.stderr
+    return proc.returncode, json.loads(proc.stdout), proc.stdout + proc.stderr
+
+
+def grep_tree(root: Path, needle: bytes) -> list[str]:
+    """Files under root that contain needle (symlinks not followed)."""
+    hits = []
+    for path in root.rglob("*"):
+        with contextlib.suppress(OSError):
+            if path.is_file() and not path.is_symlink() and needle in path.read_bytes():
+                hits.append(str(path))
+    return hits

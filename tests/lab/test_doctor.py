@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labtools import ENV, ROOT, atlasctl, lab_hosts, playbook
+from labtools import ENV, ROOT, atlasctl, doctor, lab_hosts, playbook
+from labtools import grep_tree as _grep_tree
 
 pytestmark = pytest.mark.lab
 
@@ -30,12 +31,6 @@ MODEL_LINK = "/var/lib/atlas/models/atlas-tiny-llama/current"
 def converged(converged_lab):
     assert converged_lab.first.returncode == 0, converged_lab.first.stdout[-6000:]
     return converged_lab.hosts
-
-
-def doctor(*args: str) -> tuple[int, dict, str]:
-    proc = atlasctl("doctor", "-i", "inventory/lab", "--json", *args, check=False, timeout=180)
-    assert proc.returncode in (0, 1, 3), proc.stderr
-    return proc.returncode, json.loads(proc.stdout), proc.stdout + proc.stderr
 
 
 def errors(doc: dict, host: str = NODE) -> list[dict]:
@@ -148,15 +143,6 @@ def test_injected_fault_is_found_then_cleared(converged, fault):
         assert all(f["fix"] for f in found)
     rc, doc, out = doctor("-l", NODE)
     assert rc == 0, f"{fault} not cleared by its restore:\n{out}"
-
-
-def _grep_tree(root: Path, needle: bytes) -> list[str]:
-    hits = []
-    for path in root.rglob("*"):
-        with contextlib.suppress(OSError):
-            if path.is_file() and not path.is_symlink() and needle in path.read_bytes():
-                hits.append(str(path))
-    return hits
 
 
 def test_api_key_enforced_and_never_written_down(converged):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from atlasctl.bundle import write_manifest
-from labtools import ENV, ROOT, atlasctl, playbook
+from labtools import ENV, ROOT, atlasctl, cann_versions, playbook
 
 pytestmark = pytest.mark.lab
 
@@ -42,15 +42,6 @@ def run_on(host: str, *cmd: str, check: bool = True, timeout: int = 120) -> subp
 
 def ssh(host: str, *cmd: str, check: bool = True, timeout: int = 120) -> str:
     return run_on(host, *cmd, check=check, timeout=timeout).stdout
-
-
-def cann_versions(host: str) -> dict[str, str]:
-    """Versions as atlas.serving.cann_facts reads them on the node."""
-    run = subprocess.run([str(Path(sys.executable).with_name("ansible")), "-i", "inventory/lab", host,
-                          "-m", "atlas.serving.cann_facts", "-o"], cwd=ROOT, env=ENV, text=True,
-                         capture_output=True, timeout=120, check=True)
-    facts = json.loads(run.stdout.split("=>", 1)[1])["ansible_facts"]["cann"]
-    return {k: (facts.get(k) or {}).get("version") for k in ("toolkit", "kernels", "nnal")}
 
 
 def test_no_route_out_and_offline_install_converges(fresh_lab):

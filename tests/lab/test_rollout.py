@@ -4,19 +4,16 @@ a second rollout on the same inventory refused."""
 
 from __future__ import annotations
 
-import json
 import subprocess
-import threading
 import time
-import urllib.request
 
 import pytest
-from labtools import ATLASCTL, ENV, ROOT, atlasctl
+from labtools import ATLASCTL, ENV, ROOT, SERVING, Load, atlasctl
+from labtools import releases as _releases
+from labtools import rollout as _rollout
 
 pytestmark = pytest.mark.lab
 
-GATEWAYS = {"east": "http://10.77.0.15:8080", "west": "http://10.77.0.16:8080"}
-SERVING = ["atlas-n1", "atlas-n2", "atlas-n3", "atlas-n4"]
 CANARY = "atlas-n3"
 LENIENT_SLO = 'rollout_slo={"e2el_ms": 60000}'
 
@@ -25,53 +22,6 @@ LENIENT_SLO = 'rollout_slo={"e2el_ms": 60000}'
 def converged(converged_lab):
     assert converged_lab.first.returncode == 0, converged_lab.first.stdout[-6000:]
     return converged_lab.hosts
-
-
-class Load:
-    """Bounded continuous client load: completions through each gateway, one at a time, counted."""
-
-    def __init__(self, max_seconds: float = 600):
-        self.ok = 0
-        self.failed: list[str] = []
-        self._stop = threading.Event()
-        self._deadline = time.monotonic() + max_seconds
-        self._threads = [threading.Thread(target=self._loop, args=(url,), daemon=True) for url in GATEWAYS.values()]
-
-    def _loop(self, url: str) -> None:
-        body = json.dumps({"model": "atlas-tiny-llama", "prompt": "Hello, my balance", "max_tokens": 4}).encode()
-        while not self._stop.is_set() and time.monotonic() < self._deadline:
-            req = urllib.request.Request(f"{url}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (lab address)
-                    json.loads(resp.read())["choices"][0]["text"]
-                self.ok += 1
-            except Exception as exc:  # noqa: BLE001 (every failure counts)
-                self.failed.append(f"{url}: {exc}")
-            time.sleep(0.05)
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(90)
-
-
-def _releases() -> dict[str, str]:
-    out = {}
-    for host in SERVING:
-        record = atlasctl("lab", "ssh", host, "cat", "/etc/atlas/serving/atlas-serving.json", timeout=60)
-        out[host] = json.loads(record.stdout)["release_id"]
-    return out
-
-
-def _rollout(*args: str) -> tuple[int, dict]:
-    proc = atlasctl("rollout", "-i", "inventory/lab", "--json", *args, check=False, timeout=1200)
-    return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {"raw": proc})
 
 
 def test_full_rollout_under_load_fails_no_request(converged):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import urllib.request
-from pathlib import Path
 
 import pytest
 from labtools import atlasctl, changed_tasks, playbook, recap
+from labtools import model_service as _service
+from labtools import new_model_version as _new_model_version
 
 pytestmark = pytest.mark.lab
 
@@ -154,52 +154,6 @@ def test_env_file_is_private(site_runs):
 # --- model integrity: a bad new model version never reaches the engine ---------------------------
 
 NODE = "atlas-n3"  # an SGLang stand-in node: restarts in about a second
-
-
-def _node_path(host: str, path: str) -> Path:
-    from atlasctl.lab import paths
-
-    return paths.node_dir(host) / "merged" / path.lstrip("/")
-
-
-def _service(host: str) -> tuple[str, str, str]:
-    """(ActiveState, MainPID, current model version) of the serving unit on a node."""
-    out = atlasctl("lab", "ssh", host,
-                   "systemctl show -p ActiveState -p MainPID atlas-serving;"
-                   " readlink /var/lib/atlas/models/atlas-tiny-llama/current", timeout=60).stdout.split()
-    props = dict(line.split("=", 1) for line in out if "=" in line)
-    link = [line for line in out if "=" not in line][0]
-    return props["ActiveState"], props["MainPID"], link
-
-
-def _new_model_version(host: str, *, corrupt: bool) -> str:
-    """Write a bundle copy inside the node whose model is a new version (generation_config
-    changed, sums and manifest regenerated), optionally with one flipped byte in a shard
-    after the manifest was written (same size: a transfer that went wrong). Returns its
-    path on the node. (A flip that also keeps the mtime never reaches the node: rsync
-    hard-links that shard from the current version, which is the right content.)"""
-    from atlasctl import bundle
-    from atlasctl.cli import main as atlasctl_main
-    from atlasctl.lab.paths import bundle_dir
-
-    on_node = "/var/lib/atlas/test-bundle"
-    root = _node_path(host, on_node)
-    shutil.rmtree(root, ignore_errors=True)
-    model = root / "models" / "atlas-tiny-llama"
-    shutil.copytree(bundle_dir() / "models" / "atlas-tiny-llama", model)
-    gen = json.loads((model / "generation_config.json").read_text())
-    gen["max_new_tokens"] = 64
-    (model / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
-    for sums in ("md5sums.txt", "sha256sums.txt"):
-        (model / sums).unlink()
-    assert atlasctl_main(["models", "manifest", str(model), "--format", "sums"]) == 0
-    bundle.write_manifest(root, "test")
-    if corrupt:
-        shard = model / "model-00001-of-00002.safetensors"
-        data = bytearray(shard.read_bytes())
-        data[len(data) // 2] ^= 0x01
-        shard.write_bytes(bytes(data))
-    return on_node
 
 
 def test_corrupt_new_model_version_is_refused_and_service_keeps_serving(site_runs):
