@@ -1,0 +1,198 @@
+"""The rollout benchmark's pure parts: the scale fleet, wave plans, event timing, figures, the table."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from atlasctl import rollout_bench as rb
+from atlasctl.collection import ensure_on_path
+from atlasctl.lab import config, inventory
+
+ROOT = Path(__file__).resolve().parents[2]
+T0 = dt.datetime(2026, 11, 30, 8, 0, 0, tzinfo=dt.UTC)
+
+
+def test_parse_sizes_sorted_unique_and_bounded():
+    assert rb.parse_sizes("24,4, 8,16,8") == [4, 8, 16, 24]
+    for bad in ("", "0,4", "four", f"{rb.MAX_SERVING_NODES + 1}"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            rb.parse_sizes(bad)
+
+
+def test_fleet_size_covers_sizes_noop_and_overhead_in_whole_branches():
+    assert rb.fleet_size([4, 8, 16, 24], 4, 4) == 24
+    assert rb.fleet_size([4], 4, 4) == 8  # the no-op re-run needs 8 serving nodes
+    assert rb.fleet_size([10], 4, 4) == 12
+    assert rb.fleet_size([2], 4, 9) == 12  # one node, then 9 waves of one on other nodes
+
+
+def test_generated_fleet_is_a_valid_lab_file_with_its_own_inventory(tmp_path):
+    path = tmp_path / "scale" / "lab.yml"
+    data = yaml.safe_load(rb.render_fleet(rb.fleet(24, 4)))
+    cfg = config.parse(data, path)
+    serving = cfg.serving_nodes
+    assert len(serving) == 24 and len(cfg.nodes) == 30
+    assert {n.npu for n in serving} == {config.NpuSpec("910B4", 4, 32768)}
+    assert cfg.groups["branch_b1"] == ["scale-n01", "scale-n02", "scale-n03", "scale-n04"]
+    assert cfg.groups["gateway"] == [f"scale-gw-b{i}" for i in range(1, 7)]
+    assert cfg.inventory_path == path.parent / "hosts.yml"  # never inventory/lab/hosts.yml
+    # the lab's own network: the same blackhole route and nft table guard it
+    lab = yaml.safe_load((ROOT / "inventory/lab/lab.yml").read_text())
+    assert (cfg.bridge, cfg.subnet) == (lab["bridge"], lab["subnet"])
+    hosts = inventory.build(cfg, Path("/k"), Path("/kh"))["all"]["children"]
+    assert hosts["gateway"]["hosts"]["scale-gw-b6"]["gateway_branch"] == "b6"
+    assert len(hosts["atlas_nodes"]["hosts"]) == 24
+
+
+def test_scale_inventory_is_sglang_only_and_mirrors_the_lab():
+    lab_all = yaml.safe_load((ROOT / "inventory/lab/group_vars/all.yml").read_text())
+    west = yaml.safe_load((ROOT / "inventory/lab/group_vars/branch_west.yml").read_text())
+    scale_all = yaml.safe_load((ROOT / "inventory/scale/group_vars/all.yml").read_text())
+    nodes = yaml.safe_load((ROOT / "inventory/scale/group_vars/atlas_nodes.yml").read_text())
+    assert scale_all == lab_all
+    assert nodes == west
+    assert "vllm" not in (ROOT / "inventory/scale/group_vars/atlas_nodes.yml").read_text().split("No vLLM")[0]
+
+
+def test_gateways_and_wave_plans():
+    names = [rb.node_name(i) for i in range(1, 9)]
+    assert rb.gateways_for(names, 4) == ["scale-gw-b1", "scale-gw-b2"]
+    assert rb.gateways_for(names[3:5], 4) == ["scale-gw-b1", "scale-gw-b2"]
+    assert rb.one_wave(names[:3]) == [{"name": "all", "hosts": names[:3], "serial": 3}]
+    assert rb.waves_of_one(names[:2]) == [{"name": "w1", "hosts": ["scale-n01"], "serial": 1},
+                                          {"name": "w2", "hosts": ["scale-n02"], "serial": 1}]
+    assert rb.rollout_limit(names[:2]) == "scale-n01,scale-n02,localhost"
+
+
+def test_waves_plan_matches_the_rollout_filter():
+    ensure_on_path()
+    rollout_plan = importlib.import_module("ansible_collections.atlas.serving.plugins.filter.rollout").rollout_plan
+    groups = {"atlas_nodes": [rb.node_name(i) for i in range(1, 9)]}
+    plan = rollout_plan(rb.waves_of_one(groups["atlas_nodes"][:4]), groups)
+    assert [(w["name"], w["hosts"], w["serial"]) for w in plan] == [
+        (f"w{i}", [rb.node_name(i)], 1) for i in range(1, 5)]
+    plan = rollout_plan(rb.one_wave(groups["atlas_nodes"]), groups)
+    assert plan[0]["serial"] == 8 and len(plan) == 1
+
+
+class Events:
+    """Synthetic runner events with increasing counters and given times (seconds after T0)."""
+
+    def __init__(self):
+        self.events: list[dict] = []
+
+    def add(self, kind: str, at: float, **data) -> Events:
+        self.events.append({"event": kind, "counter": len(self.events) + 1,
+                            "created": (T0 + dt.timedelta(seconds=at)).isoformat(), "event_data": data})
+        return self
+
+
+def _wave(ev: Events, index: int, start: float, hosts: list[str], tasks: list[tuple[str, float]]) -> float:
+    ev.add("playbook_on_play_start", start, play=f"Rollout | wave {index}")
+    t = start + 0.5  # play setup before the first task
+    for name, seconds in tasks:
+        ev.add("playbook_on_task_start", t, play=f"Rollout | wave {index}", task=name)
+        for h in hosts:
+            ev.add("runner_on_start", t + 0.01, play=f"Rollout | wave {index}", task=name, host=h)
+        for h in hosts:
+            ev.add("runner_on_ok", t + seconds, play=f"Rollout | wave {index}", task=name, host=h,
+                   duration=seconds - 0.01)
+        t += seconds + 0.1
+    return t + 0.4  # play end
+
+
+def test_waves_and_task_profile_from_events():
+    ev = Events()
+    ev.add("playbook_on_start", 0).add("playbook_on_play_start", 0.1, play="Rollout | plan")
+    ev.add("playbook_on_task_start", 0.2, play="Rollout | plan", task="Rollout | plan | the waves")
+    ev.add("runner_on_ok", 0.3, play="Rollout | plan", task="Rollout | plan | the waves", host="localhost",
+           duration=0.1)
+    end = _wave(ev, 1, 1.0, ["scale-n01"], [("stage", 2.0), ("restart", 1.0)])
+    end = _wave(ev, 2, end, ["scale-n02", "scale-n03"], [("stage", 3.0), ("restart", 1.0)])
+    ev.add("playbook_on_play_start", end, play="Rollout | wave 3")
+    ev.add("playbook_on_no_hosts_matched", end, play="Rollout | wave 3")
+    ev.add("playbook_on_play_start", end + 0.1, play="Health | service")
+    ev.add("playbook_on_stats", end + 3)
+    found = rb.waves(ev.events)
+    assert [w["index"] for w in found] == [1, 2]
+    one, two = found
+    assert one["hosts"] == ["scale-n01"] and two["hosts"] == ["scale-n02", "scale-n03"]
+    # wave 1: play start 1.0, first host start 1.51, last result 1.5 + 2 + 0.1 + 1 = 4.6, next play 5.1
+    assert one["seconds"] == pytest.approx(4.1, abs=0.01)
+    assert one["span"] == pytest.approx(4.6 - 1.51, abs=0.01)
+    assert one["overhead"] == pytest.approx(one["seconds"] - one["span"], abs=0.02)
+    assert two["task_mean"] == pytest.approx((2.99 * 2 + 0.99 * 2) / 4, abs=0.001)
+    profile = rb.task_profile(ev.events)
+    assert profile[0][0] == "stage" and profile[0][2] == 2
+    assert profile[0][1] == pytest.approx(2.1 + 3.1, abs=0.01)
+    assert all(name != "Rollout | plan | the waves" for name, _, _ in profile)
+
+
+def test_waves_merges_serial_batches_of_one_wave():
+    ev = Events()
+    end = _wave(ev, 1, 0.0, ["a"], [("t", 1.0)])
+    end = _wave(ev, 1, end, ["b"], [("t", 1.0)])
+    ev.add("playbook_on_stats", end)
+    (wave,) = rb.waves(ev.events)
+    assert wave["hosts"] == ["a", "b"] and wave["seconds"] == pytest.approx(4.0, abs=0.01)
+
+
+def test_recap_parses_plain_output():
+    out = ("PLAY RECAP *********\n"
+           "scale-gw-b1                : ok=12   changed=0    unreachable=0    failed=0    skipped=3    rescued=0  "
+           "  ignored=0\n"
+           "scale-n01                  : ok=140  changed=2    unreachable=0    failed=0    skipped=20   rescued=0  "
+           "  ignored=0\n\nsomething else\n")
+    stats = rb.recap(out)
+    assert stats["scale-n01"]["changed"] == 2 and stats["scale-gw-b1"]["ok"] == 12
+    assert rb.recap("no recap here") == {}
+
+
+def _res(wall: float, waves: list[tuple[float, float]]) -> dict:
+    return {"wall": wall, "waves": [{"seconds": s, "overhead": o, "task_mean": 0.3} for s, o in waves],
+            "busy_pct": 90.0, "controller_cpu_s": 10.0}
+
+
+def _figures():
+    one = _res(30.0, [(20.0, 0.2)])
+    multi = _res(95.0, [(21.0, 0.3), (22.0, 0.3), (19.0, 0.2), (20.0, 0.2)])
+    sized = {4: _res(40.0, [(28.0, 0.4)]), 24: _res(120.0, [(100.0, 1.0)])}
+    noop = {"seconds": 45.0, "changed": 0, "nodes": 8, "gateways": 2}
+    return rb.summarise(one, multi, sized, noop, 4), [one, multi, sized[4], sized[24]]
+
+
+def test_summarise_ratios_targets_overhead_and_growth():
+    fig, runs = _figures()
+    assert fig["t1_s"] == 20.0  # median of the one-node wave and the four waves of one: 19 20 20 21 22
+    rows = {r["case"]: r for r in fig["rows"]}
+    assert rows["one node"]["fixed_s"] == 10.0
+    assert rows["4 waves of 1"]["wave_s"] == 82.0
+    assert rows["4 waves of 1"]["overhead_s"] == 0.25
+    assert rows["4 waves of 1"]["fixed_s"] == 13.0
+    assert rows["1 wave of 4"]["target"] is True
+    assert rows["1 wave of 24"]["target"] is False
+    assert fig["growth_s_per_node"] == pytest.approx((100 - 28) / 20, abs=0.01)
+    assert fig["noop"]["target"] is True
+    missed = rb.summarise(runs[0], runs[1], {}, {"seconds": 30.0, "changed": 1}, 4)
+    assert missed["noop"]["target"] is False and missed["growth_s_per_node"] is None
+
+
+def test_render_prints_every_case_and_missed_targets():
+    fig, runs = _figures()
+    rb._annotate(fig, runs)
+    text = rb.render(fig, {"fleet": "24 SGLang stand-in nodes + 6 gateways", "converge_s": 300.0,
+                           "profiles": {"one node": [["Rollout | node | SLO gate", 5.0, 1]]}})
+    for case in ("one node", "4 waves of 1", "1 wave of 4", "1 wave of 24"):
+        assert re.search(rf"^{re.escape(case)}\s", text, re.M), case
+    assert re.search(r"^1 wave of 24 .* MISSED", text, re.M)
+    assert re.search(r"^1 wave of 4 .* OK", text, re.M)
+    assert "no-op site.yml over 8 serving nodes + 2 gateways: 45.0 s, changed=0" in text
+    assert "growth 4 -> 24 nodes in one wave: +3.60 s per extra node" in text
+    assert "site.yml converge: 300.0 s" in text
+    assert "SLO gate" in text

@@ -1,0 +1,542 @@
+"""Benchmark: rollout wall time over the lab at scale (``python -m atlasctl.rollout_bench``).
+
+    python -m atlasctl.rollout_bench [--sizes 4,8,16,24] [--json FILE] [--per-branch 4] [--overhead-waves 4]
+
+One run, holding the machine's lab lock (/var/lib/atlas-lab.lock) from start to end:
+  1. brings any lab down, writes inventory/scale/lab.yml (generated here: SGLang stand-in serving
+     nodes, ``--per-branch`` per branch, one nginx gateway per branch) and brings that lab up; its
+     inventory is inventory/scale/hosts.yml (``lab up`` writes hosts.yml next to the fleet file),
+     so inventory/lab/hosts.yml never points at it;
+  2. builds the offline bundle (inventory/lab/bundle.yml; cached), runs site.yml over the whole
+     fleet (converge), then site.yml again limited to 8 serving nodes (two whole branches) and
+     their gateways: the no-op re-run, against the 60 s target, with changed=0;
+  3. rolls releases out through atlasctl.rollout (the code behind ``atlasctl rollout``), each with a
+     new release id (the service record carries it, so every node of the wave really restarts):
+     one node in one wave; k nodes as k waves of one; for each size N, N nodes in ONE wave;
+  4. prints the figures (``--json FILE`` keeps them) and brings the scale lab down, always.
+
+Definitions (every time from the runner events' own timestamps):
+  wave s     a wave's play start to the next play start: what the wave costs.
+  T1         the median wave s of one-node waves (the one-node rollout and each wave of the k x 1 one).
+  ratio      wave s / T1. Target: a wave of N nodes costs at most 1.5 x T1.
+  overhead   per wave: wave s minus the wave's node work span (first task start to last task result):
+             what Ansible charges to start and to end a wave (play and batch setup, handler flush).
+  fixed      per rollout: rollout wall minus the sum of its waves (runner start, the plan play, the empty
+             wave plays, the fleet health play over the rolled nodes, runner end).
+  growth     (wave s of the largest N - wave s of the smallest N) / (difference in N): seconds per node.
+  tasks      per task name, from its start to the next task start, summed: where a wave's time goes.
+
+A missed target is a figure (printed MISSED), not an error. Exit status: 0 figures printed,
+2 bad arguments, 3 the lab, the bundle, site.yml or a rollout failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from atlasctl import exitcodes
+from atlasctl.errors import AtlasError
+from atlasctl.paths import repo_root
+
+LAB_LOCK = Path("/var/lib/atlas-lab.lock")
+SCALE_DIR = Path("inventory/scale")
+FLEET_FILE = SCALE_DIR / "lab.yml"
+BUNDLE_SPEC = Path("inventory/lab/bundle.yml")
+DEFAULT_SIZES = (4, 8, 16, 24)
+NOOP_NODES = 8
+WAVE_TARGET = 1.5
+NOOP_TARGET_S = 60.0
+# Our own SSH multiplexing sockets: the scale nodes reuse the lab's addresses (10.77.0.11...), and a
+# master left by an earlier lab (ControlPersist) at the same address would be a dead connection.
+CONTROL_PATH_DIR = "/tmp/.atlas-bench-cp"
+NODE_NPU = {"model": "910B4", "count": 4, "hbm_mb": 32768}  # as atlas-n3/atlas-n4 of the lab
+MAX_SERVING_NODES = 24 * 4  # the lab's /24 leaves 243 addresses; 2 cores and 24 GiB are the real limit
+WAVE_PLAY_RE = re.compile(r"^Rollout \| wave (\d+)$")
+HOST_RESULTS = ("runner_on_ok", "runner_on_failed", "runner_on_skipped", "runner_on_unreachable")
+TASK_STARTS = ("playbook_on_task_start", "playbook_on_handler_task_start")
+BOUNDARIES = ("playbook_on_play_start", "playbook_on_stats")
+RECAP_RE = re.compile(r"^(\S+)\s+:\s+((?:\w+=\d+\s*)+)$")
+
+
+class BenchError(Exception):
+    """A step of the benchmark failed (not a missed target)."""
+
+
+# ------------------------------------------------------------------ the fleet (pure)
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'4,8,16,24' -> [4, 8, 16, 24] (sorted, unique, each 1..MAX_SERVING_NODES)."""
+    try:
+        sizes = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sizes {text!r}: use comma-separated node counts, e.g. 4,8,16,24") \
+            from None
+    if not sizes or sizes[0] < 1 or sizes[-1] > MAX_SERVING_NODES:
+        raise argparse.ArgumentTypeError(f"--sizes {text!r}: each size must be 1..{MAX_SERVING_NODES}")
+    return sizes
+
+
+def node_name(i: int) -> str:
+    return f"scale-n{i:02d}"
+
+
+def branch_of(i: int, per_branch: int) -> str:
+    """Serving node i (1-based) -> its branch name: b1 holds nodes 1..per_branch, and so on."""
+    return f"b{(i - 1) // per_branch + 1}"
+
+
+def gateway_name(branch: str) -> str:
+    return f"scale-gw-{branch}"
+
+
+def fleet_size(sizes: Sequence[int], per_branch: int, overhead_waves: int) -> int:
+    """Serving nodes to boot: enough for every size, the no-op subset and the k x 1 rollout, in whole branches."""
+    wanted = max([*sizes, NOOP_NODES, overhead_waves + 1])
+    return -(-wanted // per_branch) * per_branch
+
+
+def fleet(serving: int, per_branch: int) -> dict[str, Any]:
+    """The lab fleet file (inventory/lab/lab.yml's format): serving nodes first, then one gateway per branch."""
+    nodes: list[dict[str, Any]] = [
+        {"name": node_name(i), "groups": [f"branch_{branch_of(i, per_branch)}"], "npu": dict(NODE_NPU)}
+        for i in range(1, serving + 1)]
+    branches = sorted({branch_of(i, per_branch) for i in range(1, serving + 1)}, key=lambda b: int(b[1:]))
+    nodes += [{"name": gateway_name(b), "kind": "gateway", "groups": ["gateway"], "vars": {"gateway_branch": b}}
+              for b in branches]
+    # Same lab name, bridge and subnet as inventory/lab/lab.yml: the same blackhole route and nft table
+    # guard it, and nothing new is left in the kernel after `lab down`.
+    return {"lab_name": "atlas", "bridge": "atlasbr0", "subnet": "10.77.0.0/24",
+            "driver_version": "24.1.rc1", "firmware_version": "7.1.0.6.220", "nodes": nodes}
+
+
+def render_fleet(data: dict[str, Any]) -> str:
+    return ("---\n# Generated by `python -m atlasctl.rollout_bench` (the scale lab); removed when it ends.\n"
+            "# `atlasctl lab up --config inventory/scale/lab.yml` writes inventory/scale/hosts.yml from it.\n"
+            + yaml.safe_dump(data, sort_keys=False, width=200))
+
+
+def gateways_for(hosts: Sequence[str], per_branch: int) -> list[str]:
+    branches: list[str] = []
+    for host in hosts:
+        branch = branch_of(int(host.removeprefix("scale-n")), per_branch)
+        if branch not in branches:
+            branches.append(branch)
+    return [gateway_name(b) for b in branches]
+
+
+def one_wave(hosts: Sequence[str], name: str = "all") -> list[dict[str, Any]]:
+    """rollout_waves for N nodes in ONE wave (batch N)."""
+    return [{"name": name, "hosts": list(hosts), "serial": len(hosts)}]
+
+
+def waves_of_one(hosts: Sequence[str]) -> list[dict[str, Any]]:
+    """rollout_waves for k nodes as k waves of one node."""
+    return [{"name": f"w{i}", "hosts": [h], "serial": 1} for i, h in enumerate(hosts, 1)]
+
+
+def rollout_limit(hosts: Sequence[str]) -> str:
+    """The rolled nodes and localhost (the plan play): the fleet health play then checks these nodes only.
+
+    Gateways need not be in the limit: drain/enable delegate to them and hostvars hold every host."""
+    return ",".join([*hosts, "localhost"])
+
+
+# ------------------------------------------------------------------ events (pure)
+
+
+def _t(event: dict) -> float:
+    return dt.datetime.fromisoformat(event["created"]).timestamp()
+
+
+def slim(event: dict) -> dict:
+    """Keep what the analysis reads (a 24-node rollout has ~10 000 events)."""
+    data = event.get("event_data") or {}
+    keep = {k: data[k] for k in ("play", "task", "host", "duration") if k in data}
+    return {"event": event.get("event"), "counter": event.get("counter", 0), "created": event.get("created"),
+            "event_data": keep}
+
+
+def waves(events: Sequence[dict]) -> list[dict[str, Any]]:
+    """Each wave play that ran hosts: {index, seconds, span, overhead, hosts, task_mean}.
+
+    A wave ends at the next play start (or the stats); its node work span runs from its first host
+    start to its last host result."""
+    evs = sorted((e for e in events if e.get("created")), key=lambda e: e.get("counter", 0))
+    bounds = [i for i, e in enumerate(evs) if e["event"] in BOUNDARIES]
+    out: list[dict[str, Any]] = []
+    for n, i in enumerate(bounds):
+        match = WAVE_PLAY_RE.match((evs[i].get("event_data") or {}).get("play", ""))
+        if evs[i]["event"] != "playbook_on_play_start" or not match:
+            continue
+        end = bounds[n + 1] if n + 1 < len(bounds) else len(evs) - 1
+        inside = evs[i + 1:end]
+        starts = [e for e in inside if e["event"] == "runner_on_start"]
+        results = [e for e in inside if e["event"] in HOST_RESULTS]
+        if not results:
+            continue  # no hosts matched: the plan has fewer waves than the playbook imports
+        seconds = _t(evs[end]) - _t(evs[i])
+        span = _t(results[-1]) - _t(starts[0] if starts else results[0])
+        durations = [float(e["event_data"]["duration"]) for e in results if "duration" in e["event_data"]]
+        out.append({"index": int(match.group(1)), "seconds": round(seconds, 2), "span": round(span, 2),
+                    "overhead": round(seconds - span, 2),
+                    "hosts": sorted({e["event_data"]["host"] for e in results if e["event_data"].get("host")}),
+                    "task_mean": round(statistics.fmean(durations), 3) if durations else 0.0})
+    # one play per serial batch: a wave of several batches is several plays with the same index
+    merged: dict[int, dict[str, Any]] = {}
+    for w in out:
+        if w["index"] in merged:
+            m = merged[w["index"]]
+            for key in ("seconds", "span", "overhead"):
+                m[key] = round(m[key] + w[key], 2)
+            m["hosts"] = sorted({*m["hosts"], *w["hosts"]})
+        else:
+            merged[w["index"]] = w
+    return list(merged.values())
+
+
+def task_profile(events: Sequence[dict], top: int = 8, play_re: re.Pattern[str] = WAVE_PLAY_RE) -> list[list]:
+    """[[task name, seconds, times]] summed over the wave plays, largest first."""
+    evs = sorted((e for e in events if e.get("created")), key=lambda e: e.get("counter", 0))
+    marks = [e for e in evs if e["event"] in TASK_STARTS + BOUNDARIES]
+    totals: dict[str, list] = {}
+    for cur, nxt in zip(marks, marks[1:], strict=False):
+        data = cur.get("event_data") or {}
+        if cur["event"] not in TASK_STARTS or not play_re.match(data.get("play", "")):
+            continue
+        entry = totals.setdefault(data.get("task", "?"), [0.0, 0])
+        entry[0] += _t(nxt) - _t(cur)
+        entry[1] += 1
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
+    return [[name, round(s, 2), n] for name, (s, n) in ranked]
+
+
+def recap(output: str) -> dict[str, dict[str, int]]:
+    """PLAY RECAP lines of ansible-playbook's output: host -> {ok, changed, failed, ...}."""
+    stats: dict[str, dict[str, int]] = {}
+    seen = False
+    for line in output.splitlines():
+        if line.startswith("PLAY RECAP"):
+            seen = True
+        elif seen and (m := RECAP_RE.match(line.strip())):
+            stats[m.group(1)] = {k: int(v) for k, v in (kv.split("=") for kv in m.group(2).split())}
+    return stats
+
+
+# ------------------------------------------------------------------ figures (pure)
+
+
+def verdict(ok: bool | None) -> str:
+    return "-" if ok is None else ("OK" if ok else "MISSED")
+
+
+def summarise(one: dict, multi: dict, sized: dict[int, dict], noop: dict, k: int) -> dict[str, Any]:
+    """Rollout results ({wall, waves: [...]}) -> the figures: T1, ratios, overheads, growth."""
+    singles = [w["seconds"] for w in one["waves"]] + [w["seconds"] for w in multi["waves"]]
+    t1 = statistics.median(singles)
+    rows = [{"case": "one node", "nodes": 1, "waves": 1, "wall_s": one["wall"], "wave_s": one["waves"][0]["seconds"],
+             "ratio": round(one["waves"][0]["seconds"] / t1, 2), "target": None,
+             "overhead_s": one["waves"][0]["overhead"], "fixed_s": _fixed(one)}]
+    multi_sum = sum(w["seconds"] for w in multi["waves"])
+    rows.append({"case": f"{k} waves of 1", "nodes": k, "waves": len(multi["waves"]), "wall_s": multi["wall"],
+                 "wave_s": round(multi_sum, 2), "ratio": round(multi_sum / (k * t1), 2), "target": None,
+                 "overhead_s": round(statistics.fmean(w["overhead"] for w in multi["waves"]), 2),
+                 "fixed_s": _fixed(multi)})
+    for n, res in sorted(sized.items()):
+        wave = res["waves"][0]
+        ratio = wave["seconds"] / t1
+        rows.append({"case": f"1 wave of {n}", "nodes": n, "waves": len(res["waves"]), "wall_s": res["wall"],
+                     "wave_s": wave["seconds"], "ratio": round(ratio, 2), "target": ratio <= WAVE_TARGET,
+                     "overhead_s": wave["overhead"], "fixed_s": _fixed(res)})
+    growth = None
+    if len(sized) >= 2:
+        lo, hi = min(sized), max(sized)
+        growth = round((sized[hi]["waves"][0]["seconds"] - sized[lo]["waves"][0]["seconds"]) / (hi - lo), 2)
+    return {"t1_s": round(t1, 2), "t1_samples": singles, "rows": rows, "growth_s_per_node": growth,
+            "growth_range": [min(sized), max(sized)] if sized else [],
+            "noop": {**noop, "target": noop.get("seconds", 1e9) < NOOP_TARGET_S and noop.get("changed") == 0}}
+
+
+def _fixed(res: dict) -> float:
+    return round(res["wall"] - sum(w["seconds"] for w in res["waves"]), 2)
+
+
+def render(fig: dict[str, Any], extra: dict[str, Any]) -> str:
+    lines = [f"Rollout benchmark: {extra.get('fleet', '?')}, {os.cpu_count()} cores; "
+             f"T1 (one-node wave, median of {len(fig['t1_samples'])}) = {fig['t1_s']:.1f} s",
+             "",
+             f"{'CASE':<16}{'NODES':>6}{'WAVES':>6}{'WALL s':>9}{'WAVE s':>9}{'x T1':>7}  "
+             f"{'<=1.5xT1':<9}{'OVERHEAD/WAVE s':>16}{'FIXED s':>9}{'TASK s':>8}{'CPU busy':>9}"]
+    for row in fig["rows"]:
+        lines.append(f"{row['case']:<16}{row['nodes']:>6}{row['waves']:>6}{row['wall_s']:>9.1f}{row['wave_s']:>9.1f}"
+                     f"{row['ratio']:>7.2f}  {verdict(row['target']):<9}{row['overhead_s']:>16.2f}"
+                     f"{row['fixed_s']:>9.1f}{row.get('task_mean', 0):>8.2f}"
+                     f"{row.get('busy_pct', 0):>8.0f}%")
+    noop = fig["noop"]
+    lines += ["",
+              f"no-op site.yml over {noop.get('nodes')} serving nodes + {noop.get('gateways')} gateways: "
+              f"{noop.get('seconds', float('nan')):.1f} s, changed={noop.get('changed')} "
+              f"(target < {NOOP_TARGET_S:.0f} s with changed=0: {verdict(noop['target'])})"]
+    if fig["growth_s_per_node"] is not None:
+        lo, hi = fig["growth_range"]
+        lines.append(f"growth {lo} -> {hi} nodes in one wave: {fig['growth_s_per_node']:+.2f} s per extra node")
+    for key, label in (("lab_up_s", "lab up"), ("bundle_s", "bundle build"), ("converge_s", "site.yml converge")):
+        if key in extra:
+            lines.append(f"{label}: {extra[key]:.1f} s")
+    lines += ["", "WAVE s: the wave's play start to the next play start; x T1: WAVE s / T1; OVERHEAD/WAVE: WAVE s",
+              "minus the nodes' work span (first task start to last result); FIXED: rollout wall minus its waves",
+              "(runner, plan play, fleet health play); TASK s: mean module time per host task; CPU busy: this",
+              "machine's CPU (controller, nodes, engines) busy during the rollout."]
+    for name, profile in extra.get("profiles", {}).items():
+        lines += ["", f"where the time goes, {name} (task: seconds summed over the wave, times run):"]
+        lines += [f"  {s:>7.1f} s  x{n:<3} {task}" for task, s, n in profile]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ the machine (impure)
+
+
+def log(msg: str) -> None:
+    print(f"[rollout-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def lab_lock(path: Path = LAB_LOCK) -> Iterator[None]:
+    """The machine's one lab: the lab tests and engineers take this lock too."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"{path} is held (another session's lab); waiting for it")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _env() -> dict[str, str]:
+    venv_bin = str(Path(sys.executable).parent)
+    return {**os.environ, "ANSIBLE_CONFIG": str(repo_root() / "ansible.cfg"), "PYTHONUNBUFFERED": "1",
+            "ANSIBLE_NOCOLOR": "1", "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"}
+
+
+def _run(argv: Sequence[str], logfile: Path, timeout: float) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    proc = subprocess.run(list(argv), cwd=repo_root(), env=_env(), text=True, capture_output=True, timeout=timeout)
+    seconds = time.monotonic() - started
+    logfile.write_text(f"$ {' '.join(argv)}\n# rc {proc.returncode}, {seconds:.1f} s\n{proc.stdout}\n{proc.stderr}")
+    return proc, seconds
+
+
+def atlasctl(args: Sequence[str], logdir: Path, name: str, timeout: float = 1800) -> float:
+    proc, seconds = _run([sys.executable, "-m", "atlasctl", *args], logdir / f"{name}.log", timeout)
+    if proc.returncode != 0:
+        raise BenchError(f"atlasctl {' '.join(args)} exited {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"
+                         f"\n(log: {logdir / f'{name}.log'})")
+    return seconds
+
+
+def site(inventory: Path, logdir: Path, name: str, limit: str | None = None) -> dict[str, Any]:
+    argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), "site.yml"]
+    if limit:
+        argv += ["--limit", limit]
+    proc, seconds = _run(argv, logdir / f"{name}.log", timeout=7200)
+    stats = recap(proc.stdout)
+    if proc.returncode != 0 or not stats:
+        raise BenchError(f"site.yml ({name}) exited {proc.returncode}: {proc.stdout[-2500:]}\n"
+                         f"(log: {logdir / f'{name}.log'})")
+    return {"seconds": round(seconds, 1), "changed": sum(s.get("changed", 0) for s in stats.values()),
+            "hosts": len(stats)}
+
+
+def close_masters(directory: Path = Path(CONTROL_PATH_DIR)) -> int:
+    """Ask the SSH masters of our own control directory to exit (a lab brought down leaves them dead)."""
+    closed = 0
+    for sock in sorted(directory.glob("*")) if directory.is_dir() else []:
+        if sock.is_socket():
+            proc = subprocess.run(["ssh", "-o", f"ControlPath={sock}", "-O", "exit", "atlas-bench"],
+                                  capture_output=True, text=True, timeout=30, check=False)
+            closed += proc.returncode == 0
+    return closed
+
+
+def _cpu_times() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine from /proc/stat."""
+    fields = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+    return sum(fields) - idle, sum(fields)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def roll(inventory: Path, release: str, rollout_waves: list[dict], hosts: Sequence[str]) -> dict[str, Any]:
+    """One rollout through atlasctl.rollout with the given waves; the runner events are kept for the figures."""
+    from atlasctl import rollout
+    from atlasctl.runner import run_playbook
+
+    events: list[dict] = []
+
+    def run_fn(playbook: str, inv: Path, *, extravars: dict, limit: str | None,
+               on_event: Callable[[dict], None]) -> Any:
+        def both(event: dict) -> None:
+            events.append(slim(event))
+            on_event(event)
+        return run_playbook(playbook, inv, extravars=extravars, limit=limit, on_event=both)
+
+    busy0, total0 = _cpu_times()
+    cpu0, started = _children_cpu(), time.monotonic()
+    report = rollout.run(inventory, release, extravars={"rollout_waves": rollout_waves},
+                         limit=rollout_limit(hosts), run_fn=run_fn)
+    wall = time.monotonic() - started
+    busy1, total1 = _cpu_times()
+    if report["status"] != "ok":
+        raise BenchError(f"rollout {release} failed: {json.dumps(report.get('failure'))[:1500]} "
+                         f"(report: {report.get('report')}, runner artifacts: {report.get('artifacts')})")
+    done = sorted(n["host"] for n in report["nodes"] if n.get("release") == release)
+    if done != sorted(hosts):
+        raise BenchError(f"rollout {release}: nodes rolled {done}, expected {sorted(hosts)}")
+    found = waves(events)
+    if len(found) != len(rollout_waves):
+        raise BenchError(f"rollout {release}: {len(found)} wave plays in the events, {len(rollout_waves)} planned")
+    return {"release": release, "wall": round(wall, 1), "rollout_seconds": report["seconds"], "waves": found,
+            "controller_cpu_s": round(_children_cpu() - cpu0, 1),
+            "busy_pct": round(100 * (busy1 - busy0) / max(total1 - total0, 1), 1),
+            "profile": task_profile(events), "report": report.get("report")}
+
+
+def _annotate(fig: dict, runs: list[dict]) -> None:
+    """Add the mean task time and the CPU busy figure of each rollout to its row."""
+    for row, res in zip(fig["rows"], runs, strict=True):
+        means = [w["task_mean"] for w in res["waves"]]
+        row["task_mean"] = round(statistics.fmean(means), 3) if means else 0.0
+        row["busy_pct"] = res["busy_pct"]
+        row["controller_cpu_s"] = res["controller_cpu_s"]
+
+
+def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = False) -> dict[str, Any]:
+    root = repo_root()
+    inventory = root / SCALE_DIR
+    fleet_path = root / FLEET_FILE
+    serving = fleet_size(sizes, per_branch, k)
+    names = [node_name(i) for i in range(1, serving + 1)]
+    extra: dict[str, Any] = {"fleet": f"{serving} SGLang stand-in nodes + {serving // per_branch} gateways",
+                             "sizes": sizes, "per_branch": per_branch, "logs": str(logdir)}
+    stamp = time.strftime("%m%d%H%M%S")
+    os.environ["ANSIBLE_SSH_CONTROL_PATH_DIR"] = CONTROL_PATH_DIR  # ansible-playbook and ansible-runner read it
+    with lab_lock():
+        log("lab lock held; bringing any lab down")
+        atlasctl(["lab", "down"], logdir, "lab-down-before", timeout=600)
+        close_masters()
+        try:
+            fleet_path.write_text(render_fleet(fleet(serving, per_branch)))
+            log(f"lab up: {extra['fleet']} ({fleet_path.relative_to(root)})")
+            extra["lab_up_s"] = atlasctl(["lab", "up", "--config", str(fleet_path), "--timeout", "300"], logdir,
+                                         "lab-up", timeout=1800)
+            if (root / "inventory/lab/hosts.yml").exists():
+                raise BenchError("inventory/lab/hosts.yml exists while the scale lab is up; it would point at it")
+            log("bundle build (cached)")
+            extra["bundle_s"] = atlasctl(["bundle", "build", "--spec", str(root / BUNDLE_SPEC)], logdir, "bundle",
+                                         timeout=3600)
+            log(f"site.yml over the whole fleet (converge; {serving + serving // per_branch} hosts)")
+            converge = site(inventory, logdir, "site-converge")
+            extra["converge_s"] = converge["seconds"]
+            noop_hosts = names[:NOOP_NODES]
+            noop_gws = gateways_for(noop_hosts, per_branch)
+            log(f"no-op site.yml over {len(noop_hosts)} nodes + {len(noop_gws)} gateways")
+            noop = site(inventory, logdir, "site-noop", limit=",".join(noop_hosts + noop_gws))
+            noop.update(nodes=len(noop_hosts), gateways=len(noop_gws))
+            log(f"  {noop['seconds']} s, changed={noop['changed']}")
+            seq = iter(range(1, 1000))
+
+            def release() -> str:
+                return f"bench-{stamp}-{next(seq)}"
+
+            log(f"rollout: 1 node, one wave ({names[0]})")
+            one = roll(inventory, release(), one_wave(names[:1]), names[:1])
+            log(f"  wave {one['waves'][0]['seconds']} s, wall {one['wall']} s")
+            multi_hosts = names[1:k + 1]
+            log(f"rollout: {k} nodes as {k} waves of one ({', '.join(multi_hosts)})")
+            multi = roll(inventory, release(), waves_of_one(multi_hosts), multi_hosts)
+            log(f"  waves {[w['seconds'] for w in multi['waves']]} s, wall {multi['wall']} s")
+            sized: dict[int, dict] = {}
+            for n in sizes:
+                log(f"rollout: {n} nodes in ONE wave")
+                sized[n] = roll(inventory, release(), one_wave(names[:n]), names[:n])
+                log(f"  wave {sized[n]['waves'][0]['seconds']} s, wall {sized[n]['wall']} s, "
+                    f"machine busy {sized[n]['busy_pct']} %")
+        finally:
+            if keep:
+                log("--keep: the scale lab stays up (inventory/scale/hosts.yml); `atlasctl lab down` when done")
+            else:
+                log("bringing the scale lab down")
+                with contextlib.suppress(BenchError, subprocess.TimeoutExpired):
+                    atlasctl(["lab", "down"], logdir, "lab-down-after", timeout=600)
+                close_masters()
+                fleet_path.unlink(missing_ok=True)
+    fig = summarise(one, multi, sized, noop, k)
+    _annotate(fig, [one, multi, *[sized[n] for n in sorted(sized)]])
+    extra["profiles"] = {"one node": one["profile"]}
+    if sized:
+        extra["profiles"][f"1 wave of {max(sized)}"] = sized[max(sized)]["profile"]
+    return {"figures": fig, "extra": extra,
+            "runs": {"one": one, "multi": multi, "sized": {str(n): r for n, r in sized.items()}},
+            "converge": converge}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m atlasctl.rollout_bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=parse_sizes, default=list(DEFAULT_SIZES),
+                        help="wave sizes to measure, comma-separated (default 4,8,16,24)")
+    parser.add_argument("--per-branch", type=int, default=4, help="serving nodes per branch (default 4)")
+    parser.add_argument("--overhead-waves", type=int, default=4, metavar="K",
+                        help="the per-wave overhead rollout: K nodes as K waves of one (default 4)")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument("--keep", action="store_true", help="leave the scale lab up at the end (debugging)")
+    args = parser.parse_args(argv)
+    if args.per_branch < 1 or not 1 <= args.overhead_waves <= 15:
+        parser.error("--per-branch must be >= 1 and --overhead-waves 1..15 (the rollout playbook has 16 waves)")
+    if os.geteuid() != 0:
+        print("rollout_bench: the lab needs root", file=sys.stderr)
+        return exitcodes.ENVIRONMENT
+    logdir = repo_root() / "artifacts" / "bench" / "rollout" / time.strftime("%Y%m%dT%H%M%S")
+    logdir.mkdir(parents=True, exist_ok=True)
+    try:
+        result = bench(args.sizes, args.per_branch, args.overhead_waves, logdir, keep=args.keep)
+    except (BenchError, subprocess.TimeoutExpired) as exc:
+        print(f"rollout_bench: {exc}", file=sys.stderr)
+        return exitcodes.ENVIRONMENT
+    except AtlasError as exc:
+        print(f"rollout_bench: {exc.render()}", file=sys.stderr)
+        return exitcodes.ENVIRONMENT
+    text = render(result["figures"], result["extra"])
+    (logdir / "figures.txt").write_text(text + "\n")
+    print(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    return exitcodes.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
