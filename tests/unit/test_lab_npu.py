@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -46,9 +48,23 @@ def test_initial_state_renders_through_the_simulator(root: Path, monkeypatch: py
 
 def test_install_keeps_existing_state(root: Path) -> None:
     npu.update_file(root, health="Alarm")
+    (root / npu.DRIVER_INFO_REL).write_text("Version=25.5.0\n")  # an HDK installed on the node survives power-on
     cfg = config.parse(LAB, root / "lab.yml")
     npu.install(root, cfg, cfg.nodes[0])
     assert {d["health"] for d in json.loads((root / npu.STATE_REL).read_text())["devices"]} == {"Alarm"}
+    assert (root / npu.DRIVER_INFO_REL).read_text() == "Version=25.5.0\n"
+
+
+def test_boot_unit_loads_the_installed_driver(root: Path) -> None:
+    unit = root / npu.BOOT_UNIT_LINK_REL
+    assert unit.is_symlink()
+    assert "ExecStart=/usr/local/sbin/atlas-lab-driver load" in (root / npu.BOOT_UNIT_REL).read_text()
+    env = {"NPU_SMI_STATE": str(root / npu.STATE_REL), "ATLAS_LAB_ASCEND": str(root / "usr/local/Ascend")}
+    (root / npu.DRIVER_INFO_REL).write_text("Version=25.5.0\n")
+    tool = [sys.executable, str(root / npu.LAB_DRIVER_REL)]
+    assert subprocess.run([*tool, "running", "driver"], env=env, capture_output=True, text=True).stdout == "24.1.rc1\n"
+    subprocess.run([*tool, "load"], env=env, check=True)
+    assert subprocess.run([*tool, "running", "driver"], env=env, capture_output=True, text=True).stdout == "25.5.0\n"
 
 
 def test_update_one_device(root: Path) -> None:

@@ -21,7 +21,7 @@ from atlasctl.errors import UsageError
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.json.asc"  # optional GPG detached signature; not itself in the manifest
-_KEYS = ("name", "arch", "cann", "wheelsets", "models", "huawei_dir", "huawei", "pip", "suite", "sign")
+_KEYS = ("name", "arch", "cann", "hdk", "wheelsets", "models", "huawei_dir", "huawei", "pip", "suite", "sign")
 FORMAT = 1
 
 
@@ -37,6 +37,7 @@ class BundleSpec:
     pip: tuple[dict, ...] = ()
     suite: bool = False
     sign: str = ""
+    hdk: tuple[dict, ...] = ()  # lab doubles: {driver: 25.5.0, firmware: 7.8.0.2.212}
 
     @classmethod
     def load(cls, path: Path) -> BundleSpec:
@@ -51,7 +52,8 @@ class BundleSpec:
         unknown = set(data) - set(_KEYS)
         if unknown:
             raise UsageError(f"bundle spec {path}: unknown key(s) {', '.join(sorted(unknown))}")
-        for key, kind in (("name", str), ("arch", str), ("cann", list), ("wheelsets", list), ("models", list),
+        for key, kind in (("name", str), ("arch", str), ("cann", list), ("hdk", list), ("wheelsets", list),
+                          ("models", list),
                           ("huawei_dir", str), ("huawei", list), ("pip", list), ("suite", bool), ("sign", str)):
             if key in data and not isinstance(data[key], kind):
                 raise UsageError(f"bundle spec {path}: '{key}' must be a {kind.__name__}")
@@ -68,7 +70,22 @@ class BundleSpec:
             pip=tuple(data.get("pip", [])),
             suite=data.get("suite", False),
             sign=data.get("sign", ""),
+            hdk=tuple(_hdk_entry(path, entry) for entry in data.get("hdk", [])),
         )
+
+
+def _hdk_entry(path: Path, entry: object) -> dict:
+    if not isinstance(entry, dict) or set(entry) != {"driver", "firmware"}:
+        raise UsageError(f"bundle spec {path}: each 'hdk' entry is a mapping with driver and firmware, not {entry!r}",
+                         fix="write e.g. '- {driver: 25.5.0, firmware: 7.8.0.2.212}'")
+    from atlasctl.labkit.cann_run import CannBuildError
+    from atlasctl.labkit.hdk_run import hdk_package_files
+
+    try:
+        hdk_package_files(str(entry["driver"]), str(entry["firmware"]))
+    except CannBuildError as exc:
+        raise UsageError(f"bundle spec {path}: hdk entry {entry!r}: {exc}") from None
+    return {"driver": str(entry["driver"]), "firmware": str(entry["firmware"])}
 
 
 def hash_file(path: Path) -> tuple[str, str]:
@@ -86,7 +103,8 @@ def _kind_and_version(rel: str) -> tuple[str, str]:
     if parts[0] == "wheels":
         return "wheel", parts[1].rsplit("-", 1)[-1] if len(parts) > 1 else ""
     if parts[0] == "hdk":
-        stem = parts[-1].split("_")
+        # Ascend-hdk-910b-npu-driver_25.5.0_linux-x86_64.run, Ascend-hdk-910b-npu-firmware_7.8.0.2.212.run
+        stem = parts[-1].removesuffix(".run").removesuffix(".zip").split("_")
         return ("firmware" if "firmware" in parts[-1] else "driver"), stem[1] if len(stem) > 1 else ""
     if parts[0] == "suite":
         return "suite", ""
@@ -211,6 +229,15 @@ def _cann_step(version: str, arch: str) -> tuple[str, Step]:
     return f"CANN {version} packages", run
 
 
+def _hdk_step(entry: dict, arch: str) -> tuple[str, Step]:
+    def run(out: Path) -> None:
+        from atlasctl.labkit.hdk_run import build_hdk_packages
+
+        build_hdk_packages(out / "hdk", entry["driver"], entry["firmware"], arch=arch)
+
+    return f"HDK driver {entry['driver']} and firmware {entry['firmware']}", run
+
+
 def _wheelset_step(wheelset: str, cache: Path) -> tuple[str, Step]:
     def run(out: Path) -> None:
         dest = out / "wheels" / wheelset
@@ -249,7 +276,8 @@ def _model_step(model: dict) -> tuple[str, Step]:
 
 
 def plan_build(spec: BundleSpec, cache: Path) -> list[tuple[str, Step]]:
-    steps = [_cann_step(v, spec.arch) for v in spec.cann]
+    steps = [_hdk_step(e, spec.arch) for e in spec.hdk]
+    steps += [_cann_step(v, spec.arch) for v in spec.cann]
     steps += [_wheelset_step(w, cache) for w in spec.wheelsets]
     steps += [_model_step(m) for m in spec.models]
     from atlasctl import bundle_sources

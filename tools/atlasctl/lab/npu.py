@@ -16,6 +16,27 @@ DRIVER_INFO_REL = Path("usr/local/Ascend/driver/version.info")
 FIRMWARE_INFO_REL = Path("usr/local/Ascend/firmware/version.info")
 INSTALL_INFO_REL = Path("etc/ascend_install.info")
 SIMULATOR = Path(__file__).resolve().parent.parent / "labkit" / "npu_smi.py"
+LAB_DRIVER = Path(__file__).resolve().parent.parent / "labkit" / "lab_driver.py"
+LAB_DRIVER_REL = Path("usr/local/sbin/atlas-lab-driver")
+BOOT_UNIT_REL = Path("etc/systemd/system/atlas-lab-npu-boot.service")
+BOOT_UNIT_LINK_REL = Path("etc/systemd/system/multi-user.target.wants/atlas-lab-npu-boot.service")
+# At every boot the node runs the driver and firmware that are installed, as a server does
+# after an HDK install and a reboot.
+BOOT_UNIT = """\
+[Unit]
+Description=atlas lab: load the installed NPU driver and firmware (simulated)
+DefaultDependencies=no
+After=local-fs.target
+Before=sysinit.target
+
+[Service]
+Type=oneshot
+ExecStart=/usr/local/sbin/atlas-lab-driver load
+RemainAfterExit=yes
+
+[Install]
+WantedBy=multi-user.target
+"""
 BUS_IDS = ("C1", "C2", "81", "82", "01", "02", "41", "42", "C3", "C4", "83", "84", "03", "04", "43", "44")
 HEALTH_VALUES = ("OK", "Warning", "Alarm", "Critical")
 IDLE_HBM_USED_MB = 3318
@@ -82,13 +103,23 @@ def _write(root: Path, rel: Path, text: str, mode: int = 0o644) -> None:
 
 
 def install(root: Path, cfg: LabConfig, node: NodeSpec) -> None:
-    """Write the driver layer into a node's root filesystem (its overlay's merged dir)."""
+    """Write the driver layer into a node's root filesystem (its overlay's merged dir).
+
+    The tools are refreshed every time; the installed versions and the NPU state only on a
+    new node (an HDK install on the node survives power cycles)."""
     _write(root, NPU_SMI_REL, SIMULATOR.read_text(), 0o755)
+    _write(root, LAB_DRIVER_REL, LAB_DRIVER.read_text(), 0o755)
+    _write(root, BOOT_UNIT_REL, BOOT_UNIT)
+    link = root / BOOT_UNIT_LINK_REL
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(f"/{BOOT_UNIT_REL}")
+    if (root / STATE_REL).is_file():
+        return
     _write(root, DRIVER_INFO_REL, driver_version_info(cfg.driver_version))
     _write(root, FIRMWARE_INFO_REL, firmware_version_info(cfg.firmware_version, cfg.driver_version))
     _write(root, INSTALL_INFO_REL, ASCEND_INSTALL_INFO)
-    if not (root / STATE_REL).is_file():
-        _write(root, STATE_REL, json.dumps(initial_state(cfg, node), indent=2) + "\n")
+    _write(root, STATE_REL, json.dumps(initial_state(cfg, node), indent=2) + "\n")
 
 
 def apply_changes(

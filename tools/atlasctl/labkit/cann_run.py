@@ -115,19 +115,23 @@ def build_cann_packages(out_dir: Path, version: str, *, arch: str = "x86_64", so
         run_bytes = build_run(spec, version, arch=arch, soc=soc)
         target = out_dir / spec.file_name
         if spec.file_name.endswith(".zip"):
-            _write_if_changed(target, _zip_bytes(spec.run_name, run_bytes), 0o644)
+            write_if_changed(target, _zip_bytes(spec.run_name, run_bytes), 0o644)
         else:
-            _write_if_changed(target, run_bytes, 0o755)
+            write_if_changed(target, run_bytes, 0o755)
         paths.append(target)
     return paths
 
 
 def build_run(spec: CannPackageSpec, version: str, *, arch: str, soc: str) -> bytes:
     """The bytes of one self-extracting ``.run``: header, then the gzip tar payload."""
-    files = _payload_files(spec, version, arch, soc)
+    return make_run(f"{spec.package_name} {version}", spec.run_name, _payload_files(spec, version, arch, soc))
+
+
+def make_run(label: str, run_name: str, files: dict[str, tuple[bytes, int]]) -> bytes:
+    """A makeself-style ``.run``: the shared header (``cann_installer/header.sh``) over a gzip tar of ``files``
+    (``install.sh`` among them: the script the header runs after checking the payload)."""
     payload = _tar_gz(files)
-    header = _render_header(spec, version, payload, unpacked=sum(len(data) for data, _ in files.values()))
-    return header + payload
+    return _render_header(label, run_name, payload, unpacked=sum(len(data) for data, _ in files.values())) + payload
 
 
 def innerversion(version: str) -> str:
@@ -206,12 +210,12 @@ def _tar_gz(files: dict[str, tuple[bytes, int]]) -> bytes:
     return compressed.getvalue()
 
 
-def _render_header(spec: CannPackageSpec, version: str, payload: bytes, *, unpacked: int) -> bytes:
+def _render_header(label: str, run_name: str, payload: bytes, *, unpacked: int) -> bytes:
     template = (INSTALLER_DIR / "header.sh").read_text()
     values = {
-        "@LABEL@": f"{spec.package_name} {version}",
-        "@FILENAME@": spec.run_name,
-        "@TARGETDIR@": spec.run_name[: -len(".run")],
+        "@LABEL@": label,
+        "@FILENAME@": run_name,
+        "@TARGETDIR@": run_name[: -len(".run")],
         "@SHA256@": hashlib.sha256(payload).hexdigest(),
         "@MD5@": hashlib.md5(payload).hexdigest(),
         "@SIZE@": str(len(payload)),
@@ -223,7 +227,7 @@ def _render_header(spec: CannPackageSpec, version: str, payload: bytes, *, unpac
     return template.encode()
 
 
-def _write_if_changed(target: Path, data: bytes, mode: int) -> None:
+def write_if_changed(target: Path, data: bytes, mode: int) -> None:
     """Leave an identical package alone (its inode, ctime and any reader of it); replace a
     different one atomically, so a node reading the bundle never sees a half-written file."""
     if target.exists() and target.stat().st_size == len(data) and target.read_bytes() == data:

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Self-extracting archive in the makeself 2.4 layout (atlas lab test double of a Huawei
-# CANN package). The lines below the header are a gzip-compressed tar payload; its size
+# CANN or HDK package). The lines below the header are a gzip-compressed tar payload; its size
 # and SHA256 are recorded here and verified before anything is extracted.
 # Runtime: bash, coreutils, tar, gzip.
 MS_LABEL="@LABEL@"

@@ -1,0 +1,144 @@
+"""The driver role against localhost on a fake node root (the lab's NPU layer written by atlasctl.lab.npu):
+plan and order, manifest check before anything runs, reboot refused unless allowed, found again on the next
+run, nothing to do after the boot, check mode, going back refused."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from atlasctl.lab import config, npu
+from atlasctl.labkit.hdk_run import build_hdk_packages
+from test_cann_role import ok, recap
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
+DRIVER, FIRMWARE = "25.5.0", "7.8.0.2.212"
+LAB = {
+    "lab_name": "atlas", "bridge": "atlasbr0", "subnet": "10.77.0.0/24",
+    "driver_version": "24.1.rc1", "firmware_version": "7.1.0.6.220",
+    "nodes": [{"name": "n1", "npu": {"model": "910B4", "count": 4, "hbm_mb": 32768}}],
+}
+PLAYBOOK = """
+- name: driver role test
+  hosts: localhost
+  gather_facts: false
+  roles:
+    - role: driver
+"""
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="Huawei's HDK installers run as root")
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bundle")
+    files = []
+    for path in build_hdk_packages(root / "hdk", DRIVER, FIRMWARE):
+        data = path.read_bytes()
+        files.append({"path": path.relative_to(root).as_posix(), "size": len(data),
+                      "sha256": hashlib.sha256(data).hexdigest(), "md5": hashlib.md5(data).hexdigest()})
+    (root / "manifest.json").write_text(json.dumps({"format": 1, "name": "test", "files": files}))
+    return root
+
+
+class FakeNode:
+    def __init__(self, tmp: Path, bundle: Path):
+        self.tmp, self.bundle, self.root = tmp, bundle, tmp / "node"
+        cfg = config.parse(LAB, tmp / "lab.yml")
+        npu.install(self.root, cfg, cfg.nodes[0])
+        (tmp / "play.yml").write_text(PLAYBOOK)
+        (tmp / "inventory.ini").write_text(
+            f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
+        self.env = {
+            **os.environ,
+            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+            "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"),
+            "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-tmp"),
+            "ANSIBLE_STDOUT_CALLBACK": "default",
+            "PATH": f"{self.root / 'usr/local/bin'}:{os.environ['PATH']}",
+            "NPU_SMI_STATE": str(self.root / npu.STATE_REL),
+            "ATLAS_LAB_ASCEND": str(self.root / "usr/local/Ascend"),
+            "ATLAS_LAB_DRIVER": str(self.root / npu.LAB_DRIVER_REL),
+            "ATLAS_HDK_SYSROOT": str(tmp / "sysroot"),
+        }
+
+    def play(self, *extra: str, **overrides) -> subprocess.CompletedProcess:
+        extra_vars = {"driver_version": DRIVER, "driver_firmware_version": FIRMWARE,
+                      "driver_bundle_dir": str(self.bundle), "driver_install_path": str(self.root / "usr/local/Ascend"),
+                      "driver_user": "root", "driver_group": "root", "driver_manage_user": False,
+                      "driver_allow_reboot": False} | overrides
+        cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(self.tmp / "inventory.ini"), str(self.tmp / "play.yml"),
+               "-e", json.dumps(extra_vars), *extra]
+        return subprocess.run(cmd, cwd=self.tmp, env=self.env, capture_output=True, text=True, timeout=300)
+
+    def boot(self) -> None:
+        """What the node's atlas-lab-npu-boot unit does at boot: run what is installed."""
+        subprocess.run([str(self.root / npu.LAB_DRIVER_REL), "load"], env=self.env, check=True)
+
+    def installed(self, kind: str) -> str:
+        return (self.root / f"usr/local/Ascend/{kind}/version.info").read_text().splitlines()[0].split("=", 1)[1]
+
+    def running(self) -> tuple[str, str]:
+        state = json.loads((self.root / npu.STATE_REL).read_text())
+        return state["driver_version"], state["firmware_version"]
+
+
+@pytest.fixture()
+def node(tmp_path: Path, bundle: Path) -> FakeNode:
+    return FakeNode(tmp_path, bundle)
+
+
+def test_check_mode_plans_and_changes_nothing(node: FakeNode) -> None:
+    check = node.play("--check")
+    assert check.returncode == 0, check.stdout[-4000:]
+    out = " ".join(check.stdout.split())
+    assert "upgrade: firmware, then driver: firmware upgrade 7.1.0.6.220 7.8.0.2.212; driver upgrade" in out
+    assert recap(check)["changed"] == 0
+    assert node.installed("driver") == "24.1.rc1" and node.running() == ("24.1.rc1", "7.1.0.6.220")
+
+
+def test_upgrade_in_order_stops_for_the_reboot_and_is_idempotent_after_it(node: FakeNode) -> None:
+    first = node.play()
+    assert first.returncode != 0
+    out = " ".join(first.stdout.split())
+    assert out.index("item=upgrade firmware 7.1.0.6.220 -> 7.8.0.2.212") < out.index("item=upgrade driver 24.1.rc1")
+    assert "installed but not running until the node reboots: driver 25.5.0 (running: 24.1.rc1), firmware" in out
+    assert (node.installed("driver"), node.installed("firmware")) == (DRIVER, FIRMWARE)
+    # Not rebooted: the next run finds the pending reboot without running an installer again.
+    pending = node.play()
+    assert pending.returncode != 0 and "installed but not running" in " ".join(pending.stdout.split())
+    assert recap(pending)["changed"] == 0
+    node.boot()
+    assert ok(node.play())["changed"] == 0
+    assert node.running() == (DRIVER, FIRMWARE)
+
+
+def test_tampered_package_is_refused_before_anything_runs(node: FakeNode, tmp_path: Path, bundle: Path) -> None:
+    bad = tmp_path / "bad-bundle"
+    subprocess.run(["cp", "-a", str(bundle), str(bad)], check=True)
+    firmware = next((bad / "hdk").glob("*firmware*"))
+    data = bytearray(firmware.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    firmware.write_bytes(bytes(data))
+    run = node.play(driver_bundle_dir=str(bad))
+    out = " ".join(run.stdout.split())
+    assert run.returncode != 0 and "Refused before any installer ran" in out and firmware.name in out
+    assert node.installed("driver") == "24.1.rc1" and node.installed("firmware") == "7.1.0.6.220"
+
+
+def test_going_back_is_refused_naming_the_procedure(node: FakeNode) -> None:
+    run = node.play(driver_version="23.0.rc3", driver_firmware_version="")
+    out = " ".join(run.stdout.split())
+    assert run.returncode != 0 and "going back is not an upgrade" in out and "uninstall.sh" in out
+    assert node.installed("driver") == "24.1.rc1"
+
+
+def test_nothing_named_nothing_done(node: FakeNode) -> None:
+    assert ok(node.play(driver_version="", driver_firmware_version=""))["changed"] == 0

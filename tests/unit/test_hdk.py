@@ -1,0 +1,165 @@
+"""The HDK (driver and firmware): the install plan, and the installer doubles run for real with the lab's
+running-version helper (installed vs running, exit status 2 = reboot needed, load at boot)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from atlasctl.bundle import BundleSpec, _kind_and_version
+from atlasctl.collection import module_utils
+from atlasctl.errors import UsageError
+from atlasctl.labkit import lab_driver
+from atlasctl.labkit.cann_run import CannBuildError
+from atlasctl.labkit.hdk_run import build_hdk_packages, hdk_package_files
+
+hdk = module_utils("hdk")
+DRV, FW = "hdk/drv.run", "hdk/fw.run"
+
+
+def kinds_and_ops(plan: dict) -> list[tuple[str, str]]:
+    return [(s["kind"], s["op"]) for s in plan["steps"]]
+
+
+def test_first_installation_is_driver_then_firmware() -> None:
+    plan = hdk.plan("", "", "25.5.0", "7.8.0.2.212", DRV, FW)
+    assert kinds_and_ops(plan) == [("driver", "install"), ("firmware", "install")]
+    assert plan["problem"] == "" and plan["order"].startswith("first installation")
+
+
+def test_upgrade_is_firmware_then_driver() -> None:
+    plan = hdk.plan("24.1.rc1", "7.1.0.6.220", "25.5.0", "7.8.0.2.212", DRV, FW)
+    assert kinds_and_ops(plan) == [("firmware", "upgrade"), ("driver", "upgrade")]
+    assert plan["steps"][1]["from"] == "24.1.rc1" and plan["steps"][1]["file"] == DRV
+
+
+def test_nothing_to_do_and_parts_left_alone() -> None:
+    assert hdk.plan("25.5.0", "7.8.0.2.212", "25.5.0", "7.8.0.2.212", DRV, FW)["steps"] == []
+    assert kinds_and_ops(hdk.plan("24.1.rc1", "7.1.0.6.220", "24.1.0", "", DRV, FW)) == [("driver", "upgrade")]
+
+
+def test_going_back_is_refused_with_the_procedure() -> None:
+    plan = hdk.plan("25.5.0", "7.8.0.2.212", "24.1.rc1", "", DRV, FW)
+    assert plan["steps"] == [] and "uninstall.sh" in plan["problem"] and "24.1.rc1" in plan["problem"]
+
+
+def test_firmware_without_any_driver_is_refused() -> None:
+    assert "needs an installed driver" in hdk.plan("", "", "", "7.8.0.2.212", DRV, FW)["problem"]
+
+
+def test_bad_versions_are_named() -> None:
+    assert "25.x" in hdk.plan("", "", "25.x", "", DRV, FW)["problem"]
+    assert "7,8" in hdk.plan("25.5.0", "", "25.5.0", "7,8", DRV, FW)["problem"]
+
+
+def test_version_order_and_running_match() -> None:
+    assert hdk.driver_key("24.1.rc3") < hdk.driver_key("24.1.0") < hdk.driver_key("25.5.0")
+    assert hdk.same_version("24.1.rc1.b030", "24.1.rc1") and hdk.same_version("25.5.0", "25.5.0")
+    assert not hdk.same_version("24.1.rc1", "25.5.0") and not hdk.same_version("none", "")
+
+
+def test_package_names() -> None:
+    names = [s.file_name for s in hdk_package_files("25.5.0", "7.8.0.2.212", "aarch64")]
+    assert names == ["Ascend-hdk-910b-npu-driver_25.5.0_linux-aarch64.run",
+                     "Ascend-hdk-910b-npu-firmware_7.8.0.2.212.run"]
+    with pytest.raises(CannBuildError, match="7.8"):
+        hdk_package_files("25.5.0", "7.8")
+
+
+def test_bundle_spec_and_manifest_kinds(tmp_path: Path) -> None:
+    spec = tmp_path / "b.yml"
+    spec.write_text("name: x\nhdk:\n  - {driver: 25.5.0, firmware: 7.8.0.2.212}\n")
+    assert BundleSpec.load(spec).hdk == ({"driver": "25.5.0", "firmware": "7.8.0.2.212"},)
+    spec.write_text("name: x\nhdk:\n  - 25.5.0\n")
+    with pytest.raises(UsageError, match="driver and firmware"):
+        BundleSpec.load(spec)
+    assert _kind_and_version("hdk/Ascend-hdk-910b-npu-firmware_7.8.0.2.212.run") == ("firmware", "7.8.0.2.212")
+    assert _kind_and_version("hdk/Ascend-hdk-910b-npu-driver_25.5.0_linux-x86_64.run") == ("driver", "25.5.0")
+
+
+# --- the installer doubles, for real ---------------------------------------------------------------------
+
+
+@pytest.fixture()
+def node(tmp_path: Path) -> dict:
+    """A fake node: an Ascend root with driver 24.1.rc1 / firmware 7.1.0.6.220 installed and running."""
+    ascend = tmp_path / "Ascend"
+    for kind, version in (("driver", "24.1.rc1"), ("firmware", "7.1.0.6.220")):
+        (ascend / kind).mkdir(parents=True)
+        (ascend / kind / "version.info").write_text(f"Version={version}\n")
+    state = tmp_path / "npu.json"
+    state.write_text(json.dumps({"driver_loaded": True, "driver_version": "24.1.rc1",
+                                 "firmware_version": "7.1.0.6.220", "devices": []}))
+    helper = tmp_path / "atlas-lab-driver"
+    helper.write_text(f"#!/bin/sh\nexec {sys.executable} {lab_driver.__file__} \"$@\"\n")
+    helper.chmod(0o755)
+    env = {**os.environ, "ATLAS_HDK_SYSROOT": str(tmp_path / "sys"), "ATLAS_LAB_DRIVER": str(helper),
+           "NPU_SMI_STATE": str(state), "ATLAS_LAB_ASCEND": str(ascend), "TMPDIR": str(tmp_path)}
+    pkgs = build_hdk_packages(tmp_path / "hdk", "25.5.0", "7.8.0.2.212")
+    return {"ascend": ascend, "state": state, "env": env, "driver": pkgs[0], "firmware": pkgs[1], "helper": helper}
+
+
+def run(node: dict, pkg: str, *args: str) -> subprocess.CompletedProcess:
+    argv = ["bash", str(node[pkg]), "--nox11", "--quiet", f"--install-path={node['ascend']}", *args]
+    if pkg == "driver":
+        argv += ["--install-username=root", "--install-usergroup=root"]
+    return subprocess.run(argv, env=node["env"], capture_output=True, text=True, timeout=60)
+
+
+def running(node: dict) -> tuple[str, str]:
+    state = json.loads(node["state"].read_text())
+    return state["driver_version"] if state["driver_loaded"] else "none", state["firmware_version"]
+
+
+def installed(node: dict, kind: str) -> str:
+    return (node["ascend"] / kind / "version.info").read_text().splitlines()[0].split("=", 1)[1]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="Huawei's HDK installers run as root")
+def test_upgrade_exits_2_and_runs_after_the_boot_load(node: dict) -> None:
+    fw = run(node, "firmware", "--upgrade")
+    assert fw.returncode == 2, fw.stdout + fw.stderr
+    assert "Reboot" in fw.stdout and installed(node, "firmware") == "7.8.0.2.212"
+    drv = run(node, "driver", "--upgrade")
+    assert drv.returncode == 2 and "Reboot needed" in drv.stdout
+    assert installed(node, "driver") == "25.5.0" and running(node) == ("24.1.rc1", "7.1.0.6.220")
+    record = (Path(node["env"]["ATLAS_HDK_SYSROOT"]) / "etc/ascend_install.info").read_text()
+    assert f"Driver_Install_Path_Param={node['ascend']}" in record
+    subprocess.run([str(node["helper"]), "load"], env=node["env"], check=True)  # what the node does at boot
+    assert running(node) == ("25.5.0", "7.8.0.2.212")
+    again = run(node, "driver", "--upgrade")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="Huawei's HDK installers run as root")
+def test_first_driver_install_loads_at_once_firmware_needs_the_driver(node: dict) -> None:
+    for kind in ("driver", "firmware"):
+        (node["ascend"] / kind / "version.info").unlink()
+    node["state"].write_text(json.dumps({"driver_loaded": False, "driver_version": "",
+                                         "firmware_version": "7.1.0.6.220"}))
+    fw_first = run(node, "firmware", "--full")
+    assert fw_first.returncode == 1 and "install the driver first" in fw_first.stderr
+    drv = run(node, "driver", "--full")
+    assert drv.returncode == 0 and "takes effect immediately" in drv.stdout
+    assert running(node)[0] == "25.5.0"
+    assert run(node, "firmware", "--full").returncode == 2
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="Huawei's HDK installers run as root")
+def test_refusals_name_the_fix(node: dict) -> None:
+    nouser = subprocess.run(["bash", str(node["driver"]), "--nox11", "--quiet", f"--install-path={node['ascend']}",
+                             "--upgrade", "--install-username=atlas-no-such-user"], env=node["env"],
+                            capture_output=True, text=True, timeout=60)
+    assert nouser.returncode == 1 and "useradd" in nouser.stderr and installed(node, "driver") == "24.1.rc1"
+    (node["ascend"] / "driver/version.info").write_text("Version=26.0.rc1\n")
+    back = run(node, "driver", "--upgrade")
+    assert back.returncode == 1 and "does not downgrade" in back.stderr
+    assert run(node, "firmware", "--uninstall").returncode == 1
+    data = bytearray(node["driver"].read_bytes())
+    data[-100] ^= 1
+    node["driver"].write_bytes(bytes(data))
+    assert run(node, "driver", "--upgrade").returncode == 2 and installed(node, "driver") == "26.0.rc1"

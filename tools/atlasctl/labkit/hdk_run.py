@@ -1,0 +1,99 @@
+"""Builder of Ascend HDK (NPU driver and firmware) installer test doubles.
+
+Like the CANN doubles (:mod:`atlasctl.labkit.cann_run`, whose makeself header they share),
+they carry Huawei's file names and options and check their payload before they run; the
+install logic is ``hdk_installer/install.sh``:
+
+* driver: ``Ascend-hdk-<soc>-npu-driver_<ver>_linux-<arch>.run`` (``--full``, ``--upgrade``,
+  ``--uninstall``, ``--install-for-all``, ``--install-username=``/``--install-usergroup=``);
+* firmware: ``Ascend-hdk-<soc>-npu-firmware_<fwver>.run`` (no arch: it is flashed onto the
+  NPU); needs an installed driver;
+* exit status 2 when the new version takes effect only after a reboot (an upgrade of a
+  loaded driver, any new firmware), as Huawei's installers do.
+
+In the lab the node's simulated NPU layer (:mod:`atlasctl.lab.npu`) keeps the running
+versions apart from the installed ones, and loads the installed ones when the node boots.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from atlasctl.labkit.cann_run import ARCHES, SOCS, CannBuildError, make_run, write_if_changed
+
+INSTALLER = Path(__file__).with_name("hdk_installer") / "install.sh"
+_DRIVER_VERSION = re.compile(r"^\d+\.\d+\.(?:rc\d+|RC\d+|\d+)(?:\.\d+)*$")
+_FIRMWARE_VERSION = re.compile(r"^\d+(?:\.\d+){2,5}$")
+_LOG_TAGS = {"driver": "Driver", "firmware": "Firmware"}
+
+
+@dataclass(frozen=True)
+class HdkPackageSpec:
+    kind: str  # driver | firmware
+    package_name: str
+    file_name: str
+    version: str
+
+
+def hdk_package_files(driver: str, firmware: str, arch: str = "x86_64", soc: str = "910b") -> list[HdkPackageSpec]:
+    """The HDK packages of a driver/firmware pair, in first-install order (driver, then firmware)."""
+    if not _DRIVER_VERSION.match(driver):
+        raise CannBuildError(f"HDK driver version {driver!r} is not of the form 24.1.rc1, 24.1.0 or 25.5.0")
+    if not _FIRMWARE_VERSION.match(firmware):
+        raise CannBuildError(f"NPU firmware version {firmware!r} is not of the form 7.1.0.6.220")
+    if arch not in ARCHES:
+        raise CannBuildError(f"arch {arch!r} is not one of {', '.join(ARCHES)}")
+    if soc not in SOCS:
+        raise CannBuildError(f"soc {soc!r} is not one of {', '.join(SOCS)}; the lab simulates Atlas 910B nodes")
+    driver_name, firmware_name = f"Ascend-hdk-{soc}-npu-driver", f"Ascend-hdk-{soc}-npu-firmware"
+    return [
+        HdkPackageSpec("driver", driver_name, f"{driver_name}_{driver}_linux-{arch}.run", driver),
+        HdkPackageSpec("firmware", firmware_name, f"{firmware_name}_{firmware}.run", firmware),
+    ]
+
+
+def build_hdk_packages(out_dir: Path, driver: str, firmware: str, *, arch: str = "x86_64",
+                       soc: str = "910b") -> list[Path]:
+    """Write the driver and firmware packages to ``out_dir``; return their paths (driver first)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for spec in hdk_package_files(driver, firmware, arch, soc):
+        target = out_dir / spec.file_name
+        write_if_changed(target, build_hdk_run(spec, driver_version=driver, arch=arch), 0o755)
+        paths.append(target)
+    return paths
+
+
+def build_hdk_run(spec: HdkPackageSpec, *, driver_version: str, arch: str) -> bytes:
+    info = {
+        "KIND": spec.kind,
+        "PKG_NAME": spec.package_name,
+        "PKG_FILE": spec.file_name,
+        "VERSION": spec.version,
+        "PACKAGE_VERSION": driver_version,
+        "INNERVERSION": _innerversion(spec.version),
+        "ARCH": arch,
+        "LOG_TAG": _LOG_TAGS[spec.kind],
+    }
+    stub = f"atlas lab stand-in for the Ascend HDK {spec.kind} {spec.version}; not loadable\n".encode()
+    files: dict[str, tuple[bytes, int]] = {
+        "install.sh": (INSTALLER.read_bytes(), 0o755),
+        "package.info": ("".join(f'{k}="{v}"\n' for k, v in info.items()).encode(), 0o644),
+    }
+    if spec.kind == "driver":
+        files["files/driver/lib64/driver/libascend_hal.so"] = (stub, 0o644)
+        files["files/driver/lib64/common/libc_sec.so"] = (stub, 0o644)
+        files["files/driver/kernel/drv_davinci.ko.stub"] = (stub, 0o644)
+    else:
+        files["files/firmware/Ascend910B-hccs.hpm.stub"] = (stub, 0o644)
+    return make_run(f"{spec.package_name} {spec.version}", spec.file_name, files)
+
+
+def _innerversion(version: str) -> str:
+    """A Huawei-style internal version; synthetic but stable per version."""
+    major, minor, *_ = version.split(".")
+    return f"V100R001C{major}{minor}SPC{zlib.crc32(version.encode()) % 1000:03d}"
