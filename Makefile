@@ -11,7 +11,8 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test lint unit lab-test host-deps venv lab-up lab-down bundle site bench-verify bench-client clean
+.PHONY: demo test lint unit lab-test drills host-deps venv lab-up lab-down bundle site bench-verify bench-client \
+	bench-rollout clean
 
 demo: host-deps venv
 	$(ATLASCTL) lab up
@@ -20,13 +21,18 @@ demo: host-deps venv
 	$(ATLASCTL) health -i inventory/lab
 
 test: host-deps venv lint
-	$(VENV)/bin/pytest -ra tests
+	$(VENV)/bin/pytest -ra tests --ignore=tests/drills
 
 unit: venv
-	$(VENV)/bin/pytest -ra -m "not lab" tests
+	$(VENV)/bin/pytest -ra -m "not lab" tests --ignore=tests/drills
 
 lab-test: host-deps venv
-	$(VENV)/bin/pytest -ra -m lab tests
+	$(VENV)/bin/pytest -ra -m lab tests --ignore=tests/drills
+
+# The fault drills: one lab, every fault of the issues injected in turn, a table of
+# fault / expected / observed / client requests failed / data lost (artifacts/drills/).
+drills: host-deps venv
+	$(VENV)/bin/pytest -ra tests/drills
 
 lint: venv
 	$(VENV)/bin/ruff check tools tests collections
@@ -66,6 +72,9 @@ bench-verify: venv
 
 bench-client: venv
 	$(PY) -m atlasctl.bench_accuracy --json artifacts/bench/accuracy.json
+
+bench-rollout: host-deps venv
+	$(PY) -m atlasctl.rollout_bench --sizes 4,8,16,24 --json artifacts/bench/rollout.json
 
 clean: lab-down
 	rm -rf $(VENV)
