@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 INSTALLER_DIR = Path(__file__).with_name("cann_installer")
+COMMON_SH = INSTALLER_DIR / "common.sh"  # shared with the HDK doubles
 ARCHES = ("x86_64", "aarch64")
 SOCS = ("910b",)
 COMPONENTS = ("toolkit", "kernels", "nnal")
@@ -165,6 +166,7 @@ def _payload_files(spec: CannPackageSpec, version: str, arch: str, soc: str) -> 
     package_info = "".join(f'{key}="{value}"\n' for key, value in info.items()).encode()
     files: dict[str, tuple[bytes, int]] = {
         "install.sh": ((INSTALLER_DIR / "install.sh").read_bytes(), 0o755),
+        "common.sh": (COMMON_SH.read_bytes(), 0o644),
         "package.info": (package_info, 0o644),
     }
     for rel, text in _component_files(spec.kind, version, arch, soc).items():

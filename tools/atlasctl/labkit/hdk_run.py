@@ -22,7 +22,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from atlasctl.labkit.cann_run import ARCHES, SOCS, CannBuildError, make_run, write_if_changed
+from atlasctl.labkit.cann_run import ARCHES, COMMON_SH, SOCS, CannBuildError, make_run, write_if_changed
 
 INSTALLER = Path(__file__).with_name("hdk_installer") / "install.sh"
 _DRIVER_VERSION = re.compile(r"^\d+\.\d+\.(?:rc\d+|RC\d+|\d+)(?:\.\d+)*$")
@@ -82,6 +82,7 @@ def build_hdk_run(spec: HdkPackageSpec, *, driver_version: str, arch: str) -> by
     stub = f"atlas lab stand-in for the Ascend HDK {spec.kind} {spec.version}; not loadable\n".encode()
     files: dict[str, tuple[bytes, int]] = {
         "install.sh": (INSTALLER.read_bytes(), 0o755),
+        "common.sh": (COMMON_SH.read_bytes(), 0o644),
         "package.info": ("".join(f'{k}="{v}"\n' for k, v in info.items()).encode(), 0o644),
     }
     if spec.kind == "driver":

@@ -25,48 +25,8 @@ LOG_DIR="$SYSROOT/var/log/ascend_seclog"
 LOG_FILE="$LOG_DIR/ascend_${KIND}_install.log"
 EXIT_REBOOT=2
 
-log() {
-    local level="$1"; shift
-    local line
-    line="[$LOG_TAG] [$(date '+%Y-%m-%d %H:%M:%S')] [$level]: $*"
-    if [ "$level" = ERROR ]; then echo "$line" >&2; else echo "$line"; fi
-    if mkdir -p "$LOG_DIR" 2>/dev/null; then
-        chmod 750 "$LOG_DIR" 2>/dev/null
-        echo "$line" >> "$LOG_FILE" 2>/dev/null && chmod 640 "$LOG_FILE" 2>/dev/null
-    fi
-    return 0
-}
-
-die() {
-    log ERROR "$*"
-    exit 1
-}
-
-# Sortable key of an HDK version: 23.0.rc3 < 23.0.0 < 24.1.rc1 < 24.1.0 < 25.5.0; firmware
-# versions (7.1.0.6.220) compare part by part.
-ver_key() {
-    local v="${1,,}" out rest n
-    if [[ "$v" =~ ^([0-9]+)\.([0-9]+)\.rc([0-9]+)(.*)$ ]]; then
-        out=$(printf '%05d.%05d.0.%05d' "$((10#${BASH_REMATCH[1]}))" "$((10#${BASH_REMATCH[2]}))" "$((10#${BASH_REMATCH[3]}))")
-    elif [[ "$v" =~ ^([0-9]+)\.([0-9]+)\.([0-9]+)(.*)$ ]]; then
-        out=$(printf '%05d.%05d.1.%05d' "$((10#${BASH_REMATCH[1]}))" "$((10#${BASH_REMATCH[2]}))" "$((10#${BASH_REMATCH[3]}))")
-    else
-        echo "unparsable"
-        return 1
-    fi
-    rest="${BASH_REMATCH[4]}"
-    while [[ "$rest" =~ ^\.([0-9]+)(.*)$ ]]; do
-        n="${BASH_REMATCH[1]}"
-        rest="${BASH_REMATCH[2]}"
-        out="$out.$(printf '%05d' "$((10#$n))")"
-    done
-    echo "$out"
-}
-
-info_value() {  # info_value FILE KEY -> value of KEY=value
-    [ -f "$1" ] || return 1
-    sed -n "s/^$2=//p" "$1" | head -n 1
-}
+# shellcheck source=/dev/null
+. "$SELF_DIR/common.sh" || { echo "[ERROR] common.sh missing in $SELF_DIR" >&2; exit 1; }
 
 # --- options -------------------------------------------------------------------
 OP=""
@@ -117,20 +77,6 @@ running_version() {  # what the loaded driver / flashed firmware is, per the nod
     "$LAB_DRIVER" running "$KIND"
 }
 
-accept_eula() {
-    local answer=""
-    [ "$QUIET" = 1 ] && return 0
-    printf 'Do you accept the EULA to %s %s?[y/n]' "$OP" "$LOG_TAG"
-    if ! read -r answer; then
-        echo
-        die "No answer to the EULA question (stdin is not interactive). Run with --quiet to accept the EULA non-interactively."
-    fi
-    case "$answer" in
-        y|Y) log INFO "The user accepted the EULA." ;;
-        *) die "The user does not accept the EULA; the $OP stops. Run with --quiet to accept it." ;;
-    esac
-}
-
 set_record() {  # set_record KEY VALUE in /etc/ascend_install.info
     mkdir -p "$(dirname "$RECORD")" && touch "$RECORD"
     if grep -q "^$1=" "$RECORD"; then sed -i "s|^$1=.*|$1=$2|" "$RECORD"; else echo "$1=$2" >> "$RECORD"; fi
@@ -151,8 +97,7 @@ package_version=$VERSION
 VINFO
     mv "$DRIVER_INFO.tmp" "$DRIVER_INFO"
     mkdir -p "$dir/script"
-    cp "$SELF_DIR/install.sh" "$dir/script/install.sh"
-    cp "$SELF_DIR/package.info" "$dir/script/package.info"
+    cp "$SELF_DIR/install.sh" "$SELF_DIR/common.sh" "$SELF_DIR/package.info" "$dir/script/"
     cat > "$dir/script/uninstall.sh" <<UNINSTALL
 #!/bin/bash
 # Uninstalls $PKG_NAME $VERSION from $INSTALL_PATH.
@@ -206,14 +151,14 @@ log INFO "InputParams: $*"
 
 case "$OP" in
     install)
-        accept_eula
+        accept_eula "$OP"
         if [ -n "$CURRENT" ] && [ "$CURRENT" != "$VERSION" ]; then
             die "$PKG_NAME $CURRENT is already installed in $INSTALL_PATH. Use --upgrade to go to $VERSION."
         fi
         if [ "$KIND" = driver ]; then install_driver; else install_firmware; fi
         ;;
     upgrade)
-        accept_eula
+        accept_eula "$OP"
         [ -n "$CURRENT" ] || die "$PKG_NAME is not installed in $INSTALL_PATH, so it cannot be upgraded. Use --full."
         if [ "$CURRENT" != "$VERSION" ]; then
             cur_key=$(ver_key "$CURRENT") ; new_key=$(ver_key "$VERSION")
