@@ -145,6 +145,19 @@ def test_injected_fault_is_found_then_cleared(converged, fault):
     assert rc == 0, f"{fault} not cleared by its restore:\n{out}"
 
 
+def test_hdk_installed_but_not_running_is_a_pending_reboot(converged):
+    # As a driver stage run without driver_allow_reboot leaves a node: the record new, npu-smi old.
+    info = "/usr/local/Ascend/driver/version.info"
+    on_node(f"cp -p {info} {info}.doctor-test && sed -i 's/^Version=.*/Version=26.0.rc1/' {info}")
+    try:
+        rc, doc, out = doctor("-l", NODE)
+        found = [f for f in doc["hosts"][NODE]["findings"] if f["check"] == "reboot-pending"]
+        assert rc == 0 and found and "driver 26.0.rc1 is installed but 25.5.0 runs" in found[0]["message"], out
+        assert "driver_allow_reboot=true" in found[0]["fix"]
+    finally:
+        on_node(f"mv -f {info}.doctor-test {info}")
+
+
 def test_api_key_enforced_and_never_written_down(converged):
     key = "atlas-doctor-" + secrets.token_hex(16)
     log = Path(tempfile.mkdtemp(prefix="doctor-key-")) / "ansible.log"

@@ -165,6 +165,9 @@ CASES = [
      "oom", WARNING, "before the last start"),
     ("sglang retract", {"journal": Section(0, journal_line(5, "Decode out of memory. Try to lower your batch size."))},
      "oom", WARNING, "SGLang retract"),
+    ("driver installed, not running", {"board": Section(0, "NPU ID : 0\nSoftware Version : 24.1.rc1\n"
+                                                        "Firmware Version : 7.1.0.6.220\n")},
+     "reboot-pending", WARNING, "driver 25.5.0 is installed but 24.1.rc1 runs"),
     ("driver not cann's pair", {"versions": Section(0, VERSIONS.replace("25.5.0", "24.1.rc1"))}, "versions",
      WARNING, "driver 24.1.rc1"),
     ("engine needs other cann", {"record": Section(0, record(engine="vllm", engine_release="vllm-ascend-0.11.0")),

@@ -356,6 +356,25 @@ def check_versions(ev: Evidence, ctx: Context) -> list[Finding]:
     return findings
 
 
+def check_reboot_pending(ev: Evidence, ctx: Context) -> list[Finding]:
+    """An HDK installed but not running (npu-smi's board info against the version records): a reboot is pending."""
+    hdk = module_utils("hdk")
+    running, installed = parse.board(ev), parse.versions(ev)
+    pending = [
+        f"{kind} {installed[kind]} is installed but {running.get(key) or 'nothing'} runs"
+        for kind, key in (("driver", "Software Version"), ("firmware", "Firmware Version"))
+        if installed[kind] and key in running and not hdk.same_version(running[key], installed[kind])
+    ]
+    if not pending:
+        return []
+    return [_f(ev, "reboot-pending", WARNING, "; ".join(pending) + ": a reboot is pending",
+               f"/usr/local/Ascend/{{driver,firmware}}/version.info against npu-smi info -t board "
+               f"(Software Version {running.get('Software Version')}, Firmware Version "
+               f"{running.get('Firmware Version')})",
+               "drain the node and reboot it in a maintenance window, or: ansible-playbook -i INV "
+               f"playbooks/driver.yml --limit {ev.host} -e driver_allow_reboot=true")]
+
+
 def _is_lab_engine(ctx: Context, engine: str, version: str) -> bool:
     row = module_utils("compat").find_row(ctx.compat_table, engine, version)
     return bool(row and row.get("lab"))
@@ -412,7 +431,7 @@ def _stale_files(model: dict[str, Any]) -> list[str]:
 
 CHECKS: tuple[Callable[[Evidence, Context], list[Finding]], ...] = (
     check_npu_visible, check_npu_health, check_npu_count, check_hbm, check_service, check_cann_env,
-    check_env_file, check_file_modes, check_api_key, check_oom, check_versions, check_model,
+    check_env_file, check_file_modes, check_api_key, check_oom, check_versions, check_reboot_pending, check_model,
 )
 
 

@@ -69,6 +69,9 @@ print(json.dumps(out))
 SECTIONS: tuple[tuple[str, str], ...] = (
     ("npu", "PATH=$PATH:/usr/local/bin:/usr/local/sbin:/usr/local/Ascend/driver/tools; "
             "command -v npu-smi >/dev/null || { echo 'npu-smi: command not found'; exit 127; }; npu-smi info"),
+    ("board", "PATH=$PATH:/usr/local/bin:/usr/local/sbin:/usr/local/Ascend/driver/tools; "
+              "id=$(npu-smi info -l 2>/dev/null | sed -n 's/^ *NPU ID *: *\\([0-9]*\\).*/\\1/p' | head -n 1); "
+              "npu-smi info -t board -i \"${id:-0}\""),
     ("service", "systemctl show atlas-serving.service --timestamp=unix --no-pager "
                 "-p LoadState,ActiveState,SubState,MainPID,NRestarts,Result,ExecMainStatus,ActiveEnterTimestamp"),
     ("record", "cat /etc/atlas/serving/atlas-serving.json"),

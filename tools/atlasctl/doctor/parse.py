@@ -122,6 +122,11 @@ def npu(ev: Evidence) -> dict[str, Any]:
     return module_utils("npu_smi").parse_info(ev.text("npu"))
 
 
+def board(ev: Evidence) -> dict[str, str]:
+    """``npu-smi info -t board`` of the first NPU: the running driver (Software Version) and firmware."""
+    return module_utils("npu_smi").parse_board(ev.text("board")) if ev.ok("board") else {}
+
+
 def json_section(ev: Evidence, name: str) -> Any:
     if not ev.ok(name):
         return None
