@@ -118,6 +118,7 @@ class Load:
     def __init__(self, max_seconds: float = 600, gateways: dict[str, str] | None = None):
         self.ok = 0
         self.failed: list[str] = []
+        self.failed_at: list[float] = []  # time.monotonic() of each failure, in step with failed
         self._stop = threading.Event()
         self._deadline = time.monotonic() + max_seconds
         urls = (gateways or GATEWAYS).values()
@@ -133,8 +134,14 @@ class Load:
                     json.loads(resp.read())["choices"][0]["text"]
                 self.ok += 1
             except Exception as exc:  # noqa: BLE001 (every failure counts)
+                self.failed_at.append(time.monotonic())
                 self.failed.append(f"{url}: {exc}")
             time.sleep(0.05)
+
+    def failed_between(self, start: float, end: float | None = None) -> int:
+        """Failures between two time.monotonic() readings (end: now)."""
+        end = time.monotonic() if end is None else end
+        return sum(start <= t < end for t in list(self.failed_at))
 
     def __enter__(self) -> Load:
         for t in self._threads:
@@ -179,12 +186,15 @@ def model_service(host: str) -> tuple[str, str, str]:
     return props["ActiveState"], props["MainPID"], link
 
 
-def new_model_version(host: str, *, corrupt: bool, on_node: str = "/var/lib/atlas/test-bundle") -> str:
+def new_model_version(host: str, *, corrupt: bool, on_node: str = "/var/lib/atlas/test-bundle",
+                      new_weights: bool = False) -> str:
     """Write a bundle copy inside the node whose model is a new version (generation_config
     changed, sums and manifest regenerated), optionally with one flipped byte in a shard
     after the manifest was written (same size: a transfer that went wrong). Returns its
     path on the node. (A flip that also keeps the mtime never reaches the node: rsync
-    hard-links that shard from the current version, which is the right content.)"""
+    hard-links that shard from the current version, which is the right content.)
+    new_weights: the second shard's last byte changes too, before the sums are taken (a
+    version whose staging has a whole shard to copy, not only hard links)."""
     from atlasctl import bundle
     from atlasctl.cli import main as atlasctl_main
     from atlasctl.lab.paths import bundle_dir
@@ -196,6 +206,11 @@ def new_model_version(host: str, *, corrupt: bool, on_node: str = "/var/lib/atla
     gen = json.loads((model / "generation_config.json").read_text())
     gen["max_new_tokens"] = 64
     (model / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    if new_weights:
+        weights = model / "model-00002-of-00002.safetensors"
+        data = bytearray(weights.read_bytes())
+        data[-1] ^= 0x01
+        weights.write_bytes(bytes(data))
     for sums in ("md5sums.txt", "sha256sums.txt"):
         (model / sums).unlink()
     assert atlasctl_main(["models", "manifest", str(model), "--format", "sums"]) == 0

@@ -1,0 +1,856 @@
+"""The fault drills: one table, one row per fault, run in order on one converged lab.
+
+Each row injects a fault, measures what the product did (observed outcome, client requests
+that failed through the branch gateways while it happened, data lost), restores the fleet
+and says whether what happened is what the product promises (expected outcome). The rows
+run in table order; each leaves the fleet converged (every engine healthy, every backend
+enabled at its gateway) for the next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import re
+import secrets
+import shutil
+import subprocess
+import tempfile
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import yaml
+from labtools import (
+    ATLASCTL,
+    ENV,
+    GATEWAYS,
+    MODEL,
+    ROOT,
+    SERVING,
+    Load,
+    atlasctl,
+    cann_versions,
+    doctor,
+    grep_tree,
+    lab_hosts,
+    model_service,
+    new_model_version,
+    node_path,
+    playbook,
+    releases,
+    rollout,
+)
+
+CANARY = "atlas-n3"
+SCRATCH = "atlas-n4"  # SGLang stand-in: restarts in about a second
+PORTS = {"atlas-n1": 8000, "atlas-n2": 8000, "atlas-n3": 30000, "atlas-n4": 30000}
+GATEWAY_HOSTS = {"east": "atlas-gw-east", "west": "atlas-gw-west"}
+BRANCH = {"atlas-n1": "east", "atlas-n2": "east", "atlas-n3": "west", "atlas-n4": "west"}
+LENIENT_SLO = 'rollout_slo={"e2el_ms": 60000}'
+DRILL_BUNDLE = "/var/lib/atlas/drill-bundle"
+MODEL_HOME = f"/var/lib/atlas/models/{MODEL}"
+SHARD = "model-00001-of-00002.safetensors"
+OTHER_CANN = "8.3.RC2"
+
+
+# --- the table's types ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Outcome:
+    observed: str
+    requests_failed: int | str
+    data_lost: str
+    unmet: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return not self.unmet
+
+
+@dataclasses.dataclass(frozen=True)
+class Drill:
+    id: str
+    fault: str
+    expected: str
+    run: Callable[[], Outcome]
+
+
+@dataclasses.dataclass
+class Row:
+    """One printed line of the report."""
+
+    id: str
+    fault: str
+    expected: str
+    observed: str
+    requests_failed: int | str
+    data_lost: str
+    result: str
+    unmet: list[str]
+    seconds: float
+
+
+RESULTS: dict[str, Row] = {}
+
+
+class Expect:
+    """Collects the expectations a drill checks; the unmet ones make the drill fail."""
+
+    def __init__(self) -> None:
+        self.unmet: list[str] = []
+
+    def __call__(self, ok: bool, what: str) -> bool:
+        if not ok:
+            self.unmet.append(what)
+        return ok
+
+
+# --- small helpers ---------------------------------------------------------------------------------
+
+def sh(host: str, command: str, *, check: bool = True, timeout: int = 120) -> str:
+    """A shell command on a lab node (one string: `lab ssh` hands it to the remote shell)."""
+    return atlasctl("lab", "ssh", host, command, check=check, timeout=timeout).stdout
+
+
+def one_line(text: str, limit: int = 240) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def failure_message(stdout: str, host: str) -> str:
+    """stderr and msg of the first failed task on host in an ansible-playbook output (YAML results)."""
+    lines = stdout.splitlines()
+    for i, line in enumerate(lines):
+        if not (line.startswith(f"fatal: [{host}]") or line.startswith(f"fatal: [{host} ->")):
+            continue
+        block = []
+        for nxt in lines[i + 1:]:
+            if nxt.strip() and not nxt.startswith(" "):
+                break
+            block.append(nxt)
+        try:
+            data = yaml.safe_load(textwrap.dedent("\n".join(block))) or {}
+        except yaml.YAMLError:
+            data = {}
+        if not isinstance(data, dict):
+            data = {}
+        parts = [str(data[k]) for k in ("stderr", "msg") if data.get(k) and data[k] != "non-zero return code"]
+        return one_line(" / ".join(parts) or line.split("=>", 1)[-1] + " " + " ".join(block), 600)
+    return ""
+
+
+def load_text(load: Load) -> str:
+    total = load.ok + len(load.failed)
+    text = f"client load through the gateways: {len(load.failed)} of {total} requests failed"
+    if load.failed:
+        kinds: dict[str, int] = {}
+        for failure in load.failed:
+            kind = re.sub(r"\d+\.\d+\.\d+\.\d+:\d+", "GW", failure)
+            kinds[one_line(kind, 90)] = kinds.get(one_line(kind, 90), 0) + 1
+        text += " (" + "; ".join(f"{n}x {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])[:3]) + ")"
+    return text
+
+
+def http_status(url: str, key: str | None = None, body: dict | None = None, timeout: float = 30) -> int:
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (lab address)
+            response.read()
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+def node_url(host: str, path: str) -> str:
+    return f"http://{lab_hosts()[host]['ansible_host']}:{PORTS[host]}{path}"
+
+
+def wait_node_healthy(host: str, timeout: float = 180) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if http_status(node_url(host, "/health"), timeout=5) == 200:
+            return True
+        time.sleep(1)
+    return False
+
+
+def backend_states() -> dict[str, str]:
+    """Each serving node's state at its branch gateway, read from the gateway's backend file."""
+    out = {}
+    for host in SERVING:
+        branch = BRANCH[host]
+        path = node_path(GATEWAY_HOSTS[branch], f"/etc/nginx/atlas-backends/{branch}/{host}.conf")
+        try:
+            text = path.read_text()
+        except OSError:
+            out[host] = "missing"
+            continue
+        out[host] = "down" if re.search(r"\sdown;", text) else "up"
+    return out
+
+
+def fleet_problems() -> list[str]:
+    """What keeps the fleet from being converged and serving (empty: ready for the next drill)."""
+    problems = []
+    for host in SERVING:
+        if http_status(node_url(host, "/health"), timeout=10) != 200:
+            problems.append(f"{host} /health not 200")
+    problems += [f"{host} is {state} at its gateway" for host, state in backend_states().items() if state != "up"]
+    for branch, url in GATEWAYS.items():
+        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2}
+        if http_status(f"{url}/v1/completions", body=body, timeout=60) != 200:
+            problems.append(f"gateway {branch} does not serve a completion")
+    rc, doc, _ = doctor()
+    problems += [f"doctor: {host}: {f['check']}: {one_line(f['message'], 120)}" for host, entry in doc["hosts"].items()
+                 for f in entry.get("findings", []) if f["severity"] == "error"]
+    if rc == 3:
+        problems.append("doctor: a host is unreachable")
+    return problems
+
+
+def wait_fleet_ready(timeout: float = 240) -> list[str]:
+    deadline = time.monotonic() + timeout
+    problems = fleet_problems()
+    while problems and time.monotonic() < deadline:
+        time.sleep(3)
+        problems = fleet_problems()
+    return problems
+
+
+def current_verifies(host: str) -> bool:
+    """The current model version's files match its vendor sums (sha256sum -c)."""
+    out = sh(host, f"cd {MODEL_HOME}/current && sha256sum --quiet -c sha256sums.txt >/dev/null 2>&1; echo rc=$?",
+             check=False)
+    return "rc=0" in out
+
+
+def release_snapshots(host: str) -> list[str]:
+    return sh(host, "ls /etc/atlas/serving/releases 2>/dev/null", check=False).split()
+
+
+def drill_bundle_removed(host: str) -> None:
+    shutil.rmtree(node_path(host, DRILL_BUNDLE), ignore_errors=True)
+
+
+def flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+class Background:
+    """A command run in the background (a rollout, a playbook), its output collected."""
+
+    def __init__(self, argv: list[str]):
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=ENV, text=True, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE)
+
+    def wait(self, timeout: float = 1500) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out, err
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+
+def rollout_in_background(release: str, *extra: str) -> Background:
+    return Background([*ATLASCTL, "rollout", "-i", "inventory/lab", "--json", "--release", release, *extra])
+
+
+def report_of(stdout: str) -> dict:
+    return json.loads(stdout) if stdout.strip().startswith("{") else {}
+
+
+class Phases:
+    """Time marks during a drill: client failures per phase, and the seconds each branch spent with no
+    backend enabled at its gateway (sampled from the gateways' backend files)."""
+
+    def __init__(self, load: Load):
+        self.load = load
+        self.marks: list[tuple[str, float]] = []
+        self.empty: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+
+    def _sample(self) -> None:
+        last = time.monotonic()
+        while not self._stop.is_set():
+            states = backend_states()
+            now = time.monotonic()
+            for branch in GATEWAYS:
+                if not any(states[h] == "up" for h in SERVING if BRANCH[h] == branch):
+                    self.empty[branch] = self.empty.get(branch, 0.0) + (now - last)
+            last = now
+            self._stop.wait(0.5)
+
+    def mark(self, label: str) -> None:
+        self.marks.append((label, time.monotonic()))
+
+    def text(self) -> str:
+        self._stop.set()
+        self._sampler.join(5)
+        ends = [t for _, t in self.marks[1:]] + [time.monotonic()]
+        parts = [f"{label} {self.load.failed_between(t, end)}"
+                 for (label, t), end in zip(self.marks, ends, strict=True)]
+        empty = ", ".join(f"{b} {s:.0f} s" for b, s in self.empty.items() if s >= 0.5) or "never"
+        return f"failures by phase: {', '.join(parts)}; a branch with no backend enabled at its gateway: {empty}"
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, poll: float = 0.3) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return False
+
+
+# --- 1. corrupted model shard ----------------------------------------------------------------------
+
+def corrupted_shard() -> Outcome:
+    expect, node = Expect(), CANARY
+    before = model_service(node)
+    bundle = new_model_version(node, corrupt=True, on_node=DRILL_BUNDLE)
+    try:
+        with Load() as load:
+            run = playbook("playbooks/models.yml", "playbooks/serving.yml", "--limit", node,
+                           "-e", f"atlas_bundle_dir={bundle}")
+    finally:
+        drill_bundle_removed(node)
+    after = model_service(node)
+    msg = failure_message(run.stdout, node)
+    expect(run.returncode != 0, "the models stage fails")
+    expect(SHARD in msg, f"the refusal names {SHARD}")
+    expect(after == before, "same engine PID, current link unchanged")
+    expect(not load.failed, "0 client requests failed")
+    intact = current_verifies(node)
+    expect(intact, "the current version still verifies")
+    observed = (f"models stage exit {run.returncode} on {node}: {one_line(msg, 260)}; engine {after[0]}, "
+                f"PID {before[1]} -> {after[1]}; current {before[2]} -> {after[2]}; {load_text(load)}")
+    lost = (f"none: current still {after[2]} and it verifies; the corrupt copy never became current"
+            if after[2] == before[2] and intact else f"current {before[2]} -> {after[2]}, verifies={intact}")
+    return Outcome(observed, len(load.failed), lost, expect.unmet)
+
+
+# --- 2. tampered CANN package ----------------------------------------------------------------------
+
+def tampered_cann() -> Outcome:
+    from atlasctl.bundle import write_manifest
+    from atlasctl.lab.paths import bundle_dir
+
+    expect, node = Expect(), SCRATCH
+    before = cann_versions(node)
+    root = node_path(node, DRILL_BUNDLE)
+    shutil.rmtree(root, ignore_errors=True)
+    (root / "cann").mkdir(parents=True)
+    for path in (bundle_dir() / "cann").glob(f"*_{OTHER_CANN}_*"):
+        shutil.copy2(path, root / "cann" / path.name)
+    write_manifest(root, "drill")
+    toolkit = next(root.glob(f"cann/Ascend-cann-toolkit_{OTHER_CANN}_*"))
+    flip_byte(toolkit)
+    try:
+        with Load() as load:
+            run = playbook("playbooks/cann.yml", "--limit", node, "-e", f"atlas_bundle_dir={DRILL_BUNDLE}",
+                           "-e", f"cann_version={OTHER_CANN}")
+    finally:
+        drill_bundle_removed(node)
+    after = cann_versions(node)
+    trace = sh(node, f"ls -d /usr/local/Ascend/*{OTHER_CANN}* /usr/local/Ascend/*/{OTHER_CANN} 2>/dev/null",
+               check=False).split()
+    msg = failure_message(run.stdout, node)
+    expect(run.returncode != 0, "the cann stage fails")
+    expect("before any installer ran" in msg, "refused before any installer ran")
+    expect(toolkit.name in msg, f"the refusal names {toolkit.name}")
+    expect(after == before, "installed CANN versions unchanged")
+    expect(not trace, f"nothing of CANN {OTHER_CANN} on disk")
+    expect(not load.failed, "0 client requests failed")
+    observed = (f"cann stage (cann_version={OTHER_CANN}, toolkit .run with one flipped byte) exit {run.returncode}: "
+                f"{one_line(msg, 260)}; installed toolkit/kernels/nnal {after['toolkit']}/{after['kernels']}/"
+                f"{after['nnal']}; {OTHER_CANN} files on the node: {trace or 'none'}; {load_text(load)}")
+    lost = (f"none: CANN {before['toolkit']} stays installed, no installer ran" if after == before and not trace
+            else f"CANN {before} -> {after}, leftovers {trace}")
+    return Outcome(observed, len(load.failed), lost, expect.unmet)
+
+
+# --- 3. install killed midway ----------------------------------------------------------------------
+
+def install_killed() -> Outcome:
+    expect, node = Expect(), SCRATCH
+    before = cann_versions(node)
+    sh(node, "mkdir -p /etc/atlas-lab && echo 60 > /etc/atlas-lab/cann-install-delay")
+    marker = f"ls -d /usr/local/Ascend/cann-{OTHER_CANN} /usr/local/Ascend/ascend-toolkit/{OTHER_CANN} 2>/dev/null"
+    notes = []
+    with Load() as load:
+        job = Background([str(Path(ENV["PATH"].split(":")[0]) / "ansible-playbook"), "-i", "inventory/lab",
+                          "playbooks/cann.yml", "--limit", node, "-e", f"cann_version={OTHER_CANN}"])
+        started = wait_until(lambda: bool(sh(node, marker, check=False).strip()), 180, poll=1)
+        expect(started, f"the {OTHER_CANN} toolkit installer started")
+        atlasctl("lab", "power", node, "off", timeout=120)
+        rc_killed, out_killed, _ = job.wait(600)
+        expect(rc_killed != 0, "the interrupted run fails")
+        notes.append(f"powered off during the toolkit installer: run exit {rc_killed} "
+                     f"({one_line(failure_message(out_killed, node), 120) or 'unreachable'})")
+        atlasctl("lab", "power", node, "on", timeout=300)
+        sh(node, "rm -f /etc/atlas-lab/cann-install-delay")
+        mid = cann_versions(node)
+        notes.append(f"after power-on toolkit/kernels/nnal {mid['toolkit']}/{mid['kernels']}/{mid['nnal']}")
+        again = playbook("playbooks/cann.yml", "--limit", node, "-e", f"cann_version={OTHER_CANN}")
+        recovered = cann_versions(node)
+        expect(again.returncode == 0, "the next run succeeds")
+        expect(recovered == dict.fromkeys(recovered, OTHER_CANN), f"the next run installs {OTHER_CANN} completely")
+        notes.append(f"next run exit {again.returncode}: {recovered['toolkit']}/{recovered['kernels']}/"
+                     f"{recovered['nnal']}")
+        back = playbook("playbooks/cann.yml", "--limit", node)
+        restored = cann_versions(node)
+        expect(back.returncode == 0 and restored == before, "back to the inventory's CANN")
+        sh(node, "systemctl restart atlas-serving")
+        healthy = wait_node_healthy(node)
+        expect(healthy, f"{node} serves again")
+    notes.append(f"restored to {restored['toolkit']} (exit {back.returncode}), engine restarted, healthy={healthy}")
+    observed = "; ".join(notes) + f"; {load_text(load)}"
+    lost = ("none: the half-installed toolkit was replaced by the next run; model and release untouched"
+            if recovered == dict.fromkeys(recovered, OTHER_CANN) else f"CANN left at {recovered}")
+    return Outcome(observed, len(load.failed), lost, expect.unmet)
+
+
+# --- 4. engine crash loop --------------------------------------------------------------------------
+
+def _unit(host: str) -> dict[str, str]:
+    out = sh(host, "systemctl show -p ActiveState -p SubState -p NRestarts -p MainPID -p Result atlas-serving")
+    return dict(line.split("=", 1) for line in out.split() if "=" in line)
+
+
+def crash_loop() -> Outcome:
+    expect, node = Expect(), SCRATCH
+    before = _unit(node)
+    stop = "/run/atlas-drill-crash-stop"
+    killer = (f"rm -f {stop}; kills=0; end=$((SECONDS+90)); while [ ! -e {stop} ] && [ $SECONDS -lt $end ]; do "
+              "p=$(systemctl show -p MainPID --value atlas-serving); "
+              "if [ \"$p\" != 0 ]; then kill -9 \"$p\" 2>/dev/null && kills=$((kills+1)); fi; sleep 0.2; done; "
+              "echo kills=$kills")
+    with Load() as load:
+        loop = Background([*ATLASCTL, "lab", "ssh", node, killer])
+        time.sleep(20)
+        during = _unit(node)
+        rc, doc, out = doctor("-l", node)
+        sh(node, f"touch {stop}")
+        rc_loop, loop_out, _ = loop.wait(120)
+        came_back = wait_node_healthy(node, 60)
+        after = _unit(node)
+    kills = re.search(r"kills=(\d+)", loop_out)
+    restarts = int(after.get("NRestarts", 0)) - int(before.get("NRestarts", 0))
+    findings = [f for f in doc["hosts"].get(node, {}).get("findings", []) if f["severity"] == "error"]
+    service = [f for f in findings if f["check"] == "service"]
+    expect(restarts >= 3, "systemd restarts the engine after each crash")
+    expect(rc == 1 and bool(service), "atlasctl doctor reports the service")
+    expect(came_back, "the engine is back by itself once the crashes stop")
+    expect(not load.failed, "the gateway routes around it: 0 client requests failed")
+    sh(node, f"rm -f {stop}")
+    observed = (f"engine SIGKILLed {kills[1] if kills else '?'} times as soon as it came up, for about 20 s; "
+                f"systemd restarted it {restarts} times (Restart=on-failure, RestartSec=5: no start limit hit, "
+                f"state during the loop {during.get('ActiveState')}/{during.get('SubState')}); "
+                f"doctor exit {rc}: {one_line('; '.join(f['message'] for f in service) or 'no service finding', 160)}; "
+                f"back by itself: {came_back}; {load_text(load)}")
+    return Outcome(observed, len(load.failed), "none: a crash loses in-flight work only; files untouched",
+                   expect.unmet)
+
+
+# --- 5. bad flag release ---------------------------------------------------------------------------
+
+def bad_flag_release() -> Outcome:
+    expect = Expect()
+    before = releases()
+    with Load() as load:
+        rc, report = rollout("--release", "drill-bad-flag", "-e", 'serving_flags_extra={"--no-such-flag": true}',
+                             "-e", "serving_lint_override=true", "-e", "rollout_health_timeout_s=30",
+                             "-e", LENIENT_SLO)
+    after = releases()
+    failure = report.get("failure") or {}
+    args = sh(CANARY, "cat /etc/atlas/serving/atlas-serving.args")
+    expect(rc == 1, "the rollout exits 1")
+    expect((failure.get("host"), failure.get("wave")) == (CANARY, "canary"), "it fails on the canary")
+    expect(after == before, "the fleet stays on the old release")
+    expect("--no-such-flag" not in args, "the canary runs the old configuration again")
+    expect(not load.failed, "0 client requests failed")
+    observed = (f"rollout exit {rc}: failed on {failure.get('host')} (wave {failure.get('wave')}, gate "
+                f"{failure.get('gate')}): {one_line(failure.get('why', ''), 160)}; rolled back to "
+                f"{failure.get('previous')}; waves done {report.get('completed')}; releases now "
+                f"{sorted(set(after.values()))}; {load_text(load)}")
+    lost = ("none: every node on its previous release, its configuration restored from the snapshot"
+            if after == before and "--no-such-flag" not in args else f"releases {before} -> {after}")
+    return Outcome(observed, len(load.failed), lost, expect.unmet)
+
+
+# --- 6. node power-off mid-wave --------------------------------------------------------------------
+
+def power_off_mid_wave() -> Outcome:
+    expect, victim, release = Expect(), "atlas-n2", "drill-power-off"
+    before = releases()
+    notes = []
+    with Load() as load:
+        phases = Phases(load)
+        phases.mark("rollout to the power-off")
+        job = rollout_in_background(release, "-e", LENIENT_SLO)
+        drained = wait_until(lambda: backend_states()[victim] == "down" or not job.running(), 900)
+        expect(drained and job.running(), f"the rollout reached {victim} (drained at its gateway)")
+        atlasctl("lab", "power", victim, "off", timeout=120)
+        phases.mark("power-off to the rollout's stop")
+        rc, out, _ = job.wait()
+        phases.mark("node off, then powered on")
+        report = report_of(out)
+        failure = report.get("failure") or {}
+        stopped = releases([h for h in SERVING if h != victim])
+        expect(rc == 1, "the rollout stops (exit 1)")
+        expect((failure.get("host"), failure.get("wave")) == (victim, "east"), f"it stops at {victim}, wave east")
+        expect(report.get("completed") == ["canary"], "only the canary wave completed")
+        expect(stopped["atlas-n4"] == before["atlas-n4"], "the later wave (atlas-n4) keeps the old release")
+        notes.append(f"{victim} powered off once drained: rollout exit {rc}, failed at {failure.get('host')} "
+                     f"(wave {failure.get('wave')}, gate {failure.get('gate')}), waves done {report.get('completed')}, "
+                     f"releases {stopped}, gateway states {backend_states()}")
+        atlasctl("lab", "power", victim, "on", timeout=300)
+        up = wait_node_healthy(victim, 240)
+        notes.append(f"powered on, healthy={up}")
+        phases.mark("--resume")
+        rc2, resumed = rollout("--release", release, "--resume", "-e", LENIENT_SLO)
+        by_phase = phases.text()
+    now = releases()
+    expect(rc2 == 0, "--resume completes")
+    expect(now == dict.fromkeys(SERVING, release), "the whole fleet on the new release")
+    notes.append(f"--resume exit {rc2} (resumed from {resumed.get('resumed_from')}, waves {resumed.get('completed')}): "
+                 f"releases {sorted(set(now.values()))}")
+    snaps = all(before[h] in release_snapshots(h) for h in SERVING)
+    expect(not load.failed, "0 client requests failed")
+    observed = "; ".join(notes) + f"; {load_text(load)}; {by_phase}"
+    lost = ("none: the previous release's snapshot is kept on every node" if snaps
+            else "a node lost its previous release's snapshot")
+    return Outcome(observed, len(load.failed), lost, expect.unmet)
+
+
+# --- 7. gateway restart during a rollout -----------------------------------------------------------
+
+def gateway_restart() -> Outcome:
+    expect, release = Expect(), "drill-gateway-restart"
+    notes = []
+    with Load() as load:
+        phases = Phases(load)
+        phases.mark("rollout to the restart")
+        job = rollout_in_background(release, "-e", LENIENT_SLO)
+        drained = wait_until(lambda: backend_states()["atlas-n1"] == "down" or not job.running(), 900)
+        expect(drained and job.running(), "the rollout reached the east wave")
+        phases.mark("restart and 5 s after")
+        restarted = atlasctl("lab", "ssh", GATEWAY_HOSTS["east"], "systemctl restart nginx", check=False,
+                             timeout=120)
+        notes.append(f"`systemctl restart nginx` on atlas-gw-east while atlas-n1 was drained: exit "
+                     f"{restarted.returncode}")
+        time.sleep(5)
+        phases.mark("rest of the rollout")
+        rc, out, _ = job.wait()
+        by_phase = phases.text()
+    report = report_of(out)
+    now = releases()
+    expect(rc == 0, "the rollout completes")
+    expect(now == dict.fromkeys(SERVING, release), "the whole fleet on the new release")
+    failure = report.get("failure") or {}
+    notes.append(f"rollout exit {rc}, waves {report.get('completed')}"
+                 + (f", failed at {failure.get('host')} gate {failure.get('gate')}: {one_line(failure.get('why'), 120)}"
+                    if failure else "")
+                 + f"; releases {sorted(set(now.values()))}")
+    observed = "; ".join(notes) + f"; {load_text(load)}; {by_phase}"
+    return Outcome(observed, len(load.failed), "none: configuration on disk; a restart loses in-flight requests only",
+                   expect.unmet)
+
+
+# --- 8. disk full while staging a model ------------------------------------------------------------
+
+@contextlib.contextmanager
+def small_models_filesystem(host: str, headroom_kib: int) -> Iterator[str]:
+    """A tmpfs over the node's model versions directory, holding a copy of what was there, and a
+    filler file that leaves headroom_kib free. Yields the filler's path; unmounted at the end."""
+    versions = f"{MODEL_HOME}/versions"
+    copy = "/var/lib/atlas/drill-versions-copy"
+    filler = f"{versions}/.drill-filler"
+    sh(host, f"rm -rf {copy} && cp -a {versions} {copy} && mount -t tmpfs -o size=32m,mode=0755 drill-models "
+             f"{versions} && cp -a {copy}/. {versions}/ && rm -rf {copy}")
+    try:
+        avail = int(sh(host, f"df -B1K --output=avail {versions} | tail -1").strip())
+        sh(host, f"fallocate -l {max(avail - headroom_kib, 0)}K {filler}")
+        yield filler
+    finally:
+        sh(host, f"umount {versions} 2>/dev/null || umount -l {versions}", check=False)
+
+
+def disk_full() -> Outcome:
+    expect, node = Expect(), SCRATCH
+    before = model_service(node)
+    notes = []
+    # a new version with new weights in a shard: staging has a whole shard to copy, not only hard links
+    bundle = new_model_version(node, corrupt=False, on_node=DRILL_BUNDLE, new_weights=True)
+    stages = ("playbooks/preflight.yml", "playbooks/models.yml", "playbooks/serving.yml")
+    try:
+        with Load() as load:
+            with small_models_filesystem(node, headroom_kib=128) as filler:
+                df = sh(node, f"df -h --output=size,used,avail,target {MODEL_HOME}/versions | tail -1")
+                run = playbook(*stages, "--limit", node, "-e", f"atlas_bundle_dir={bundle}")
+                during = model_service(node)
+                msg = failure_message(run.stdout, node)
+                preflight_passed = "Preflight | platform | assert free disk space" in run.stdout and \
+                    "free disk space" not in msg
+                expect(run.returncode != 0, "staging fails")
+                expect("No space left on device" in msg, "the error says the disk is full")
+                expect(f"{MODEL_HOME}/versions" in msg, "the error names the path")
+                expect(during == before, "same engine PID, current link unchanged")
+                intact = current_verifies(node)
+                expect(intact, "the current version still verifies")
+                notes.append(f"models filesystem {' '.join(df.split())} (size used avail): preflight passed="
+                             f"{preflight_passed}; stage exit {run.returncode}: {one_line(msg, 220)}; engine "
+                             f"{during[0]} PID {before[1]} -> {during[1]}; current {before[2]} -> {during[2]}")
+                sh(node, f"rm -f {filler}")
+                again = playbook(*stages, "playbooks/health.yml", "--limit", node, "-e", f"atlas_bundle_dir={bundle}")
+                moved = model_service(node)
+                expect(again.returncode == 0 and moved[2] != before[2], "after freeing space the next run converges")
+                notes.append(f"filler removed: next run exit {again.returncode}, current -> {moved[2]}")
+                back = playbook("playbooks/models.yml", "playbooks/serving.yml", "--limit", node)
+                expect(back.returncode == 0 and model_service(node)[2] == before[2], "back to the bundle's version")
+            # off the drill's filesystem: the bundle's version re-verified where it always was, engine restarted
+            reverify = playbook("playbooks/models.yml", "--limit", node)
+            sh(node, "systemctl restart atlas-serving")
+            healthy = wait_node_healthy(node)
+    finally:
+        drill_bundle_removed(node)
+    final = model_service(node)
+    expect(reverify.returncode == 0 and healthy and final[2] == before[2] and current_verifies(node),
+           "restored on the original disk")
+    notes.append(f"restored: tmpfs unmounted, re-verified (exit {reverify.returncode}), current {final[2]}, "
+                 f"healthy={healthy}")
+    expect(not load.failed, "0 client requests failed")
+    observed = "; ".join(notes) + f"; {load_text(load)}"
+    lost = ("none: current never moved while the disk was full and still verifies; the partial copy was only in "
+            "the new version's directory" if intact else "the current version no longer verifies")
+    return Outcome(observed, len(load.failed), lost, expect.unmet)
+
+
+# --- 9. two concurrent rollouts --------------------------------------------------------------------
+
+def concurrent_rollouts() -> Outcome:
+    expect = Expect()
+    before = releases()
+    with Load() as load:
+        # the first one fails its SLO gate on the canary: long enough to collide with, short to wait for
+        first = rollout_in_background("drill-concurrent", "-e", 'rollout_slo={"e2el_ms": 1}')
+        time.sleep(3)
+        second = atlasctl("rollout", "-i", "inventory/lab", "--release", "drill-concurrent-2", check=False,
+                          timeout=60)
+        rc1, out1, _ = first.wait()
+    after = releases()
+    report = report_of(out1)
+    expect(second.returncode == 2, "the second rollout exits 2")
+    expect("already running" in second.stderr, "it says a rollout is already running")
+    expect(rc1 == 1 and (report.get("failure") or {}).get("gate") == "slo", "the first one runs its course")
+    expect(after == before, "the fleet stays on the old release")
+    expect(not load.failed, "0 client requests failed")
+    observed = (f"second rollout exit {second.returncode}: {one_line(second.stderr, 200)}; first rollout exit {rc1} "
+                f"(failed its SLO gate on {(report.get('failure') or {}).get('host')} and rolled back, as designed "
+                f"for this drill); releases {sorted(set(after.values()))}; {load_text(load)}")
+    return Outcome(observed, len(load.failed), "none: the second rollout touched nothing", expect.unmet)
+
+
+# --- 10. missing and expired API key; 11. a key rotated by a rollout ------------------------------------
+
+class KeyedInventory:
+    """A copy of the lab inventory whose branch west has serving_api_key in its group_vars (0600): where
+    an operator keeps a (vaulted) key. Everything else is the lab inventory's."""
+
+    def __init__(self) -> None:
+        self.scratch = Path(tempfile.mkdtemp(prefix="drill-key-"))
+        self.path = self.scratch / "inventory"
+        (self.path / "group_vars").mkdir(parents=True)
+        shutil.copy2(ROOT / "inventory/lab/hosts.yml", self.path / "hosts.yml")
+        for path in (ROOT / "inventory/lab/group_vars").glob("*.yml"):
+            shutil.copy2(path, self.path / "group_vars" / path.name)
+        self.west_vars = self.path / "group_vars" / "branch_west.yml"
+        self.plain_west = self.west_vars.read_text()
+
+    def set_key(self, key: str) -> None:
+        self.west_vars.write_text(self.plain_west + f"serving_api_key: {key}\n")
+        self.west_vars.chmod(0o600)
+
+    def playbook(self, *args: str) -> subprocess.CompletedProcess:
+        cmd = [str(Path(ATLASCTL[0]).parent / "ansible-playbook"), "-i", str(self.path), *args]
+        return subprocess.run(cmd, cwd=ROOT, env=ENV, text=True, capture_output=True, timeout=900)
+
+    def leaks(self, keys: tuple[str, ...], outputs: list[str]) -> list[str]:
+        """Where the keys were written, other than this inventory's group_vars file."""
+        found = [f"command output {i}" for i, text in enumerate(outputs) for key in keys if key in text]
+        for key in keys:
+            found += [hit for hit in grep_tree(self.scratch, key.encode()) if hit != str(self.west_vars)]
+            found += grep_tree(ROOT / "artifacts", key.encode())
+        return sorted(set(found))
+
+    def close(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _short(paths: list[str], limit: int = 4) -> str:
+    shown = [p.replace(str(ROOT) + "/", "") for p in paths[:limit]]
+    return ", ".join(shown) + (f" (+{len(paths) - limit} more)" if len(paths) > limit else "")
+
+
+def _west_keyless() -> int:
+    restored = playbook("playbooks/serving.yml", "--limit", "branch_west")
+    for host in (h for h in SERVING if BRANCH[h] == "west"):
+        wait_node_healthy(host, 90)
+    return restored.returncode
+
+
+def api_keys() -> Outcome:
+    expect = Expect()
+    west = [h for h in SERVING if BRANCH[h] == "west"]
+    old, new = "atlas-drill-old-" + secrets.token_hex(12), "atlas-drill-new-" + secrets.token_hex(12)
+    inv = KeyedInventory()
+    log = inv.scratch / "ansible.log"
+    outputs: list[str] = []
+    gw = GATEWAYS["west"]
+    completion = {"model": MODEL, "prompt": "Balance?", "max_tokens": 2}
+    ENV["ANSIBLE_LOG_PATH"] = str(log)
+    try:
+        for key in (old, new):  # set a key, then rotate it: the old one is the expired key
+            inv.set_key(key)
+            run = inv.playbook("playbooks/serving.yml", "--limit", "branch_west", "-v")
+            outputs.append(run.stdout + run.stderr)
+            expect(run.returncode == 0, "the serving stage sets / rotates the key")
+            for host in west:
+                wait_node_healthy(host, 90)
+        codes = {
+            "no key": http_status(f"{gw}/v1/completions", body=completion),
+            "old (rotated) key": http_status(f"{gw}/v1/completions", key=old, body=completion),
+            "current key": http_status(f"{gw}/v1/completions", key=new, body=completion),
+            "/health": http_status(f"{gw}/health"),
+        }
+        health = atlasctl("health", "-i", str(inv.path), "-l", "branch_west", check=False, timeout=300)
+        outputs.append(health.stdout + health.stderr)
+        rc, doc, out = doctor_on(inv.path, ",".join(west))
+        outputs.append(out)
+        key_findings = [f for h in west for f in doc["hosts"][h]["findings"] if f["check"] == "api-key"]
+    finally:
+        ENV.pop("ANSIBLE_LOG_PATH", None)
+        restored = _west_keyless()
+    leaks = inv.leaks((old, new), outputs)
+    expect(codes["no key"] == 401, "no key: 401")
+    expect(codes["old (rotated) key"] == 401, "the rotated-away key: 401")
+    expect(codes["current key"] == 200, "the current key: 200")
+    expect(codes["/health"] == 200, "/health stays open: 200")
+    expect(health.returncode == 0, "atlasctl health passes on the keyed branch")
+    expect(not key_findings, "doctor: no api-key finding (a key is configured and enforced)")
+    expect(log.is_file() and log.stat().st_size > 0, "the ansible log was written (the grep proves something)")
+    expect(not leaks, "the keys appear in no output, log or artifact")
+    expect(restored == 0, "the key removed again")
+    observed = ("west branch keyed (serving_api_key in the inventory's group_vars, 0600), then rotated with the "
+                "serving stage; through the west gateway: " + ", ".join(f"{k} -> {v}" for k, v in codes.items())
+                + f"; atlasctl health exit {health.returncode}; doctor exit {rc}, api-key findings "
+                f"{len(key_findings)}; keys found in: {_short(leaks) or 'nothing'} (searched: playbook output with "
+                "-v, ansible log, health and doctor output, artifacts/)")
+    lost = "none" if not leaks else f"no data lost, but the API keys leaked to {len(leaks)} file(s)/output(s)"
+    inv.close()
+    return Outcome(observed, "n/a", lost, expect.unmet)
+
+
+def doctor_on(inventory: Path, limit: str) -> tuple[int, dict, str]:
+    proc = atlasctl("doctor", "-i", str(inventory), "--json", "-l", limit, check=False, timeout=180)
+    return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {"hosts": {}}), \
+        proc.stdout + proc.stderr
+
+
+def key_rollout() -> Outcome:
+    """The zero-downtime way to rotate a key: a staged rollout carrying it (--vars FILE, 0600)."""
+    expect = Expect()
+    key = "atlas-drill-rollout-" + secrets.token_hex(12)
+    inv = KeyedInventory()
+    keyfile = inv.scratch / "release-key.yml"
+    keyfile.write_text(f"serving_api_key: {key}\n")
+    keyfile.chmod(0o600)
+    before = releases()
+    with Load() as load:
+        proc = atlasctl("rollout", "-i", "inventory/lab", "--json", "--release", "drill-key-rollout",
+                        "--vars", str(keyfile), "-e", LENIENT_SLO, check=False, timeout=1200)
+    report = report_of(proc.stdout)
+    failure = report.get("failure") or {}
+    after = releases()
+    leaks = inv.leaks((key,), [proc.stdout + proc.stderr])
+    leaks = [hit for hit in leaks if hit != str(keyfile)]
+    keyed = [h for h in SERVING if "--api-key" in sh(h, "cat /etc/atlas/serving/atlas-serving.args")
+             or "API_KEY" in sh(h, "cat /etc/atlas/serving/atlas-serving.env")]
+    expect(proc.returncode == 0, "the rollout completes")
+    expect(after == dict.fromkeys(SERVING, "drill-key-rollout"), "the whole fleet on the keyed release")
+    expect(not leaks, "the key appears in no output or artifact")
+    expect(not load.failed, "0 client requests failed")
+    why = failure.get("why", "")
+    codes = sorted(set(re.findall(r"HTTP (\d{3})", why)))
+    why = (f"{one_line(why.split(':', 2)[-1].split('HTTP')[0], 80)} bench requests answered HTTP {', '.join(codes)}"
+           if codes else one_line(why, 200))
+    observed = (f"rollout exit {proc.returncode}, waves {report.get('completed')}"
+                + (f", failed at {failure.get('host')} (wave {failure.get('wave')}, gate {failure.get('gate')}): "
+                   f"{why}" if failure else "")
+                + f"; releases {sorted(set(after.values()))}; nodes with a key now: {keyed or 'none'}; "
+                f"key found in: {_short(leaks) or 'nothing'}; {load_text(load)}")
+    if proc.returncode != 0 and after != before:
+        observed += f"; releases before {before}"
+    # a rolled-back canary has no key; a completed rollout leaves one on every node: take it off again
+    if keyed:
+        _west_keyless()
+        playbook("playbooks/serving.yml", "--limit", "branch_east")
+    inv.close()
+    lost = "none: the canary went back to its previous release" if not keyed else "none"
+    if leaks:
+        lost += f"; the API key leaked to {len(leaks)} file(s)"
+    return Outcome(observed, len(load.failed), lost, expect.unmet)
+
+
+# --- the table ---------------------------------------------------------------------------------------
+
+DRILLS = [
+    Drill("corrupt-shard", "new model version with one flipped byte in a shard (atlas-n3)",
+          "refused naming the shard; engine keeps serving (same PID); current link unchanged; 0 failed",
+          corrupted_shard),
+    Drill("tampered-cann", f"bundle copy with one flipped byte in the CANN {OTHER_CANN} toolkit .run (atlas-n4)",
+          "refused before any installer runs, naming the package; installed CANN unchanged; 0 failed",
+          tampered_cann),
+    Drill("disk-full", "models filesystem of atlas-n4 full (128 KiB free) while staging a new model version",
+          "staging fails naming the disk/path; current unchanged, engine keeps serving; after freeing space the "
+          "next run converges; 0 failed", disk_full),
+    Drill("crash-loop", "atlas-n4's engine SIGKILLed each time it comes up, for 20 s",
+          "systemd restarts it; doctor reports the service; gateway routes around it: 0 failed; back by itself",
+          crash_loop),
+    Drill("api-key", "API key set on the west branch, then rotated: requests with no key and with the old key",
+          "no key and old key: 401; current key: 200; /health 200; atlasctl health and doctor pass; the keys in "
+          "no output, log or artifact",
+          api_keys),
+    Drill("key-rollout", "the API key rotated with a staged rollout (`atlasctl rollout --vars key.yml`, 0600)",
+          "rollout completes, every node keyed; the key in no output or artifact; 0 failed", key_rollout),
+    Drill("install-killed", f"atlas-n4 powered off during the CANN {OTHER_CANN} toolkit installer",
+          "the run fails; the next run installs completely; back to 8.5.0; engine healthy", install_killed),
+    Drill("concurrent-rollouts", "a second `atlasctl rollout` while one runs",
+          "second refused (exit 2, 'already running'); the first runs its course; fleet unchanged; 0 failed",
+          concurrent_rollouts),
+    Drill("bad-flag-release", "rollout of a release with an unknown engine flag, lint overridden",
+          "canary fails to start and is rolled back; rollout stops; fleet on the old release; 0 failed",
+          bad_flag_release),
+    Drill("power-off-mid-wave", "atlas-n2 powered off after its wave drained it",
+          "rollout stops at atlas-n2 (wave east); atlas-n4 keeps the old release; after power-on --resume "
+          "completes; 0 failed", power_off_mid_wave),
+    Drill("gateway-restart", "`systemctl restart nginx` on atlas-gw-east during a rollout, under load",
+          "rollout completes, fleet on the new release; client failures: what the restart costs",
+          gateway_restart),
+]
