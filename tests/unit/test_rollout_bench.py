@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +29,12 @@ def test_parse_sizes_sorted_unique_and_bounded():
             rb.parse_sizes(bad)
 
 
+def test_fleet_defaults_without_the_lab_file():
+    data = rb.fleet(8, 4)
+    assert (data["bridge"], data["subnet"]) == ("atlasbr0", "10.77.0.0/24")
+    assert [n["name"] for n in data["nodes"]][-2:] == ["scale-gw-b1", "scale-gw-b2"]
+
+
 def test_fleet_size_covers_sizes_noop_and_overhead_in_whole_branches():
     assert rb.fleet_size([4, 8, 16, 24], 4, 4) == 24
     assert rb.fleet_size([4], 4, 4) == 8  # the no-op re-run needs 8 serving nodes
@@ -34,7 +44,7 @@ def test_fleet_size_covers_sizes_noop_and_overhead_in_whole_branches():
 
 def test_generated_fleet_is_a_valid_lab_file_with_its_own_inventory(tmp_path):
     path = tmp_path / "scale" / "lab.yml"
-    data = yaml.safe_load(rb.render_fleet(rb.fleet(24, 4)))
+    data = yaml.safe_load(rb.render_fleet(rb.fleet(24, 4, rb.lab_settings(ROOT))))
     cfg = config.parse(data, path)
     serving = cfg.serving_nodes
     assert len(serving) == 24 and len(cfg.nodes) == 30
@@ -44,18 +54,18 @@ def test_generated_fleet_is_a_valid_lab_file_with_its_own_inventory(tmp_path):
     assert cfg.inventory_path == path.parent / "hosts.yml"  # never inventory/lab/hosts.yml
     # the lab's own network: the same blackhole route and nft table guard it
     lab = yaml.safe_load((ROOT / "inventory/lab/lab.yml").read_text())
-    assert (cfg.bridge, cfg.subnet) == (lab["bridge"], lab["subnet"])
+    assert (cfg.bridge, cfg.subnet, cfg.lab_name) == (lab["bridge"], lab["subnet"], lab["lab_name"])
+    assert (cfg.driver_version, cfg.firmware_version) == (lab["driver_version"], lab["firmware_version"])
     hosts = inventory.build(cfg, Path("/k"), Path("/kh"))["all"]["children"]
     assert hosts["gateway"]["hosts"]["scale-gw-b6"]["gateway_branch"] == "b6"
     assert len(hosts["atlas_nodes"]["hosts"]) == 24
 
 
 def test_scale_inventory_is_sglang_only_and_mirrors_the_lab():
-    lab_all = yaml.safe_load((ROOT / "inventory/lab/group_vars/all.yml").read_text())
     west = yaml.safe_load((ROOT / "inventory/lab/group_vars/branch_west.yml").read_text())
-    scale_all = yaml.safe_load((ROOT / "inventory/scale/group_vars/all.yml").read_text())
     nodes = yaml.safe_load((ROOT / "inventory/scale/group_vars/atlas_nodes.yml").read_text())
-    assert scale_all == lab_all
+    # the release and site settings are the lab's own file (a link), so they cannot drift apart
+    assert (ROOT / "inventory/scale/group_vars/all.yml").resolve() == (ROOT / "inventory/lab/group_vars/all.yml")
     assert nodes == west
     assert "vllm" not in (ROOT / "inventory/scale/group_vars/atlas_nodes.yml").read_text().split("No vLLM")[0]
 
@@ -154,16 +164,17 @@ def test_recap_parses_plain_output():
     assert rb.recap("no recap here") == {}
 
 
-def _res(wall: float, waves: list[tuple[float, float]]) -> dict:
+def _res(wall: float, waves: list[tuple[float, float]], cpu: float = 40.0) -> dict:
     return {"wall": wall, "waves": [{"seconds": s, "overhead": o, "task_mean": 0.3} for s, o in waves],
-            "busy_pct": 90.0, "controller_cpu_s": 10.0}
+            "busy_pct": 90.0, "ctrl_cpu_s": cpu / 4, "cpu_s": cpu}
 
 
 def _figures():
     one = _res(30.0, [(20.0, 0.2)])
     multi = _res(95.0, [(21.0, 0.3), (22.0, 0.3), (19.0, 0.2), (20.0, 0.2)])
-    sized = {4: _res(40.0, [(28.0, 0.4)]), 24: _res(120.0, [(100.0, 1.0)])}
-    noop = {"seconds": 45.0, "changed": 0, "nodes": 8, "gateways": 2}
+    sized = {4: _res(40.0, [(28.0, 0.4)]), 24: _res(120.0, [(100.0, 1.0)], cpu=480.0)}
+    noop = {"seconds": 45.0, "changed": 0, "nodes": 8, "gateways": 2, "plays": [["Serving | x", 12.5]],
+            "top_tasks": [["Health | completion", 3.0, 1]]}
     return rb.summarise(one, multi, sized, noop, 4), [one, multi, sized[4], sized[24]]
 
 
@@ -179,13 +190,17 @@ def test_summarise_ratios_targets_overhead_and_growth():
     assert rows["1 wave of 24"]["target"] is False
     assert fig["growth_s_per_node"] == pytest.approx((100 - 28) / 20, abs=0.01)
     assert fig["noop"]["target"] is True
+    assert rows["1 wave of 24"]["cpu_per_node"] == 20.0 and rows["1 wave of 24"]["ctrl_cpu_per_node"] == 5.0
+    proj = fig["projection"]  # budget 1.5 x 20 s x cores; 20 CPU s per node here, 5 on the controller
+    assert proj["max_nodes_lab"] == int(30 * proj["cores"] // 20)
+    assert proj["max_nodes_controller"] == int(30 * proj["cores"] // 5)
+    assert proj["ctrl_cores_for_24"] == 4.0
     missed = rb.summarise(runs[0], runs[1], {}, {"seconds": 30.0, "changed": 1}, 4)
     assert missed["noop"]["target"] is False and missed["growth_s_per_node"] is None
 
 
 def test_render_prints_every_case_and_missed_targets():
-    fig, runs = _figures()
-    rb._annotate(fig, runs)
+    fig, _ = _figures()
     text = rb.render(fig, {"fleet": "24 SGLang stand-in nodes + 6 gateways", "converge_s": 300.0,
                            "profiles": {"one node": [["Rollout | node | SLO gate", 5.0, 1]]}})
     for case in ("one node", "4 waves of 1", "1 wave of 4", "1 wave of 24"):
@@ -196,3 +211,52 @@ def test_render_prints_every_case_and_missed_targets():
     assert "growth 4 -> 24 nodes in one wave: +3.60 s per extra node" in text
     assert "site.yml converge: 300.0 s" in text
     assert "SLO gate" in text
+    assert "12.5 s  Serving | x" in text and "Health | completion" in text
+    assert "CPU bound: a rolled node costs 20.0 CPU s here (5.0 s on the controller)" in text
+
+
+def test_play_times_sum_plays_of_the_same_name():
+    ev = Events()
+    ev.add("playbook_on_play_start", 0, play="Preflight").add("playbook_on_task_start", 0.1, play="Preflight", task="a")
+    ev.add("playbook_on_play_start", 2, play="Health").add("playbook_on_play_start", 3, play="Gateway")
+    ev.add("playbook_on_play_start", 3.5, play="Health").add("playbook_on_stats", 4)
+    assert rb.play_times(ev.events) == [["Preflight", 2.0], ["Health", 1.5], ["Gateway", 0.5]]
+
+
+def test_timer_callback_records_a_real_playbook(tmp_path):
+    plugins = tmp_path / "callback_plugins"
+    plugins.mkdir()
+    (plugins / "atlas_task_timer.py").write_text(rb.TIMER_CALLBACK)
+    play = tmp_path / "play.yml"
+    play.write_text("- name: One\n  hosts: all\n  gather_facts: false\n  tasks:\n"
+                    "    - name: First\n      ansible.builtin.debug: {msg: hi}\n"
+                    "    - name: Second\n      ansible.builtin.pause: {seconds: 1}\n")
+    out = tmp_path / "tasks.json"
+    env = {**os.environ, "ANSIBLE_CALLBACK_PLUGINS": str(plugins), "ANSIBLE_CALLBACKS_ENABLED": "atlas_task_timer",
+           "ATLAS_TASK_TIMER_OUT": str(out), "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                           str(play)], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert rb.recap(proc.stdout)["localhost"]["ok"] == 2
+    events = json.loads(out.read_text())
+    assert [e["event"] for e in events] == ["playbook_on_play_start", "playbook_on_task_start",
+                                            "playbook_on_task_start", "playbook_on_stats"]
+    assert rb.play_times(events)[0][0] == "One"
+    profile = rb.task_profile(events, play_re=re.compile(".*"))
+    assert profile[0][0] == "Second" and profile[0][1] >= 1.0
+
+
+def test_figures_from_raw_json_and_main_raw(tmp_path, capsys):
+    one = {**_res(30.0, [(20.0, 0.2)]), "profile": [["a", 1.0, 1]]}
+    raw = {"one": one, "multi": _res(95.0, [(21.0, 0.3), (22.0, 0.3)]), "sized": {"8": _res(50.0, [(40.0, 0.5)])},
+           "noop": {"seconds": 70.0, "changed": 0, "nodes": 8, "gateways": 2}, "converge": {"seconds": 99.0},
+           "k": 2, "extra": {"fleet": "8 nodes"}}
+    for key in ("multi", "sized"):
+        (raw[key]["8"] if key == "sized" else raw[key])["profile"] = []
+    path = tmp_path / "raw.json"
+    path.write_text(json.dumps(raw))
+    assert rb.main(["--raw", str(path), "--json", str(tmp_path / "out.json")]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^1 wave of 8 .* 2\.00  MISSED", text, re.M)
+    assert "(target < 60 s with changed=0: MISSED)" in text
+    assert json.loads((tmp_path / "out.json").read_text())["figures"]["t1_s"] == 21.0

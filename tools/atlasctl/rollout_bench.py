@@ -112,18 +112,27 @@ def fleet_size(sizes: Sequence[int], per_branch: int, overhead_waves: int) -> in
     return -(-wanted // per_branch) * per_branch
 
 
-def fleet(serving: int, per_branch: int) -> dict[str, Any]:
-    """The lab fleet file (inventory/lab/lab.yml's format): serving nodes first, then one gateway per branch."""
+def fleet(serving: int, per_branch: int, lab: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The lab fleet file (inventory/lab/lab.yml's format): serving nodes first, then one gateway per branch.
+
+    Lab name, bridge, subnet, driver and firmware versions come from ``lab`` (inventory/lab/lab.yml's data):
+    the same blackhole route and nft table guard the scale lab, and nothing new is left in the kernel."""
+    lab = lab or {}
     nodes: list[dict[str, Any]] = [
         {"name": node_name(i), "groups": [f"branch_{branch_of(i, per_branch)}"], "npu": dict(NODE_NPU)}
         for i in range(1, serving + 1)]
     branches = sorted({branch_of(i, per_branch) for i in range(1, serving + 1)}, key=lambda b: int(b[1:]))
     nodes += [{"name": gateway_name(b), "kind": "gateway", "groups": ["gateway"], "vars": {"gateway_branch": b}}
               for b in branches]
-    # Same lab name, bridge and subnet as inventory/lab/lab.yml: the same blackhole route and nft table
-    # guard it, and nothing new is left in the kernel after `lab down`.
-    return {"lab_name": "atlas", "bridge": "atlasbr0", "subnet": "10.77.0.0/24",
-            "driver_version": "24.1.rc1", "firmware_version": "7.1.0.6.220", "nodes": nodes}
+    base = {"lab_name": "atlas", "bridge": "atlasbr0", "subnet": "10.77.0.0/24", "driver_version": "24.1.rc1",
+            "firmware_version": "7.1.0.6.220"}
+    return {**{k: lab.get(k, v) for k, v in base.items()}, "nodes": nodes}
+
+
+def lab_settings(root: Path) -> dict[str, Any]:
+    """inventory/lab/lab.yml's top-level settings (everything but its nodes)."""
+    data = yaml.safe_load((root / "inventory/lab/lab.yml").read_text()) or {}
+    return {k: v for k, v in data.items() if k != "nodes"}
 
 
 def render_fleet(data: dict[str, Any]) -> str:
@@ -195,7 +204,7 @@ def waves(events: Sequence[dict]) -> list[dict[str, Any]]:
         span = _t(results[-1]) - _t(starts[0] if starts else results[0])
         durations = [float(e["event_data"]["duration"]) for e in results if "duration" in e["event_data"]]
         out.append({"index": int(match.group(1)), "seconds": round(seconds, 2), "span": round(span, 2),
-                    "overhead": round(seconds - span, 2),
+                    "overhead": round(seconds - span, 2), "host_tasks": len(results),
                     "hosts": sorted({e["event_data"]["host"] for e in results if e["event_data"].get("host")}),
                     "task_mean": round(statistics.fmean(durations), 3) if durations else 0.0})
     # one play per serial batch: a wave of several batches is several plays with the same index
@@ -203,7 +212,7 @@ def waves(events: Sequence[dict]) -> list[dict[str, Any]]:
     for w in out:
         if w["index"] in merged:
             m = merged[w["index"]]
-            for key in ("seconds", "span", "overhead"):
+            for key in ("seconds", "span", "overhead", "host_tasks"):
                 m[key] = round(m[key] + w[key], 2)
             m["hosts"] = sorted({*m["hosts"], *w["hosts"]})
         else:
@@ -225,6 +234,62 @@ def task_profile(events: Sequence[dict], top: int = 8, play_re: re.Pattern[str] 
         entry[1] += 1
     ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
     return [[name, round(s, 2), n] for name, (s, n) in ranked]
+
+
+def play_times(events: Sequence[dict]) -> list[list]:
+    """[[play name, seconds]] in order (a play's start to the next play start or the stats); plays with the
+    same name (serial batches, the two health plays) are summed in the first one's place."""
+    evs = sorted((e for e in events if e.get("created")), key=lambda e: e.get("counter", 0))
+    marks = [e for e in evs if e["event"] in BOUNDARIES]
+    totals: dict[str, float] = {}
+    for cur, nxt in zip(marks, marks[1:], strict=False):
+        if cur["event"] == "playbook_on_play_start":
+            name = (cur.get("event_data") or {}).get("play", "?")
+            totals[name] = totals.get(name, 0.0) + _t(nxt) - _t(cur)
+    return [[name, round(s, 2)] for name, s in totals.items()]
+
+
+# A stdout-neutral callback for plain ansible-playbook runs (site.yml): it records play and task starts
+# in the runner's event shape, so the same profile code reads both. Written into the run's log folder.
+TIMER_CALLBACK = '''\
+"""atlas_task_timer: play and task start times of an ansible-playbook run, as JSON (rollout_bench)."""
+import datetime
+import json
+import os
+
+from ansible.plugins.callback import CallbackBase
+
+
+class CallbackModule(CallbackBase):
+    CALLBACK_VERSION = 2.0
+    CALLBACK_TYPE = "aggregate"
+    CALLBACK_NAME = "atlas_task_timer"
+    CALLBACK_NEEDS_ENABLED = True
+
+    def __init__(self):
+        super().__init__()
+        self._events = []
+        self._play = ""
+
+    def _add(self, kind, **data):
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat()
+        self._events.append({"event": kind, "counter": len(self._events) + 1, "created": now, "event_data": data})
+
+    def v2_playbook_on_play_start(self, play):
+        self._play = play.get_name().strip()
+        self._add("playbook_on_play_start", play=self._play)
+
+    def v2_playbook_on_task_start(self, task, is_conditional):
+        self._add("playbook_on_task_start", play=self._play, task=task.get_name().strip())
+
+    def v2_playbook_on_handler_task_start(self, task):
+        self._add("playbook_on_handler_task_start", play=self._play, task=task.get_name().strip())
+
+    def v2_playbook_on_stats(self, stats):
+        self._add("playbook_on_stats")
+        with open(os.environ["ATLAS_TASK_TIMER_OUT"], "w") as handle:
+            json.dump(self._events, handle)
+'''
 
 
 def recap(output: str) -> dict[str, dict[str, int]]:
@@ -268,9 +333,32 @@ def summarise(one: dict, multi: dict, sized: dict[int, dict], noop: dict, k: int
     if len(sized) >= 2:
         lo, hi = min(sized), max(sized)
         growth = round((sized[hi]["waves"][0]["seconds"] - sized[lo]["waves"][0]["seconds"]) / (hi - lo), 2)
+    for row, res in zip(rows, [one, multi, *[sized[n] for n in sorted(sized)]], strict=True):
+        means = [w["task_mean"] for w in res["waves"]]
+        row["task_mean"] = round(statistics.fmean(means), 3) if means else 0.0
+        row["busy_pct"] = res.get("busy_pct", 0.0)
+        row["ctrl_cpu_per_node"] = round(res.get("ctrl_cpu_s", 0.0) / row["nodes"], 2)
+        row["cpu_per_node"] = round(res.get("cpu_s", 0.0) / row["nodes"], 2)
     return {"t1_s": round(t1, 2), "t1_samples": singles, "rows": rows, "growth_s_per_node": growth,
             "growth_range": [min(sized), max(sized)] if sized else [],
+            "projection": projection(t1, rows[-1]) if sized else None,
             "noop": {**noop, "target": noop.get("seconds", 1e9) < NOOP_TARGET_S and noop.get("changed") == 0}}
+
+
+def projection(t1: float, row: dict, cores: int | None = None) -> dict[str, Any]:
+    """How large a wave can stay within WAVE_TARGET x T1 when CPU is the limit.
+
+    A wave of N needs N x c CPU seconds on `cores` cores, so T_wave >= N x c / cores; within the target
+    while N <= WAVE_TARGET x T1 x cores / c. c: CPU seconds per rolled node, measured on the largest wave,
+    for the whole machine here (controller, nodes and engines share its cores) and for the controller
+    alone (what limits a real fleet, whose nodes have their own CPUs)."""
+    cores = cores or os.cpu_count() or 1
+    budget = WAVE_TARGET * t1 * cores
+    lab, ctrl = row.get("cpu_per_node", 0.0), row.get("ctrl_cpu_per_node", 0.0)
+    return {"cores": cores, "cpu_s_per_node": lab, "ctrl_cpu_s_per_node": ctrl,
+            "max_nodes_lab": int(budget // lab) if lab else None,
+            "max_nodes_controller": int(budget // ctrl) if ctrl else None,
+            "ctrl_cores_for_24": round(24 * ctrl / (WAVE_TARGET * t1), 1) if ctrl else None}
 
 
 def _fixed(res: dict) -> float:
@@ -281,31 +369,48 @@ def render(fig: dict[str, Any], extra: dict[str, Any]) -> str:
     lines = [f"Rollout benchmark: {extra.get('fleet', '?')}, {os.cpu_count()} cores; "
              f"T1 (one-node wave, median of {len(fig['t1_samples'])}) = {fig['t1_s']:.1f} s",
              "",
-             f"{'CASE':<16}{'NODES':>6}{'WAVES':>6}{'WALL s':>9}{'WAVE s':>9}{'x T1':>7}  "
-             f"{'<=1.5xT1':<9}{'OVERHEAD/WAVE s':>16}{'FIXED s':>9}{'TASK s':>8}{'CPU busy':>9}"]
+             f"{'CASE':<16}{'NODES':>6}{'WAVES':>6}{'WALL s':>9}{'WAVE s':>9}{'x T1':>7}  {'<=1.5xT1':<9}"
+             f"{'OVERHEAD/WAVE s':>16}{'FIXED s':>9}{'TASK s':>8}{'BUSY':>6}{'CPU s/NODE':>12}{'CTRL':>6}"]
     for row in fig["rows"]:
         lines.append(f"{row['case']:<16}{row['nodes']:>6}{row['waves']:>6}{row['wall_s']:>9.1f}{row['wave_s']:>9.1f}"
                      f"{row['ratio']:>7.2f}  {verdict(row['target']):<9}{row['overhead_s']:>16.2f}"
-                     f"{row['fixed_s']:>9.1f}{row.get('task_mean', 0):>8.2f}"
-                     f"{row.get('busy_pct', 0):>8.0f}%")
+                     f"{row['fixed_s']:>9.1f}{row.get('task_mean', 0):>8.2f}{row.get('busy_pct', 0):>5.0f}%"
+                     f"{row.get('cpu_per_node', 0):>12.1f}{row.get('ctrl_cpu_per_node', 0):>6.1f}")
     noop = fig["noop"]
     lines += ["",
               f"no-op site.yml over {noop.get('nodes')} serving nodes + {noop.get('gateways')} gateways: "
               f"{noop.get('seconds', float('nan')):.1f} s, changed={noop.get('changed')} "
-              f"(target < {NOOP_TARGET_S:.0f} s with changed=0: {verdict(noop['target'])})"]
+              f"(target < {NOOP_TARGET_S:.0f} s with changed=0: {verdict(noop['target'])}); "
+              f"{noop.get('tasks', '?')} tasks, {noop.get('host_tasks', '?')} host tasks, "
+              f"busy {noop.get('busy_pct', 0):.0f}%, CPU {noop.get('cpu_s', 0):.0f} s "
+              f"(controller {noop.get('ctrl_cpu_s', 0):.0f} s)"]
     if fig["growth_s_per_node"] is not None:
         lo, hi = fig["growth_range"]
         lines.append(f"growth {lo} -> {hi} nodes in one wave: {fig['growth_s_per_node']:+.2f} s per extra node")
+    proj = fig.get("projection")
+    if proj and proj["max_nodes_lab"] is not None:
+        lines.append(f"CPU bound: a rolled node costs {proj['cpu_s_per_node']:.1f} CPU s here "
+                     f"({proj['ctrl_cpu_s_per_node']:.1f} s on the controller); within {WAVE_TARGET} x T1 on "
+                     f"{proj['cores']} cores: waves of up to {proj['max_nodes_lab']} nodes in this lab, "
+                     f"{proj['max_nodes_controller']} with nodes on their own CPUs; "
+                     f"24 nodes need {proj['ctrl_cores_for_24']} controller cores")
     for key, label in (("lab_up_s", "lab up"), ("bundle_s", "bundle build"), ("converge_s", "site.yml converge")):
         if key in extra:
             lines.append(f"{label}: {extra[key]:.1f} s")
     lines += ["", "WAVE s: the wave's play start to the next play start; x T1: WAVE s / T1; OVERHEAD/WAVE: WAVE s",
               "minus the nodes' work span (first task start to last result); FIXED: rollout wall minus its waves",
-              "(runner, plan play, fleet health play); TASK s: mean module time per host task; CPU busy: this",
-              "machine's CPU (controller, nodes, engines) busy during the rollout."]
+              "(runner, plan play, fleet health play); TASK s: mean module time per host task; BUSY: this machine's",
+              "CPU busy during the rollout; CPU s/NODE: machine CPU seconds per rolled node (controller, nodes and",
+              "engines share the cores here); CTRL: the controller's part (ansible, runner, atlasctl bench)."]
     for name, profile in extra.get("profiles", {}).items():
-        lines += ["", f"where the time goes, {name} (task: seconds summed over the wave, times run):"]
+        lines += ["", f"where the time goes, {name} (task: seconds summed, times run):"]
         lines += [f"  {s:>7.1f} s  x{n:<3} {task}" for task, s, n in profile]
+    if noop.get("plays"):
+        lines += ["", "where the time goes, no-op site.yml (play: seconds):"]
+        lines += [f"  {s:>7.1f} s  {play}" for play, s in noop["plays"]]
+    if noop.get("top_tasks"):
+        lines += ["", "no-op site.yml, slowest tasks (seconds summed, times run):"]
+        lines += [f"  {s:>7.1f} s  x{n:<3} {task}" for task, s, n in noop["top_tasks"]]
     return "\n".join(lines)
 
 
@@ -338,9 +443,11 @@ def _env() -> dict[str, str]:
             "ANSIBLE_NOCOLOR": "1", "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"}
 
 
-def _run(argv: Sequence[str], logfile: Path, timeout: float) -> tuple[subprocess.CompletedProcess, float]:
+def _run(argv: Sequence[str], logfile: Path, timeout: float,
+         env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
-    proc = subprocess.run(list(argv), cwd=repo_root(), env=_env(), text=True, capture_output=True, timeout=timeout)
+    proc = subprocess.run(list(argv), cwd=repo_root(), env={**_env(), **(env or {})}, text=True,
+                          capture_output=True, timeout=timeout)
     seconds = time.monotonic() - started
     logfile.write_text(f"$ {' '.join(argv)}\n# rc {proc.returncode}, {seconds:.1f} s\n{proc.stdout}\n{proc.stderr}")
     return proc, seconds
@@ -355,16 +462,47 @@ def atlasctl(args: Sequence[str], logdir: Path, name: str, timeout: float = 1800
 
 
 def site(inventory: Path, logdir: Path, name: str, limit: str | None = None) -> dict[str, Any]:
+    """Plain ansible-playbook site.yml (what an operator runs), timed, with play and task times."""
+    plugins = logdir / "callback_plugins"
+    plugins.mkdir(exist_ok=True)
+    (plugins / "atlas_task_timer.py").write_text(TIMER_CALLBACK)
+    timer_out = logdir / f"{name}-tasks.json"
     argv = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory), "site.yml"]
     if limit:
         argv += ["--limit", limit]
-    proc, seconds = _run(argv, logdir / f"{name}.log", timeout=7200)
+    env = {"ANSIBLE_CALLBACK_PLUGINS": str(plugins), "ANSIBLE_CALLBACKS_ENABLED": "atlas_task_timer",
+           "ATLAS_TASK_TIMER_OUT": str(timer_out)}
+    with Meter() as meter:
+        proc, seconds = _run(argv, logdir / f"{name}.log", timeout=7200, env=env)
     stats = recap(proc.stdout)
     if proc.returncode != 0 or not stats:
         raise BenchError(f"site.yml ({name}) exited {proc.returncode}: {proc.stdout[-2500:]}\n"
                          f"(log: {logdir / f'{name}.log'})")
+    events = json.loads(timer_out.read_text()) if timer_out.is_file() else []
     return {"seconds": round(seconds, 1), "changed": sum(s.get("changed", 0) for s in stats.values()),
-            "hosts": len(stats)}
+            "hosts": len(stats), "tasks": sum(e["event"] in TASK_STARTS for e in events),
+            "host_tasks": sum(s.get("ok", 0) + s.get("skipped", 0) + s.get("failed", 0) for s in stats.values()),
+            **meter.figures(), "plays": play_times(events),
+            "top_tasks": task_profile(events, top=12, play_re=re.compile(".*"))}
+
+
+class Meter:
+    """CPU over a block: the controller's (our children: ansible, runner, atlasctl bench) and the machine's."""
+
+    def __enter__(self) -> Meter:
+        self.busy0, self.total0 = _cpu_times()
+        self.ctrl0, self.started = _children_cpu(), time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.monotonic() - self.started
+        busy1, total1 = _cpu_times()
+        self.ctrl = _children_cpu() - self.ctrl0
+        self.busy = (busy1 - self.busy0) / os.sysconf("SC_CLK_TCK")
+        self.pct = 100 * (busy1 - self.busy0) / max(total1 - self.total0, 1)
+
+    def figures(self) -> dict[str, float]:
+        return {"ctrl_cpu_s": round(self.ctrl, 1), "cpu_s": round(self.busy, 1), "busy_pct": round(self.pct, 1)}
 
 
 def close_masters(directory: Path = Path(CONTROL_PATH_DIR)) -> int:
@@ -404,12 +542,9 @@ def roll(inventory: Path, release: str, rollout_waves: list[dict], hosts: Sequen
             on_event(event)
         return run_playbook(playbook, inv, extravars=extravars, limit=limit, on_event=both)
 
-    busy0, total0 = _cpu_times()
-    cpu0, started = _children_cpu(), time.monotonic()
-    report = rollout.run(inventory, release, extravars={"rollout_waves": rollout_waves},
-                         limit=rollout_limit(hosts), run_fn=run_fn)
-    wall = time.monotonic() - started
-    busy1, total1 = _cpu_times()
+    with Meter() as meter:
+        report = rollout.run(inventory, release, extravars={"rollout_waves": rollout_waves},
+                             limit=rollout_limit(hosts), run_fn=run_fn)
     if report["status"] != "ok":
         raise BenchError(f"rollout {release} failed: {json.dumps(report.get('failure'))[:1500]} "
                          f"(report: {report.get('report')}, runner artifacts: {report.get('artifacts')})")
@@ -419,19 +554,8 @@ def roll(inventory: Path, release: str, rollout_waves: list[dict], hosts: Sequen
     found = waves(events)
     if len(found) != len(rollout_waves):
         raise BenchError(f"rollout {release}: {len(found)} wave plays in the events, {len(rollout_waves)} planned")
-    return {"release": release, "wall": round(wall, 1), "rollout_seconds": report["seconds"], "waves": found,
-            "controller_cpu_s": round(_children_cpu() - cpu0, 1),
-            "busy_pct": round(100 * (busy1 - busy0) / max(total1 - total0, 1), 1),
-            "profile": task_profile(events), "report": report.get("report")}
-
-
-def _annotate(fig: dict, runs: list[dict]) -> None:
-    """Add the mean task time and the CPU busy figure of each rollout to its row."""
-    for row, res in zip(fig["rows"], runs, strict=True):
-        means = [w["task_mean"] for w in res["waves"]]
-        row["task_mean"] = round(statistics.fmean(means), 3) if means else 0.0
-        row["busy_pct"] = res["busy_pct"]
-        row["controller_cpu_s"] = res["controller_cpu_s"]
+    return {"release": release, "wall": round(meter.wall, 1), "rollout_seconds": report["seconds"], "waves": found,
+            **meter.figures(), "profile": task_profile(events), "report": report.get("report")}
 
 
 def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = False) -> dict[str, Any]:
@@ -449,7 +573,7 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
         atlasctl(["lab", "down"], logdir, "lab-down-before", timeout=600)
         close_masters()
         try:
-            fleet_path.write_text(render_fleet(fleet(serving, per_branch)))
+            fleet_path.write_text(render_fleet(fleet(serving, per_branch, lab_settings(root))))
             log(f"lab up: {extra['fleet']} ({fleet_path.relative_to(root)})")
             extra["lab_up_s"] = atlasctl(["lab", "up", "--config", str(fleet_path), "--timeout", "300"], logdir,
                                          "lab-up", timeout=1800)
@@ -494,14 +618,22 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
                     atlasctl(["lab", "down"], logdir, "lab-down-after", timeout=600)
                 close_masters()
                 fleet_path.unlink(missing_ok=True)
-    fig = summarise(one, multi, sized, noop, k)
-    _annotate(fig, [one, multi, *[sized[n] for n in sorted(sized)]])
-    extra["profiles"] = {"one node": one["profile"]}
+    raw = {"one": one, "multi": multi, "sized": {str(n): r for n, r in sized.items()}, "noop": noop,
+           "converge": converge, "k": k, "extra": extra}
+    (logdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str) + "\n")
+    return figures_from_raw(raw)
+
+
+def figures_from_raw(raw: dict[str, Any]) -> dict[str, Any]:
+    """The measurements (kept as raw.json in the run's log folder) -> figures, table inputs, JSON."""
+    sized = {int(n): r for n, r in raw["sized"].items()}
+    fig = summarise(raw["one"], raw["multi"], sized, raw["noop"], raw["k"])
+    extra = dict(raw["extra"])
+    extra["profiles"] = {"one node": raw["one"]["profile"]}
     if sized:
         extra["profiles"][f"1 wave of {max(sized)}"] = sized[max(sized)]["profile"]
-    return {"figures": fig, "extra": extra,
-            "runs": {"one": one, "multi": multi, "sized": {str(n): r for n, r in sized.items()}},
-            "converge": converge}
+    return {"figures": fig, "extra": extra, "runs": {k: raw[k] for k in ("one", "multi", "sized")},
+            "converge": raw["converge"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -513,7 +645,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="the per-wave overhead rollout: K nodes as K waves of one (default 4)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("--keep", action="store_true", help="leave the scale lab up at the end (debugging)")
+    parser.add_argument("--raw", type=Path, default=None, metavar="RAW_JSON",
+                        help="print the figures of an earlier run from its raw.json (no lab)")
     args = parser.parse_args(argv)
+    if args.raw:
+        return _report(figures_from_raw(json.loads(args.raw.read_text())), args.raw.parent, args.json)
     if args.per_branch < 1 or not 1 <= args.overhead_waves <= 15:
         parser.error("--per-branch must be >= 1 and --overhead-waves 1..15 (the rollout playbook has 16 waves)")
     if os.geteuid() != 0:
@@ -529,12 +665,17 @@ def main(argv: list[str] | None = None) -> int:
     except AtlasError as exc:
         print(f"rollout_bench: {exc.render()}", file=sys.stderr)
         return exitcodes.ENVIRONMENT
+    return _report(result, logdir, args.json)
+
+
+def _report(result: dict[str, Any], logdir: Path, json_path: Path | None) -> int:
     text = render(result["figures"], result["extra"])
-    (logdir / "figures.txt").write_text(text + "\n")
+    if os.access(logdir, os.W_OK):
+        (logdir / "figures.txt").write_text(text + "\n")
     print(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=1, default=str) + "\n")
     return exitcodes.OK
 
 
