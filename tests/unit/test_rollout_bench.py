@@ -257,6 +257,6 @@ def test_figures_from_raw_json_and_main_raw(tmp_path, capsys):
     path.write_text(json.dumps(raw))
     assert rb.main(["--raw", str(path), "--json", str(tmp_path / "out.json")]) == 0
     text = capsys.readouterr().out
-    assert re.search(r"^1 wave of 8 .* 2\.00  MISSED", text, re.M)
+    assert re.search(r"^1 wave of 8 .* 1\.90  MISSED", text, re.M)
     assert "(target < 60 s with changed=0: MISSED)" in text
     assert json.loads((tmp_path / "out.json").read_text())["figures"]["t1_s"] == 21.0
