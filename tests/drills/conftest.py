@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import fcntl
 import json
 import sys
 import textwrap
@@ -24,7 +25,7 @@ for path in (ROOT / "tests" / "lab", HERE):
         sys.path.insert(0, str(path))
 
 import pytest  # noqa: E402
-from labtools import fresh_lab_session, lab_hosts, lab_prerequisites, playbook  # noqa: E402
+from labtools import LAB_LOCK, fresh_lab_session, lab_hosts, lab_prerequisites, playbook  # noqa: E402
 
 REPORT = ROOT / "artifacts" / "drills" / "report.json"
 CLOCK: dict[str, float | str] = {}
@@ -57,11 +58,27 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             item.add_marker(skip)
 
 
+def _wait_until_the_lab_is_free() -> float:
+    """Seconds spent waiting for another run's lab (the lock is taken for real by fresh_lab_session)."""
+    started = time.monotonic()
+    LAB_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(LAB_LOCK, "a") as fh:
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                time.sleep(2)
+                continue
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            return time.monotonic() - started
+
+
 @pytest.fixture(scope="session")
 def drill_lab():
     reason = lab_prerequisites()
     if reason:
         pytest.skip(reason)
+    CLOCK["lock_wait"] = _wait_until_the_lab_is_free()
     started = time.monotonic()
     with fresh_lab_session(bundle=True):
         site = playbook("site.yml")
@@ -94,6 +111,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     passed = sum(r["result"] == "PASS" for r in rows)
     REPORT.parent.mkdir(parents=True, exist_ok=True)
     REPORT.write_text(json.dumps({"started_at": CLOCK["started_at"], "wall_seconds": round(wall, 1),
+                                  "lock_wait_seconds": round(float(CLOCK.get("lock_wait", 0)), 1),
                                   "setup_seconds": round(float(CLOCK.get("setup", 0)), 1),
                                   "passed": passed, "drills": rows}, indent=1) + "\n")
     write = terminalreporter.write_line
@@ -103,5 +121,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     for row in rows:
         if row["unmet"]:
             write(f"{row['id']}: unmet: {'; '.join(row['unmet'])}")
-    write(f"{passed} of {len(rows)} drills as expected; wall time {wall / 60:.0f} min {wall % 60:.0f} s "
-          f"(lab up + bundle + site.yml {float(CLOCK.get('setup', 0)):.0f} s); report: {REPORT}")
+    waited = float(CLOCK.get("lock_wait", 0))
+    own = wall - waited
+    write(f"{passed} of {len(rows)} drills as expected; wall time {own // 60:.0f} min {own % 60:.0f} s "
+          f"(lab up + bundle + site.yml {float(CLOCK.get('setup', 0)):.0f} s, drills "
+          f"{sum(r['seconds'] for r in rows):.0f} s), plus {waited:.0f} s waiting for another run's lab; "
+          f"report: {REPORT}")

@@ -97,6 +97,8 @@ class Row:
 
 
 RESULTS: dict[str, Row] = {}
+# True while the last check found the fleet converged (the next drill need not check again).
+FLEET: dict[str, bool] = {"ready": False}
 
 
 class Expect:
@@ -149,10 +151,14 @@ def load_text(load: Load) -> str:
     total = load.ok + len(load.failed)
     text = f"client load through the gateways: {len(load.failed)} of {total} requests failed"
     if load.failed:
+        names = {f"{hv['ansible_host']}:{PORTS[h]}": h for h, hv in lab_hosts().items()}
+        names.update({url.removeprefix("http://"): f"gw-{branch}" for branch, url in GATEWAYS.items()})
         kinds: dict[str, int] = {}
         for failure in load.failed:
-            kind = re.sub(r"\d+\.\d+\.\d+\.\d+:\d+", "GW", failure)
-            kinds[one_line(kind, 90)] = kinds.get(one_line(kind, 90), 0) + 1
+            kind = failure.replace("http://", "")
+            for address, name in names.items():
+                kind = kind.replace(address, name)
+            kinds[one_line(kind, 110)] = kinds.get(one_line(kind, 110), 0) + 1
         text += " (" + "; ".join(f"{n}x {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])[:3]) + ")"
     return text
 
@@ -406,7 +412,11 @@ def install_killed() -> Outcome:
         atlasctl("lab", "power", node, "on", timeout=300)
         sh(node, "rm -f /etc/atlas-lab/cann-install-delay")
         mid = cann_versions(node)
-        notes.append(f"after power-on toolkit/kernels/nnal {mid['toolkit']}/{mid['kernels']}/{mid['nnal']}")
+        time.sleep(8)  # the engine starts at boot: give it a start or two
+        engine = _unit(node)
+        notes.append(f"after power-on toolkit/kernels/nnal {mid['toolkit']}/{mid['kernels']}/{mid['nnal']}, engine "
+                     f"{engine.get('ActiveState')}/{engine.get('SubState')} (restarts {engine.get('NRestarts')}), "
+                     f"/health {http_status(node_url(node, '/health'), timeout=5) or 'no answer'}")
         again = playbook("playbooks/cann.yml", "--limit", node, "-e", f"cann_version={OTHER_CANN}")
         recovered = cann_versions(node)
         expect(again.returncode == 0, "the next run succeeds")
@@ -529,7 +539,8 @@ def power_off_mid_wave() -> Outcome:
     now = releases()
     expect(rc2 == 0, "--resume completes")
     expect(now == dict.fromkeys(SERVING, release), "the whole fleet on the new release")
-    notes.append(f"--resume exit {rc2} (resumed from {resumed.get('resumed_from')}, waves {resumed.get('completed')}): "
+    notes.append(f"--resume exit {rc2} (resumed from {resumed.get('resumed_from')}, nodes rolled "
+                 f"{[n['host'] for n in resumed.get('nodes', [])]}, waves {resumed.get('completed')}): "
                  f"releases {sorted(set(now.values()))}")
     snaps = all(before[h] in release_snapshots(h) for h in SERVING)
     expect(not load.failed, "0 client requests failed")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -134,8 +135,9 @@ class Load:
                     json.loads(resp.read())["choices"][0]["text"]
                 self.ok += 1
             except Exception as exc:  # noqa: BLE001 (every failure counts)
+                backend = exc.headers.get("X-Atlas-Backend") if isinstance(exc, urllib.error.HTTPError) else None
                 self.failed_at.append(time.monotonic())
-                self.failed.append(f"{url}: {exc}")
+                self.failed.append(f"{url}: {exc}" + (f" (backend {backend})" if backend else ""))
             time.sleep(0.05)
 
     def failed_between(self, start: float, end: float | None = None) -> int:
