@@ -260,3 +260,12 @@ def test_figures_from_raw_json_and_main_raw(tmp_path, capsys):
     assert re.search(r"^1 wave of 8 .* 1\.90  MISSED", text, re.M)
     assert "(target < 60 s with changed=0: MISSED)" in text
     assert json.loads((tmp_path / "out.json").read_text())["figures"]["t1_s"] == 21.0
+
+
+def test_inotify_limit_raised_only_when_too_low(tmp_path):
+    limit = tmp_path / "max_user_instances"
+    limit.write_text("128\n")
+    assert rb.ensure_inotify(30, limit) == (128, 1024)
+    assert limit.read_text() == "1024\n"
+    assert rb.ensure_inotify(30, limit) == (1024, 1024)
+    assert rb.inotify_needed(100) == 100 * rb.INOTIFY_PER_NODE + 256

@@ -65,6 +65,11 @@ NOOP_TARGET_S = 60.0
 # Our own SSH multiplexing sockets: the scale nodes reuse the lab's addresses (10.77.0.11...), and a
 # master left by an earlier lab (ControlPersist) at the same address would be a dead connection.
 CONTROL_PATH_DIR = "/tmp/.atlas-bench-cp"
+# Each node's systemd takes ~11 inotify instances, all owned by root on the host; the kernel's default
+# limit of 128 per user stops a lab at ~11 nodes ("Failed to create control group inotify object: Too many
+# open files" in the node's console).
+INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
+INOTIFY_PER_NODE = 16
 NODE_NPU = {"model": "910B4", "count": 4, "hbm_mb": 32768}  # as atlas-n3/atlas-n4 of the lab
 MAX_SERVING_NODES = 24 * 4  # the lab's /24 leaves 243 addresses; 2 cores and 24 GiB are the real limit
 WAVE_PLAY_RE = re.compile(r"^Rollout \| wave (\d+)$")
@@ -505,6 +510,22 @@ class Meter:
         return {"ctrl_cpu_s": round(self.ctrl, 1), "cpu_s": round(self.busy, 1), "busy_pct": round(self.pct, 1)}
 
 
+def inotify_needed(nodes: int) -> int:
+    """max_user_instances for a lab of ``nodes`` nodes, with room for the host's own users of inotify."""
+    return max(1024, nodes * INOTIFY_PER_NODE + 256)
+
+
+def ensure_inotify(nodes: int, path: Path = INOTIFY_INSTANCES) -> tuple[int, int]:
+    """Raise the per-user inotify instance limit when the fleet needs more; returns (before, after)."""
+    before = int(path.read_text().split()[0])
+    wanted = inotify_needed(nodes)
+    if before >= wanted:
+        return before, before
+    path.write_text(f"{wanted}\n")
+    log(f"fs.inotify.max_user_instances {before} -> {wanted} ({nodes} lab nodes; ~11 per node)")
+    return before, wanted
+
+
 def close_masters(directory: Path = Path(CONTROL_PATH_DIR)) -> int:
     """Ask the SSH masters of our own control directory to exit (a lab brought down leaves them dead)."""
     closed = 0
@@ -573,6 +594,7 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
         atlasctl(["lab", "down"], logdir, "lab-down-before", timeout=600)
         close_masters()
         try:
+            extra["inotify_instances"] = ensure_inotify(serving + serving // per_branch)
             fleet_path.write_text(render_fleet(fleet(serving, per_branch, lab_settings(root))))
             log(f"lab up: {extra['fleet']} ({fleet_path.relative_to(root)})")
             extra["lab_up_s"] = atlasctl(["lab", "up", "--config", str(fleet_path), "--timeout", "300"], logdir,
