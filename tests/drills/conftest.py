@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import fcntl
 import json
 import sys
 import textwrap
@@ -25,7 +24,7 @@ for path in (ROOT / "tests" / "lab", HERE):
         sys.path.insert(0, str(path))
 
 import pytest  # noqa: E402
-from labtools import LAB_LOCK, fresh_lab_session, lab_hosts, lab_prerequisites, playbook  # noqa: E402
+from labtools import LOCK_WAIT, fresh_lab_session, lab_hosts, lab_prerequisites, playbook  # noqa: E402
 
 REPORT = ROOT / "artifacts" / "drills" / "report.json"
 CLOCK: dict[str, float | str] = {}
@@ -58,31 +57,16 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             item.add_marker(skip)
 
 
-def _wait_until_the_lab_is_free() -> float:
-    """Seconds spent waiting for another run's lab (the lock is taken for real by fresh_lab_session)."""
-    started = time.monotonic()
-    LAB_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(LAB_LOCK, "a") as fh:
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                time.sleep(2)
-                continue
-            fcntl.flock(fh, fcntl.LOCK_UN)
-            return time.monotonic() - started
-
-
 @pytest.fixture(scope="session")
 def drill_lab():
     reason = lab_prerequisites()
     if reason:
         pytest.skip(reason)
-    CLOCK["lock_wait"] = _wait_until_the_lab_is_free()
     started = time.monotonic()
     with fresh_lab_session(bundle=True):
         site = playbook("site.yml")
-        CLOCK["setup"] = time.monotonic() - started
+        CLOCK["lock_wait"] = LOCK_WAIT["seconds"]
+        CLOCK["setup"] = time.monotonic() - started - LOCK_WAIT["seconds"]
         if site.returncode != 0:
             pytest.fail("site.yml failed on the fresh lab: no drill can start\n" + site.stdout[-4000:])
         yield lab_hosts()

@@ -77,6 +77,8 @@ def lab_hosts() -> dict[str, dict]:
 
 
 LAB_LOCK = Path("/var/lib/atlas-lab.lock")
+# Seconds the last lab_lock() waited for another run's lab (reports tell waiting from working).
+LOCK_WAIT = {"seconds": 0.0}
 
 
 @contextlib.contextmanager
@@ -84,7 +86,9 @@ def lab_lock():
     """Only one lab exists on a machine: test modules (and engineers) take turns."""
     LAB_LOCK.parent.mkdir(parents=True, exist_ok=True)
     with open(LAB_LOCK, "w") as fh:
+        started = time.monotonic()
         fcntl.flock(fh, fcntl.LOCK_EX)
+        LOCK_WAIT["seconds"] = time.monotonic() - started
         try:
             yield
         finally:
