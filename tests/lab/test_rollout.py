@@ -63,6 +63,10 @@ def test_engine_that_fails_to_start_is_rolled_back(converged):
     assert _releases() == before, "the fleet stays on the old release"
     args = atlasctl("lab", "ssh", CANARY, "cat", "/etc/atlas/serving/atlas-serving.args", timeout=60).stdout
     assert "--no-such-flag" not in args, "the canary runs the old configuration again"
+    links = atlasctl("lab", "ssh", CANARY, "readlink /etc/atlas/serving/current; ls /etc/atlas/serving/releases",
+                     timeout=60).stdout.split()
+    assert links[0] == f"releases/{before[CANARY]}", "current switched back to the previous release"
+    assert "lab-2026.11.4" in links[1:], "the failed release stays side by side (for the post-mortem)"
     assert load.failed == [], load.failed[:5]
 
 

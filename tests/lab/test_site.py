@@ -147,8 +147,19 @@ def test_env_file_is_private(site_runs):
     hosts, first, _ = site_runs
     assert first.returncode == 0
     for host in hosts:
-        out = atlasctl("lab", "ssh", host, "stat -c '%a %U' /etc/atlas/serving/atlas-serving.env", timeout=60)
+        out = atlasctl("lab", "ssh", host, "stat -L -c '%a %U' /etc/atlas/serving/atlas-serving.env", timeout=60)
         assert out.stdout.split() == ["600", "root"], host
+
+
+def test_release_configuration_behind_current(site_runs):
+    hosts, first, _ = site_runs
+    assert first.returncode == 0
+    for host in hosts:
+        out = atlasctl("lab", "ssh", host, "cd /etc/atlas/serving && readlink current atlas-serving.env "
+                       "atlas-serving.args atlas-serving.json && ls releases/lab-2026.11.1", timeout=60).stdout.split()
+        assert out[:4] == ["releases/lab-2026.11.1", "current/atlas-serving.env", "current/atlas-serving.args",
+                           "current/atlas-serving.json"], (host, out)
+        assert sorted(out[4:]) == ["atlas-serving.args", "atlas-serving.env", "atlas-serving.json"], (host, out)
 
 
 # --- model integrity: a bad new model version never reaches the engine ---------------------------

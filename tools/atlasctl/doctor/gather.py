@@ -75,7 +75,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("service", "systemctl show atlas-serving.service --timestamp=unix --no-pager "
                 "-p LoadState,ActiveState,SubState,MainPID,NRestarts,Result,ExecMainStatus,ActiveEnterTimestamp"),
     ("record", "cat /etc/atlas/serving/atlas-serving.json"),
-    ("modes", "stat -c '%n %a %U %G' /etc/atlas/serving/atlas-serving.env /etc/atlas/serving/atlas-serving.args"),
+    ("modes", "stat -L -c '%n %a %U %G' /etc/atlas/serving/atlas-serving.env /etc/atlas/serving/atlas-serving.args"),
     ("env", r"sed -E 's/^([A-Z0-9_]*API_KEY=).*/\1<redacted>/' /etc/atlas/serving/atlas-serving.env"),
     ("args", r"sed -E -e '/^--api-key$/{n;s/.*/<redacted>/}' -e 's/^(--api-key=).*/\1<redacted>/' "
              "/etc/atlas/serving/atlas-serving.args"),
