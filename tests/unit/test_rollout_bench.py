@@ -269,3 +269,14 @@ def test_inotify_limit_raised_only_when_too_low(tmp_path):
     assert limit.read_text() == "1024\n"
     assert rb.ensure_inotify(30, limit) == (1024, 1024)
     assert rb.inotify_needed(100) == 100 * rb.INOTIFY_PER_NODE + 256
+
+
+def test_code_version_names_the_commit():
+    version = rb.code_version(ROOT)
+    assert re.fullmatch(r"[0-9a-f]{4,}(\+[0-9a-f]{8})?", version), version
+
+
+def test_render_flags_code_that_changed_during_the_run():
+    fig, _ = _figures()
+    assert "CHANGED during the run" in rb.render(fig, {"code": "abc1234", "code_end": "def5678"})
+    assert "CHANGED" not in rb.render(fig, {"code": "abc1234", "code_end": "abc1234"})

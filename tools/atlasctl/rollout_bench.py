@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import datetime as dt
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -371,8 +372,11 @@ def _fixed(res: dict) -> float:
 
 
 def render(fig: dict[str, Any], extra: dict[str, Any]) -> str:
+    code = extra.get("code", "?")
+    if extra.get("code_end", code) != code:
+        code += f" -> {extra['code_end']} (CHANGED during the run: figures may mix both)"
     lines = [f"Rollout benchmark: {extra.get('fleet', '?')}, {os.cpu_count()} cores; "
-             f"T1 (one-node wave, median of {len(fig['t1_samples'])}) = {fig['t1_s']:.1f} s",
+             f"T1 (one-node wave, median of {len(fig['t1_samples'])}) = {fig['t1_s']:.1f} s; code {code}",
              "",
              f"{'CASE':<16}{'NODES':>6}{'WAVES':>6}{'WALL s':>9}{'WAVE s':>9}{'x T1':>7}  {'<=1.5xT1':<9}"
              f"{'OVERHEAD/WAVE s':>16}{'FIXED s':>9}{'TASK s':>8}{'BUSY':>6}{'CPU s/NODE':>12}{'CTRL':>6}"]
@@ -510,6 +514,19 @@ class Meter:
         return {"ctrl_cpu_s": round(self.ctrl, 1), "cpu_s": round(self.busy, 1), "busy_pct": round(self.pct, 1)}
 
 
+CODE_PATHS = ("site.yml", "playbooks", "roles", "collections", "inventory", "ansible.cfg", "tools/atlasctl")
+
+
+def code_version(root: Path) -> str:
+    """The commit, plus a digest of uncommitted changes to what the run executes (other engineers share the tree)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=False).stdout
+    head = git("rev-parse", "--short", "HEAD").strip() or "?"
+    dirty = git("diff", "HEAD", "--", *CODE_PATHS)
+    dirty += git("ls-files", "--others", "--exclude-standard", "--", *CODE_PATHS)
+    return f"{head}+{hashlib.sha256(dirty.encode()).hexdigest()[:8]}" if dirty.strip() else head
+
+
 def inotify_needed(nodes: int) -> int:
     """max_user_instances for a lab of ``nodes`` nodes, with room for the host's own users of inotify."""
     return max(1024, nodes * INOTIFY_PER_NODE + 256)
@@ -588,6 +605,7 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
     extra: dict[str, Any] = {"fleet": f"{serving} SGLang stand-in nodes + {serving // per_branch} gateways",
                              "sizes": sizes, "per_branch": per_branch, "logs": str(logdir)}
     stamp = time.strftime("%m%d%H%M%S")
+    extra["code"] = code_version(root)
     os.environ["ANSIBLE_SSH_CONTROL_PATH_DIR"] = CONTROL_PATH_DIR  # ansible-playbook and ansible-runner read it
     with lab_lock():
         log("lab lock held; bringing any lab down")
@@ -640,6 +658,9 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
                     atlasctl(["lab", "down"], logdir, "lab-down-after", timeout=600)
                 close_masters()
                 fleet_path.unlink(missing_ok=True)
+    extra["code_end"] = code_version(root)
+    if extra["code_end"] != extra["code"]:
+        log(f"the code changed during the run ({extra['code']} -> {extra['code_end']}): the figures may mix both")
     raw = {"one": one, "multi": multi, "sized": {str(n): r for n, r in sized.items()}, "noop": noop,
            "converge": converge, "k": k, "extra": extra}
     (logdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str) + "\n")
