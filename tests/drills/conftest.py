@@ -74,7 +74,9 @@ def drill_lab():
 
 def _table(rows: list[dict]) -> list[str]:
     widths = [w for _, _, w in COLUMNS]
-    lines = [" | ".join(title.ljust(w) for (title, _, w) in COLUMNS)]
+    titles = [textwrap.wrap(title, w) for (title, _, w) in COLUMNS]
+    lines = [" | ".join((t[i] if i < len(t) else "").ljust(w) for t, w in zip(titles, widths, strict=True))
+             for i in range(max(len(t) for t in titles))]
     lines.append("-+-".join("-" * w for w in widths))
     for row in rows:
         cells = [textwrap.wrap(str(row[key]), w, break_long_words=True, break_on_hyphens=False) or [""]
