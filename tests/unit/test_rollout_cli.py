@@ -93,3 +93,43 @@ def test_second_rollout_on_the_same_inventory_is_refused(inv):
         t.join()
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "already running" in proc.stderr and "release r2" in proc.stderr
+
+
+def test_limit_keeps_the_plan_play_and_vars_files_go_by_path(inv, tmp_path):
+    seen: dict = {}
+
+    def run_fn(playbook, inv_, *, extravars, limit, on_event, vars_files=()):
+        seen.update(limit=limit, vars_files=list(vars_files))
+        for event in _events(False):
+            on_event(event)
+        return RunResult("successful", 0, {}, Path("/tmp"), 1.0)
+
+    key_file = tmp_path / "key.yml"
+    rollout.run(inv, "r2", limit="branch_west", run_fn=run_fn, vars_files=[key_file])
+    assert seen == {"limit": "branch_west,localhost", "vars_files": [key_file]}
+
+
+def test_runner_keeps_no_variables_between_runs_and_passes_files_by_path(tmp_path, monkeypatch):
+    import ansible_runner
+    from atlasctl import runner
+
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks" / "p.yml").write_text("---\n")
+    stale = tmp_path / "artifacts" / "runs" / "env"
+    stale.mkdir(parents=True)
+    (stale / "extravars").write_text('{"rollout_slo": {"e2el_ms": 60000}}')
+    calls: list[dict] = []
+
+    class Done:
+        status, rc, stats = "successful", 0, {}
+        config = type("C", (), {"artifact_dir": str(tmp_path)})()
+
+    monkeypatch.setattr(runner, "repo_root", lambda: tmp_path)
+    monkeypatch.setattr(runner, "resolve_inventory", lambda inv: Path(inv))
+    monkeypatch.setattr(ansible_runner, "run", lambda **kw: calls.append(kw) or Done())
+    secret = tmp_path / "my key.yml"
+    runner.run_playbook("playbooks/p.yml", tmp_path, extravars={"a": 1}, vars_files=[secret])
+    assert not stale.exists(), "a previous run's env/extravars would be applied again"
+    assert calls[0]["suppress_env_files"] is True
+    assert calls[0]["cmdline"] == f"-e '@{secret}'"
+    assert calls[0]["envvars"]["ANSIBLE_HOST_KEY_CHECKING"] == "True", "runner's default is False"

@@ -7,6 +7,7 @@ over rsync/ssh) turn host vars into their own connection settings.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,9 @@ def listing(inventory: Path, limit: str | None = None) -> dict[str, Any]:
     if exe is None:
         raise EnvironmentProblem("ansible-inventory is not on PATH", fix="activate the controller virtualenv (.venv)")
     argv = [exe, "-i", str(inventory), "--list"] + (["--limit", limit] if limit else [])
-    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+    # Every host variable (keys included) is in this output: never into an Ansible log file.
+    env = {**os.environ, "ANSIBLE_LOG_PATH": "/dev/null"}
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120, env=env)
     if proc.returncode != 0:
         raise UsageError(f"ansible-inventory -i {inventory} failed: {proc.stderr.strip()[-800:]}",
                          fix="fix the inventory (ansible-inventory -i INV --graph shows what it reads)")

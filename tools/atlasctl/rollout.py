@@ -181,7 +181,7 @@ class Progress:
 
 def run(inventory: str | Path, release: str, *, extravars: dict | None = None, resume: bool = False,
         limit: str | None = None, out: TextIO | None = None,
-        run_fn: Callable[..., Any] = run_playbook) -> dict[str, Any]:
+        run_fn: Callable[..., Any] = run_playbook, vars_files: list[Path] | None = None) -> dict[str, Any]:
     """Run a rollout under the inventory's lock; returns the report (also kept as JSON)."""
     inv = resolve_inventory(inventory)
     with inventory_lock(inv, release) as folder:
@@ -193,7 +193,10 @@ def run(inventory: str | Path, release: str, *, extravars: dict | None = None, r
             variables["rollout_resume_from"] = resume_from
         progress = Progress(out=out)
         started, started_at = time.monotonic(), _now()
-        result = run_fn(PLAYBOOK, inv, extravars=variables, limit=limit, on_event=progress)
+        files = {"vars_files": vars_files} if vars_files else {}  # by path: their values stay out of artifacts
+        # The plan play runs on localhost: a --limit without it would plan nothing and "succeed".
+        limit = f"{limit},localhost" if limit and "localhost" not in limit.split(",") else limit
+        result = run_fn(PLAYBOOK, inv, extravars=variables, limit=limit, on_event=progress, **files)
         ok = result.rc == 0 and progress.failure is None
         progress.finish(ok)
         report = {

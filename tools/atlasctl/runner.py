@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from atlasctl.errors import UsageError
@@ -78,8 +80,12 @@ def run_playbook(
     limit: str | None = None,
     on_event: Callable[[dict], None] | None = None,
     quiet: bool = True,
+    vars_files: Sequence[Path] = (),
 ) -> RunResult:
-    """Run playbooks/<playbook> (path relative to the repository root) and fold its events."""
+    """Run playbooks/<playbook> (path relative to the repository root) and fold its events.
+
+    ``extravars`` are written into ansible-runner's command line (and so into its artifacts);
+    ``vars_files`` go as ``-e @<path>``: only the path is recorded, so secrets belong there."""
     root = repo_root()
     inv = resolve_inventory(inventory)
     play = root / playbook
@@ -89,6 +95,9 @@ def run_playbook(
 
     private = root / "artifacts" / "runs"
     private.mkdir(parents=True, exist_ok=True)
+    # ansible-runner re-applies private_data_dir/env/extravars (and env/cmdline...) to every later
+    # run: a variable of one run (a key, an SLO) must never leak into the next. Nothing is kept there.
+    shutil.rmtree(private / "env", ignore_errors=True)
     hosts: dict[str, HostResult] = {}
 
     def handler(event: dict) -> bool:
@@ -105,11 +114,15 @@ def run_playbook(
         playbook=str(play),
         inventory=str(inv),
         extravars=extravars or {},
+        cmdline=" ".join(f"-e {shlex.quote('@' + str(Path(f).resolve()))}" for f in vars_files) or None,
         limit=limit,
         quiet=quiet,
         event_handler=handler,
         rotate_artifacts=20,
-        envvars={"ANSIBLE_CONFIG": str(root / "ansible.cfg"), "PATH": os.environ.get("PATH", "")},
+        suppress_env_files=True,
+        # ansible-runner turns host key checking off unless told otherwise; ansible.cfg keeps it on.
+        envvars={"ANSIBLE_CONFIG": str(root / "ansible.cfg"), "PATH": os.environ.get("PATH", ""),
+                 "ANSIBLE_HOST_KEY_CHECKING": "True"},
     )
     stats = runner.stats or {}
     for host in (stats.get("rescued") or {}):

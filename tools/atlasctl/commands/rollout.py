@@ -24,7 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-i", "--inventory", required=True, help="inventory path (e.g. inventory/lab)")
     p.add_argument("--release", required=True, help="release id (atlas_release_id) to roll out")
     p.add_argument("--vars", type=Path, action="append", default=[],
-                   help="YAML file of the release's variables (engines_version, serving_flags_extra, ...)")
+                   help="YAML file of the release's variables (engines_version, serving_flags_extra, ...); passed "
+                        "to Ansible by path (-e @FILE), so secrets such as serving_api_key belong here, not in -e")
     p.add_argument("-e", "--extra", action="append", default=[], metavar="KEY=VALUE",
                    help="one release variable (VALUE parsed as YAML)")
     p.add_argument("--resume", action="store_true", help="start at the wave that failed last time")
@@ -34,15 +35,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def extravars(files: list[Path], pairs: list[str]) -> dict:
-    out: dict = {}
+def check_vars_files(files: list[Path]) -> list[Path]:
+    """The --vars files, each an existing YAML mapping (read here only to check it)."""
     for path in files:
         if not path.is_file():
             raise UsageError(f"--vars {path} does not exist", fix="pass a YAML file of release variables")
         data = yaml.safe_load(path.read_text()) or {}
         if not isinstance(data, dict):
             raise UsageError(f"--vars {path} is not a mapping", fix="write `key: value` lines")
-        out.update(data)
+    return [path.resolve() for path in files]
+
+
+def extravars(pairs: list[str]) -> dict:
+    out: dict = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.isidentifier():
@@ -67,11 +72,11 @@ def _summary(report: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    variables = extravars(args.vars, args.extra)
+    variables, files = extravars(args.extra), check_vars_files(args.vars)
     out = sys.stdout if sys.stdout.isatty() and not args.json else None
     try:
         report = rollout.run(args.inventory, args.release, extravars=variables, resume=args.resume,
-                             limit=args.limit, out=out)
+                             limit=args.limit, out=out, vars_files=files)
     except rollout.RolloutBusy as exc:
         print(f"atlasctl rollout: {exc.render()}", file=sys.stderr)
         return exitcodes.USAGE
