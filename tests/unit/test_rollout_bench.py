@@ -174,6 +174,7 @@ def _figures():
     multi = _res(95.0, [(21.0, 0.3), (22.0, 0.3), (19.0, 0.2), (20.0, 0.2)])
     sized = {4: _res(40.0, [(28.0, 0.4)]), 24: _res(120.0, [(100.0, 1.0)], cpu=480.0)}
     noop = {"seconds": 45.0, "changed": 0, "nodes": 8, "gateways": 2, "plays": [["Serving | x", 12.5]],
+            "host_tasks": 900, "cpu_s": 90.0, "ctrl_cpu_s": 36.0, "nodes_cpu_s": 54.0,
             "top_tasks": [["Health | completion", 3.0, 1]]}
     return rb.summarise(one, multi, sized, noop, 4), [one, multi, sized[4], sized[24]]
 
@@ -212,6 +213,7 @@ def test_render_prints_every_case_and_missed_targets():
     assert "site.yml converge: 300.0 s" in text
     assert "SLO gate" in text
     assert "12.5 s  Serving | x" in text and "Health | completion" in text
+    assert "per host task: 50 ms wall, 100 ms CPU (40 ms controller, 60 ms node)" in text
     assert "CPU bound: a rolled node costs 20.0 CPU s here (5.0 s on the controller)" in text
 
 

@@ -345,6 +345,7 @@ def summarise(one: dict, multi: dict, sized: dict[int, dict], noop: dict, k: int
         row["busy_pct"] = res.get("busy_pct", 0.0)
         row["ctrl_cpu_per_node"] = round(res.get("ctrl_cpu_s", 0.0) / row["nodes"], 2)
         row["cpu_per_node"] = round(res.get("cpu_s", 0.0) / row["nodes"], 2)
+        row["other_cpu_s"] = res.get("other_cpu_s", 0.0)
     return {"t1_s": round(t1, 2), "t1_samples": singles, "rows": rows, "growth_s_per_node": growth,
             "growth_range": [min(sized), max(sized)] if sized else [],
             "projection": projection(t1, rows[-1]) if sized else None,
@@ -379,12 +380,14 @@ def render(fig: dict[str, Any], extra: dict[str, Any]) -> str:
              f"T1 (one-node wave, median of {len(fig['t1_samples'])}) = {fig['t1_s']:.1f} s; code {code}",
              "",
              f"{'CASE':<16}{'NODES':>6}{'WAVES':>6}{'WALL s':>9}{'WAVE s':>9}{'x T1':>7}  {'<=1.5xT1':<9}"
-             f"{'OVERHEAD/WAVE s':>16}{'FIXED s':>9}{'TASK s':>8}{'BUSY':>6}{'CPU s/NODE':>12}{'CTRL':>6}"]
+             f"{'OVERHEAD/WAVE s':>16}{'FIXED s':>9}{'TASK s':>8}{'BUSY':>6}{'CPU s/NODE':>12}{'CTRL':>6}"
+             f"{'OTHER s':>9}"]
     for row in fig["rows"]:
         lines.append(f"{row['case']:<16}{row['nodes']:>6}{row['waves']:>6}{row['wall_s']:>9.1f}{row['wave_s']:>9.1f}"
                      f"{row['ratio']:>7.2f}  {verdict(row['target']):<9}{row['overhead_s']:>16.2f}"
                      f"{row['fixed_s']:>9.1f}{row.get('task_mean', 0):>8.2f}{row.get('busy_pct', 0):>5.0f}%"
-                     f"{row.get('cpu_per_node', 0):>12.1f}{row.get('ctrl_cpu_per_node', 0):>6.1f}")
+                     f"{row.get('cpu_per_node', 0):>12.1f}{row.get('ctrl_cpu_per_node', 0):>6.1f}"
+                     f"{row.get('other_cpu_s', 0):>9.1f}")
     noop = fig["noop"]
     lines += ["",
               f"no-op site.yml over {noop.get('nodes')} serving nodes + {noop.get('gateways')} gateways: "
@@ -392,7 +395,14 @@ def render(fig: dict[str, Any], extra: dict[str, Any]) -> str:
               f"(target < {NOOP_TARGET_S:.0f} s with changed=0: {verdict(noop['target'])}); "
               f"{noop.get('tasks', '?')} tasks, {noop.get('host_tasks', '?')} host tasks, "
               f"busy {noop.get('busy_pct', 0):.0f}%, CPU {noop.get('cpu_s', 0):.0f} s "
-              f"(controller {noop.get('ctrl_cpu_s', 0):.0f} s)"]
+              f"(controller {noop.get('ctrl_cpu_s', 0):.0f} s, nodes {noop.get('nodes_cpu_s', 0):.0f} s; "
+              f"other processes {noop.get('other_cpu_s', 0):.0f} s)"]
+    if noop.get("host_tasks"):
+        lines.append(f"  per host task: {1000 * noop['seconds'] / noop['host_tasks']:.0f} ms wall, "
+                     f"{1000 * noop.get('cpu_s', 0) / noop['host_tasks']:.0f} ms CPU "
+                     f"({1000 * noop.get('ctrl_cpu_s', 0) / noop['host_tasks']:.0f} ms controller, "
+                     f"{1000 * noop.get('nodes_cpu_s', 0) / noop['host_tasks']:.0f} ms node); "
+                     f"{os.cpu_count()} cores give at best {noop.get('cpu_s', 0) / (os.cpu_count() or 1):.0f} s")
     if fig["growth_s_per_node"] is not None:
         lo, hi = fig["growth_range"]
         lines.append(f"growth {lo} -> {hi} nodes in one wave: {fig['growth_s_per_node']:+.2f} s per extra node")
@@ -409,8 +419,9 @@ def render(fig: dict[str, Any], extra: dict[str, Any]) -> str:
     lines += ["", "WAVE s: the wave's play start to the next play start; x T1: WAVE s / T1; OVERHEAD/WAVE: WAVE s",
               "minus the nodes' work span (first task start to last result); FIXED: rollout wall minus its waves",
               "(runner, plan play, fleet health play); TASK s: mean module time per host task; BUSY: this machine's",
-              "CPU busy during the rollout; CPU s/NODE: machine CPU seconds per rolled node (controller, nodes and",
-              "engines share the cores here); CTRL: the controller's part (ansible, runner, atlasctl bench)."]
+              "CPU busy during the rollout; CPU s/NODE: CPU seconds per rolled node, controller plus lab nodes (they",
+              "share the cores here); CTRL: the controller's part (ansible, runner, atlasctl bench); OTHER: CPU",
+              "seconds of everything else on the machine meanwhile (other sessions, kernel): interference."]
     for name, profile in extra.get("profiles", {}).items():
         lines += ["", f"where the time goes, {name} (task: seconds summed, times run):"]
         lines += [f"  {s:>7.1f} s  x{n:<3} {task}" for task, s, n in profile]
@@ -496,10 +507,12 @@ def site(inventory: Path, logdir: Path, name: str, limit: str | None = None) -> 
 
 
 class Meter:
-    """CPU over a block: the controller's (our children: ansible, runner, atlasctl bench) and the machine's."""
+    """CPU over a block: the controller's (our children: ansible, runner, atlasctl bench), the lab nodes'
+    (their cgroups: sshd, modules, engines, nginx) and the rest of the machine (other sessions, kernel)."""
 
     def __enter__(self) -> Meter:
         self.busy0, self.total0 = _cpu_times()
+        self.nodes0 = _lab_cpu()
         self.ctrl0, self.started = _children_cpu(), time.monotonic()
         return self
 
@@ -507,11 +520,14 @@ class Meter:
         self.wall = time.monotonic() - self.started
         busy1, total1 = _cpu_times()
         self.ctrl = _children_cpu() - self.ctrl0
+        self.nodes = _lab_cpu() - self.nodes0
         self.busy = (busy1 - self.busy0) / os.sysconf("SC_CLK_TCK")
         self.pct = 100 * (busy1 - self.busy0) / max(total1 - self.total0, 1)
 
     def figures(self) -> dict[str, float]:
-        return {"ctrl_cpu_s": round(self.ctrl, 1), "cpu_s": round(self.busy, 1), "busy_pct": round(self.pct, 1)}
+        return {"ctrl_cpu_s": round(self.ctrl, 1), "nodes_cpu_s": round(self.nodes, 1),
+                "cpu_s": round(self.ctrl + self.nodes, 1),
+                "other_cpu_s": round(max(self.busy - self.ctrl - self.nodes, 0.0), 1), "busy_pct": round(self.pct, 1)}
 
 
 CODE_PATHS = ("site.yml", "playbooks", "roles", "collections", "inventory", "ansible.cfg", "tools/atlasctl")
@@ -561,6 +577,20 @@ def _cpu_times() -> tuple[float, float]:
     return sum(fields) - idle, sum(fields)
 
 
+def _lab_cpu() -> float:
+    """CPU seconds of every lab node so far (the lab's cgroup-v2 directory aggregates its nodes)."""
+    from atlasctl.lab import node
+
+    for root in node.CGROUP_ROOTS:
+        stat = root / node.CGROUP_LAB / "cpu.stat"
+        if stat.is_file():
+            for line in stat.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "usage_usec":
+                    return int(value) / 1e6
+    return 0.0
+
+
 def _children_cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -574,11 +604,11 @@ def roll(inventory: Path, release: str, rollout_waves: list[dict], hosts: Sequen
     events: list[dict] = []
 
     def run_fn(playbook: str, inv: Path, *, extravars: dict, limit: str | None,
-               on_event: Callable[[dict], None]) -> Any:
+               on_event: Callable[[dict], None], **kw: Any) -> Any:
         def both(event: dict) -> None:
             events.append(slim(event))
             on_event(event)
-        return run_playbook(playbook, inv, extravars=extravars, limit=limit, on_event=both)
+        return run_playbook(playbook, inv, extravars=extravars, limit=limit, on_event=both, **kw)
 
     with Meter() as meter:
         report = rollout.run(inventory, release, extravars={"rollout_waves": rollout_waves},
@@ -607,6 +637,10 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
     stamp = time.strftime("%m%d%H%M%S")
     extra["code"] = code_version(root)
     os.environ["ANSIBLE_SSH_CONTROL_PATH_DIR"] = CONTROL_PATH_DIR  # ansible-playbook and ansible-runner read it
+    # ansible-runner looks ansible-playbook up on PATH: this venv's, also when run as .venv/bin/python
+    os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+    raw: dict[str, Any] = {"k": k, "extra": extra, "sized": {}}
+    sized: dict[int, dict] = {}
     with lab_lock():
         log("lab lock held; bringing any lab down")
         atlasctl(["lab", "down"], logdir, "lab-down-before", timeout=600)
@@ -623,32 +657,33 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
             extra["bundle_s"] = atlasctl(["bundle", "build", "--spec", str(root / BUNDLE_SPEC)], logdir, "bundle",
                                          timeout=3600)
             log(f"site.yml over the whole fleet (converge; {serving + serving // per_branch} hosts)")
-            converge = site(inventory, logdir, "site-converge")
+            converge = raw["converge"] = site(inventory, logdir, "site-converge")
             extra["converge_s"] = converge["seconds"]
             noop_hosts = names[:NOOP_NODES]
             noop_gws = gateways_for(noop_hosts, per_branch)
             log(f"no-op site.yml over {len(noop_hosts)} nodes + {len(noop_gws)} gateways")
-            noop = site(inventory, logdir, "site-noop", limit=",".join(noop_hosts + noop_gws))
+            noop = raw["noop"] = site(inventory, logdir, "site-noop", limit=",".join(noop_hosts + noop_gws))
             noop.update(nodes=len(noop_hosts), gateways=len(noop_gws))
-            log(f"  {noop['seconds']} s, changed={noop['changed']}")
+            log(f"  {noop['seconds']} s, changed={noop['changed']}, CPU: controller {noop['ctrl_cpu_s']} s, "
+                f"nodes {noop['nodes_cpu_s']} s, other {noop['other_cpu_s']} s")
             seq = iter(range(1, 1000))
 
             def release() -> str:
                 return f"bench-{stamp}-{next(seq)}"
 
             log(f"rollout: 1 node, one wave ({names[0]})")
-            one = roll(inventory, release(), one_wave(names[:1]), names[:1])
+            one = raw["one"] = roll(inventory, release(), one_wave(names[:1]), names[:1])
             log(f"  wave {one['waves'][0]['seconds']} s, wall {one['wall']} s")
             multi_hosts = names[1:k + 1]
             log(f"rollout: {k} nodes as {k} waves of one ({', '.join(multi_hosts)})")
-            multi = roll(inventory, release(), waves_of_one(multi_hosts), multi_hosts)
+            multi = raw["multi"] = roll(inventory, release(), waves_of_one(multi_hosts), multi_hosts)
             log(f"  waves {[w['seconds'] for w in multi['waves']]} s, wall {multi['wall']} s")
-            sized: dict[int, dict] = {}
             for n in sizes:
                 log(f"rollout: {n} nodes in ONE wave")
-                sized[n] = roll(inventory, release(), one_wave(names[:n]), names[:n])
+                sized[n] = raw["sized"][str(n)] = roll(inventory, release(), one_wave(names[:n]), names[:n])
                 log(f"  wave {sized[n]['waves'][0]['seconds']} s, wall {sized[n]['wall']} s, "
-                    f"machine busy {sized[n]['busy_pct']} %")
+                    f"machine busy {sized[n]['busy_pct']} %, CPU/node {sized[n]['cpu_s'] / n:.1f} s, "
+                    f"other {sized[n]['other_cpu_s']} s")
         finally:
             if keep:
                 log("--keep: the scale lab stays up (inventory/scale/hosts.yml); `atlasctl lab down` when done")
@@ -658,12 +693,10 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
                     atlasctl(["lab", "down"], logdir, "lab-down-after", timeout=600)
                 close_masters()
                 fleet_path.unlink(missing_ok=True)
-    extra["code_end"] = code_version(root)
+            extra["code_end"] = code_version(root)
+            (logdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str) + "\n")
     if extra["code_end"] != extra["code"]:
         log(f"the code changed during the run ({extra['code']} -> {extra['code_end']}): the figures may mix both")
-    raw = {"one": one, "multi": multi, "sized": {str(n): r for n, r in sized.items()}, "noop": noop,
-           "converge": converge, "k": k, "extra": extra}
-    (logdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str) + "\n")
     return figures_from_raw(raw)
 
 
