@@ -77,3 +77,10 @@ def test_manifest_problems_names_each_bad_package():
         "/b/cann/c.run: missing from the bundle",
         "/b/cann/d.run: no entry in manifest.json",
     ]
+
+
+def test_manifest_sha256_indexes_the_manifest_by_path():
+    manifest = {"format": 1, "files": [{"path": "cann/a.run", "sha256": "aa", "md5": "x", "size": 1},
+                                       {"path": "hdk/b.run", "sha256": "bb", "size": 2}]}
+    assert serving.manifest_sha256(manifest) == {"cann/a.run": "aa", "hdk/b.run": "bb"}
+    assert serving.manifest_sha256({"format": 1}) == {}

@@ -5,6 +5,7 @@
 ``df_avail_gib`` ``df --output=avail`` output -> free GiB per path
 ``fleet_table``  play hosts + hostvars -> the fleet health table (list of lines)
 ``manifest_problems`` looped stat results + manifest sha256 map -> what does not match
+``manifest_sha256``   a bundle's manifest.json (parsed) -> {path: sha256}
 """
 
 from __future__ import annotations
@@ -76,6 +77,11 @@ def df_avail_gib(stdout: str, paths: list) -> dict:
     return {path: round(int(value) / 2**30, 2) for path, value in zip(paths, lines, strict=True)}
 
 
+def manifest_sha256(manifest: dict) -> dict[str, str]:
+    """A bundle's manifest.json, parsed -> {path: sha256} (what ``manifest_problems`` checks against)."""
+    return {entry["path"]: entry["sha256"] for entry in manifest.get("files", [])}
+
+
 def manifest_problems(stat_results: list, manifest_sha256: dict, root: str) -> list[str]:
     """Problems of looped ``stat`` results (``item.file`` relative to root, sha256 checksums)
     against a manifest's {path: sha256}; skipped items are ignored. Empty: all good."""
@@ -137,4 +143,5 @@ class FilterModule:
             "df_avail_gib": df_avail_gib,
             "fleet_table": fleet_table,
             "manifest_problems": manifest_problems,
+            "manifest_sha256": manifest_sha256,
         }
