@@ -133,3 +133,4 @@ def test_runner_keeps_no_variables_between_runs_and_passes_files_by_path(tmp_pat
     assert calls[0]["suppress_env_files"] is True
     assert calls[0]["cmdline"] == f"-e '@{secret}'"
     assert calls[0]["envvars"]["ANSIBLE_HOST_KEY_CHECKING"] == "True", "runner's default is False"
+    assert calls[0]["envvars"]["PATH"].split(":")[0] == str(Path(sys.executable).parent)

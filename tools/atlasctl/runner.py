@@ -7,6 +7,7 @@ import dataclasses
 import os
 import shlex
 import shutil
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -121,7 +122,9 @@ def run_playbook(
         rotate_artifacts=20,
         suppress_env_files=True,
         # ansible-runner turns host key checking off unless told otherwise; ansible.cfg keeps it on.
-        envvars={"ANSIBLE_CONFIG": str(root / "ansible.cfg"), "PATH": os.environ.get("PATH", ""),
+        # ansible-playbook is looked up on PATH: this interpreter's venv first (atlasctl run without activating it).
+        envvars={"ANSIBLE_CONFIG": str(root / "ansible.cfg"),
+                 "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
                  "ANSIBLE_HOST_KEY_CHECKING": "True"},
     )
     stats = runner.stats or {}
