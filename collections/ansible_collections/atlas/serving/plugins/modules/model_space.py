@@ -1,0 +1,99 @@
+#!/usr/bin/python
+# Copyright: (c) 2025, atlas.serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: model_space
+short_description: Refuse to stage a model version that does not fit on the node
+version_added: "0.1.0"
+description:
+  - Adds up the bytes staging must write for the model's files in the bundle manifest (files that the
+    version directory or C(current) already hold with the same size are not counted, as rsync keeps or
+    hard-links them) and compares them with the free space of the filesystem that will hold the
+    version, plus I(headroom_mib). The current version stays on disk for a rollback.
+  - Fails with the path, the need and the space free when it does not fit. Changes nothing.
+options:
+  manifest:
+    description: The bundle's manifest.json on the node.
+    type: path
+    required: true
+  model:
+    description: The model's directory name under C(models/) in the bundle.
+    type: str
+    required: true
+  version_dir:
+    description: Where the new version will be staged.
+    type: path
+    required: true
+  current:
+    description: The model's C(current) link (its files are hard-linked, not copied).
+    type: path
+  headroom_mib:
+    description: Space that must stay free after staging.
+    type: int
+    default: 1024
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+author:
+  - atlas-serving contributors
+"""
+
+EXAMPLES = r"""
+- name: Room for the model
+  atlas.serving.model_space:
+    manifest: /srv/atlas-bundle/manifest.json
+    model: atlas-tiny-llama
+    version_dir: /var/lib/atlas/models/atlas-tiny-llama/versions/0123456789abcdef
+    current: /var/lib/atlas/models/atlas-tiny-llama/current
+"""
+
+RETURN = r"""
+need_bytes:
+  description: Bytes staging must write.
+  returned: always
+  type: int
+free_bytes:
+  description: Free bytes of the filesystem that will hold the version.
+  returned: always
+  type: int
+filesystem_of:
+  description: The existing directory whose filesystem was measured.
+  returned: always
+  type: str
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.atlas.serving.plugins.module_utils.manifest import ManifestError  # noqa: E402
+from ansible_collections.atlas.serving.plugins.module_utils.model_space import check  # noqa: E402
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "manifest": {"type": "path", "required": True},
+            "model": {"type": "str", "required": True},
+            "version_dir": {"type": "path", "required": True},
+            "current": {"type": "path"},
+            "headroom_mib": {"type": "int", "default": 1024},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        result = check(p["manifest"], p["model"], p["version_dir"], p["current"], p["headroom_mib"] * 1024 * 1024)
+    except (ManifestError, OSError) as exc:
+        module.fail_json(msg=str(exc))
+    if not result["ok"]:
+        module.fail_json(msg=result.pop("message"), **result)
+    result.pop("message")
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()

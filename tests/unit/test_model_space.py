@@ -1,0 +1,71 @@
+"""Room for a model version before staging: what must be written, against the free space."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from atlasctl.collection import module_utils
+
+space = module_utils("model_space")
+MIB = 1024 * 1024
+
+
+def manifest(tmp_path: Path, files: dict[str, int]) -> Path:
+    entries = [{"path": f"models/m/{name}", "size": size, "sha256": "0" * 64} for name, size in files.items()]
+    entries.append({"path": "cann/other.run", "size": 10**12, "sha256": "1" * 64})  # another model's / package
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps({"format": 1, "files": entries}))
+    return path
+
+
+def test_a_model_that_does_not_fit_is_refused_naming_path_need_and_free(tmp_path: Path) -> None:
+    m = manifest(tmp_path, {"a.safetensors": 600 * MIB, "b.safetensors": 600 * MIB})
+    version = tmp_path / "models/m/versions/v2"
+    result = space.check(str(m), "m", str(version), None, 64 * MIB, free=lambda p: 1000 * MIB)
+    assert result["ok"] is False
+    assert result["need_bytes"] == 1200 * MIB and result["filesystem_of"] == str(tmp_path)
+    msg = result["message"]
+    assert f"no room to stage model m in {version}" in msg
+    assert "it needs 1.2 GiB (plus 64.0 MiB headroom" in msg and "has 1000.0 MiB free" in msg
+
+
+def test_files_current_already_holds_are_hard_linked_not_counted(tmp_path: Path) -> None:
+    m = manifest(tmp_path, {"a.safetensors": 600 * MIB, "config.json": 100})
+    current = tmp_path / "models/m/versions/v1"
+    current.mkdir(parents=True)
+    with open(current / "a.safetensors", "wb") as fh:
+        fh.truncate(600 * MIB)  # sparse: same size, no disk used
+    result = space.check(str(m), "m", str(tmp_path / "models/m/versions/v2"), str(current), 0,
+                         free=lambda p: 1000)
+    assert (result["ok"], result["need_bytes"], result["model_bytes"]) == (True, 100, 600 * MIB + 100)
+
+
+def test_a_rerun_keeps_what_the_version_directory_has(tmp_path: Path) -> None:
+    m = manifest(tmp_path, {"a.safetensors": 10})
+    version = tmp_path / "v"
+    version.mkdir()
+    (version / "a.safetensors").write_bytes(b"x" * 10)
+    assert space.check(str(m), "m", str(version), None, 10**15, free=lambda p: 0)["ok"] is True
+
+
+def test_a_symlink_of_the_right_size_is_not_a_copy(tmp_path: Path) -> None:
+    m = manifest(tmp_path, {"a.safetensors": 10})
+    (tmp_path / "real").write_bytes(b"x" * 10)
+    version = tmp_path / "v"
+    version.mkdir()
+    (version / "a.safetensors").symlink_to(tmp_path / "real")
+    assert space.check(str(m), "m", str(version), None, 0, free=lambda p: 0)["need_bytes"] == 10
+
+
+def test_the_real_free_space_is_measured(tmp_path: Path) -> None:
+    m = manifest(tmp_path, {"a.safetensors": 10})
+    result = space.check(str(m), "m", str(tmp_path / "not/yet/there"), None, 0)
+    assert result["free_bytes"] > 0 and result["ok"] is True
+
+
+def test_a_manifest_without_the_model_is_a_clear_error(tmp_path: Path) -> None:
+    m = manifest(tmp_path, {"a": 1})
+    with pytest.raises(module_utils("manifest").ManifestError, match="no files under prefix 'models/other'"):
+        space.check(str(m), "other", str(tmp_path / "v"), None, 0)
