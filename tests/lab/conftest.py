@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import subprocess
 
 import pytest
-from labtools import atlasctl, fresh_lab_session, lab_hosts, lab_prerequisites, playbook
+from labtools import atlasctl, fresh_lab_session, lab_hosts, lab_lock, lab_prerequisites, playbook
 
 
 @dataclasses.dataclass
@@ -52,6 +53,14 @@ def converged_lab():
     if reason:
         pytest.skip(reason)
     with contextlib.ExitStack() as stack:
+        if os.environ.get("ATLAS_LAB_REUSE") == "1":
+            # Development only: the lab that is up now, as it is (no fresh lab, no bundle build,
+            # not brought down). site.yml still runs on it, so the modules start converged.
+            stack.enter_context(lab_lock())
+            hosts = lab_hosts()
+            first = playbook("site.yml")
+            yield ConvergedLab(hosts, first, {}, first, None)
+            return
         stack.enter_context(fresh_lab_session(bundle=True))
         hosts = lab_hosts()
         bare = playbook("site.yml", "--check", "--diff")

@@ -159,6 +159,36 @@ def test_hdk_installed_but_not_running_is_a_pending_reboot(converged):
         on_node(f"mv -f {info}.doctor-test {info}")
 
 
+def _unit() -> dict[str, str]:
+    out = on_node("systemctl show -p ActiveState -p SubState -p NRestarts -p MainPID -p Result atlas-serving")
+    return dict(line.split("=", 1) for line in out.split() if "=" in line)
+
+
+def test_crash_loop_ends_failed_and_the_serving_stage_brings_it_back(converged):
+    """SIGKILL the engine each time it comes up: systemd restarts it (RestartSec) until its start
+    limit, then the unit stays failed; doctor names the start limit, the health stage fails, and the
+    serving stage (a deliberate start) clears the limit and brings the engine back."""
+    killer = ("for i in $(seq 1 400); do s=$(systemctl show -p ActiveState --value atlas-serving); "
+              "[ \"$s\" = failed ] && { echo ended-failed; exit 0; }; "
+              "p=$(systemctl show -p MainPID --value atlas-serving); "
+              "[ \"$p\" != 0 ] && kill -9 \"$p\" 2>/dev/null; sleep 0.2; done; echo still-restarting")
+    try:
+        looped = on_node(killer)
+        assert "ended-failed" in looped, f"the engine was still being restarted after 80 s: {_unit()}"
+        time.sleep(7)  # longer than RestartSec: no restart comes any more
+        unit = _unit()
+        assert (unit["ActiveState"], unit["MainPID"]) == ("failed", "0"), unit
+        rc, doc, out = doctor("-l", NODE)
+        assert rc == 1 and any("start limit hit" in f["message"] for f in errors(doc)), out
+        health = playbook("playbooks/health.yml", "--limit", NODE)
+        assert health.returncode != 0 and "is failed" in health.stdout, health.stdout[-3000:]
+    finally:
+        served = playbook("playbooks/serving.yml", "--limit", NODE)
+    assert served.returncode == 0, served.stdout[-4000:]
+    wait_healthy()
+    assert _unit()["ActiveState"] == "active"
+
+
 def test_api_key_enforced_and_never_written_down(converged):
     key = "atlas-doctor-" + secrets.token_hex(16)
     log = Path(tempfile.mkdtemp(prefix="doctor-key-")) / "ansible.log"
@@ -170,6 +200,14 @@ def test_api_key_enforced_and_never_written_down(converged):
         assert status("/v1/models") == 401
         assert status("/health") == 200
         assert status("/v1/models", key) == 200
+        # another user on the node sees every process's command line, never the key (SGLang reads it
+        # from its 0640 --config file in-process)
+        seen = on_node("runuser -u nobody -- ps -eo pid,args")
+        assert "sglang.launch_server" in seen and "--config" in seen, seen
+        assert key not in seen, "the API key is in the process list"
+        denied = atlasctl("lab", "ssh", NODE, "runuser -u nobody -- cat /etc/atlas/serving/releases/*/"
+                          "atlas-serving.keys.yaml", check=False, timeout=60)
+        assert "Permission denied" in denied.stdout + denied.stderr and key not in denied.stdout + denied.stderr
         rc, doc, out = doctor("-l", NODE)
         assert rc == 0, out
         assert not [f for f in doc["hosts"][NODE]["findings"] if f["check"] == "api-key"], out

@@ -8,7 +8,7 @@ import subprocess
 import time
 
 import pytest
-from labtools import ATLASCTL, ENV, ROOT, SERVING, Load, atlasctl
+from labtools import ATLASCTL, ENV, ROOT, SERVING, Load, atlasctl, model_service
 from labtools import releases as _releases
 from labtools import rollout as _rollout
 
@@ -85,23 +85,49 @@ def test_second_rollout_on_the_same_inventory_is_refused(converged):
     assert first.returncode == 1
 
 
-def test_node_powered_off_stops_the_rollout_and_resume_completes(converged):
-    """atlas-n2 is off when its wave reaches it: the rollout stops there, the west branch
-    stays on the old release; with the node back, --resume finishes the rollout."""
+def _pids() -> dict[str, str]:
+    return {host: model_service(host)[1] for host in SERVING}
+
+
+def test_node_powered_off_refuses_the_last_drain_and_resume_completes(converged):
+    """atlas-n2 is off when the east wave starts: atlas-n1 is then the branch's last healthy backend,
+    so its drain is refused (it is not touched and keeps serving) and the rollout stops there, the
+    west branch on the old release. With atlas-n2 back, --resume rolls the rest. No client request
+    fails at any point."""
     before = _releases()
     release = "lab-2026.11.6"
-    atlasctl("lab", "power", "atlas-n2", "off", timeout=120)
-    try:
-        rc, report = _rollout("--release", release, "-e", LENIENT_SLO)
-    finally:
-        atlasctl("lab", "power", "atlas-n2", "on", timeout=180)
-    assert rc == 1, report
-    assert report["failure"]["host"] == "atlas-n2" and report["failure"]["wave"] == "east", report["failure"]
-    assert report["completed"] == ["canary"]
-    now = _releases()
-    assert now["atlas-n4"] == before["atlas-n4"], "a later wave was touched"
-    assert now["atlas-n3"] == release
-    rc, report = _rollout("--release", release, "--resume", "-e", LENIENT_SLO)
+    n1_pid = model_service("atlas-n1")[1]
+    with Load() as load:
+        atlasctl("lab", "power", "atlas-n2", "off", timeout=120)
+        try:
+            rc, report = _rollout("--release", release, "-e", LENIENT_SLO, "-e", "gateway_last_backend_wait_s=5")
+        finally:
+            atlasctl("lab", "power", "atlas-n2", "on", timeout=180)
+        assert rc == 1, report
+        failure = report["failure"]
+        assert (failure["host"], failure["wave"], failure["gate"]) == ("atlas-n1", "east", "drain"), failure
+        assert "last healthy backend of branch east" in failure["why"] and "atlas-n2" in failure["why"], failure
+        assert report["completed"] == ["canary"]
+        assert model_service("atlas-n1")[1] == n1_pid, "atlas-n1 was restarted although its drain was refused"
+        now = _releases(["atlas-n1", "atlas-n3", "atlas-n4"])
+        assert now == {"atlas-n1": before["atlas-n1"], "atlas-n3": release, "atlas-n4": before["atlas-n4"]}
+        rc, report = _rollout("--release", release, "--resume", "-e", LENIENT_SLO)
     assert rc == 0, report
     assert report["completed"][-1] == "west"
     assert _releases() == dict.fromkeys(SERVING, release)
+    assert load.failed == [], load.failed[:5]
+    assert load.ok > 10, "the load did not run"
+
+
+def test_rollout_of_the_running_release_restarts_nothing(converged):
+    """Every node already serves the release (what a --resume finds on the nodes its wave finished):
+    no drain, no stage, no restart; the gates run and the rollout completes."""
+    release = _releases()["atlas-n1"]
+    assert _releases() == dict.fromkeys(SERVING, release)
+    pids = _pids()
+    with Load() as load:
+        rc, report = _rollout("--release", release, "-e", LENIENT_SLO)
+    assert rc == 0, report
+    assert report["completed"] == ["canary", "east", "west"]
+    assert _pids() == pids, "a converged node was restarted"
+    assert load.failed == [], load.failed[:5]

@@ -6,6 +6,7 @@ Regenerate after an intended change: UPDATE_GOLDEN=1 pytest tests/unit/test_conf
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -59,8 +60,16 @@ def test_render_to_files_keeps_the_key_in_the_0600_env_file_only(tmp_path):
     assert "vault-s3cr3t" not in (tmp_path / "atlas-serving.args").read_text()
 
 
-def test_sglang_key_goes_on_the_command_line_and_is_masked_when_shown():
+def test_sglang_key_goes_to_its_config_file_never_on_the_command_line(tmp_path):
     env = {**os.environ, "ATLAS_SERVING_API_KEY": "vault-s3cr3t"}
-    shown = subprocess.run([sys.executable, "-m", "atlasctl", "config", "render", "sglang-0.5.6-mistral-7b-8x64g"],
-                           capture_output=True, text=True, env=env, check=True)
-    assert "vault-s3cr3t" not in shown.stdout and "--api-key\n<secret>\n" in shown.stdout
+    cmd = [sys.executable, "-m", "atlasctl", "config", "render", "sglang-0.5.6-mistral-7b-8x64g"]
+    shown = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
+    assert "vault-s3cr3t" not in shown.stdout + shown.stderr
+    assert "--config\n/etc/atlas/serving/releases/unnamed/atlas-serving.keys.yaml\n" in shown.stdout
+    assert "--api-key" not in shown.stdout
+    subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True, env=env, check=True)
+    keys = tmp_path / "atlas-serving.keys.yaml"
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o640
+    assert json.loads(keys.read_text()) == {"api-key": "vault-s3cr3t"}
+    assert "vault-s3cr3t" not in (tmp_path / "atlas-serving.args").read_text()
+    assert "vault-s3cr3t" not in (tmp_path / "atlas-serving.env").read_text()

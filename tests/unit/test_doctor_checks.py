@@ -128,6 +128,16 @@ CASES = [
      "--gpu-memory-utilization default 0.9"),
     ("service failed", {"service": Section(0, "MainPID=0\nLoadState=loaded\nActiveState=failed\nSubState=failed\n"
                                               "Result=exit-code\nNRestarts=5")}, "service", ERROR, "failed"),
+    ("crash loop at start limit", {
+        "service": Section(0, "MainPID=0\nLoadState=loaded\nActiveState=failed\nSubState=failed\n"
+                              "Result=signal\nNRestarts=4"),
+        "journal": Section(0, journal_line(30, "atlas-serving.service: Start request repeated too quickly."))},
+     "service", ERROR, "systemd stopped restarting it (start limit hit)"),
+    ("key in sglang config file", {"env": Section(0, "SGLANG_SET_CPU_AFFINITY=1"),
+                                   "args": Section(0, args_text(extra=(
+                                       "--config", "/etc/atlas/serving/releases/r1/atlas-serving.keys.yaml"))),
+                                   "probe": Section(0, json.dumps({"port": 30000, "/health": 200, "/v1/models": 200}))},
+     "api-key", ERROR, "without it is served"),
     ("service not installed", {"service": Section(0, "LoadState=not-found\nActiveState=inactive")}, "service",
      ERROR, "not installed"),
     ("health 503", {"probe": Section(0, json.dumps({"port": 30000, "/health": 503, "/v1/models": 401}))},

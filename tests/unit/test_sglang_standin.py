@@ -104,14 +104,18 @@ def _stop(proc: subprocess.Popen[str]) -> int:
 
 
 @pytest.fixture(scope="module")
-def server(site: Path, model: Path) -> Iterator[int]:
+def server(site: Path, model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     port = _free_port()
+    keys = tmp_path_factory.mktemp("keys") / "atlas-serving.keys.yaml"
+    keys.write_text(json.dumps({"api-key": API_KEY}) + "\n")  # what roles/serving writes (JSON is YAML)
     proc = _launch(site, ["--model-path", str(model), "--device", "npu", "--attention-backend", "ascend",
                           "--tp-size", "8", "--host", "127.0.0.1", "--port", str(port), "--enable-metrics",
-                          "--api-key", API_KEY, "--served-model-name", "bank-llm", "--context-length", "256"],
+                          "--config", str(keys), "--served-model-name", "bank-llm", "--context-length", "256"],
                    {"ATLAS_STANDIN_EOS_AFTER": "20"})
     try:
         _wait_listening(port, proc)
+        cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes().decode()
+        assert API_KEY not in cmdline, "the key is in the process list"
         yield port
     finally:
         _stop(proc)
@@ -186,6 +190,46 @@ def test_unknown_device_refused(site: Path, model: Path) -> None:
     proc = _run(site, ["--model-path", str(model), "--device", "gpu"])
     assert proc.returncode == 1
     assert "device type at start of device string: gpu" in proc.stderr
+
+
+# ---- --config (SGLang's ConfigArgumentMerger rules) ------------------------------------------------------
+def test_config_file_args_go_first_so_the_command_line_wins(site: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(site))
+    import importlib
+
+    cli = importlib.import_module("sglang._atlas_standin.cli")
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps({"api-key": "k", "enable-metrics": True, "disable-radix-cache": False,
+                               "tp-size": 2, "skip": [], "dp": [1, 2], "trust-remote-code": False}))
+    merged = cli.merge_config_file(["--model-path", "m", "--config", str(cfg), "--tp-size", "4"],
+                                   {"enable-metrics", "disable-radix-cache"})
+    assert merged == ["--api-key", "k", "--enable-metrics", "--tp-size", "2", "--dp", "1", "2",
+                      "--trust-remote-code", "false", "--model-path", "m", "--tp-size", "4"]
+    assert cli.merge_config_file(["--model-path", "m"], set()) == ["--model-path", "m"]
+
+
+@pytest.mark.parametrize("name, text, argv_tail, message", [
+    ("c.json", "{}", None, "Config file must be YAML format, got: .json"),
+    ("absent.yaml", None, None, "Config file not found:"),
+    ("list.yaml", "[1, 2]", None, "Config file must contain a dictionary at root level"),
+    ("c.yaml", "{}", ["--config"], "Multiple config files specified! Only one allowed."),
+])
+def test_config_file_errors_are_sglangs(site: Path, model: Path, tmp_path: Path, name, text, argv_tail,
+                                        message) -> None:
+    cfg = tmp_path / name
+    if text is not None:
+        cfg.write_text(text)
+    argv = ["--model-path", str(model), "--config", str(cfg)] + ([*argv_tail, str(cfg)] if argv_tail else [])
+    proc = _run(site, argv)
+    assert proc.returncode == 1
+    assert f"ValueError: {message}" in proc.stderr
+
+
+def test_config_flag_without_a_file(site: Path, model: Path) -> None:
+    proc = _run(site, ["--model-path", str(model), "--config"])
+    assert proc.returncode == 1 and "No config file specified after --config flag!" in proc.stderr
 
 
 # ---- the server -----------------------------------------------------------------------------------------

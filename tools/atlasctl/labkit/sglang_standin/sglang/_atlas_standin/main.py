@@ -77,7 +77,12 @@ def _announce_ready(state: State, delay: float) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = cli.build_parser(cli.load_schema())
+    schema = cli.load_schema()
+    parser = cli.build_parser(schema)
+    try:
+        argv = cli.merge_config_file(argv, cli.store_true_names(schema))
+    except cli.StartupError as exc:
+        return _fail(exc)
     namespace = parser.parse_args(argv)  # exits 2 on unknown flags or invalid choices, like SGLang
     args = cli.server_args(namespace)
     knobs = Knobs.from_env()
