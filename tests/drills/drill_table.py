@@ -623,13 +623,15 @@ def disk_full() -> Outcome:
         with Load() as load:
             with small_models_filesystem(node, headroom_kib=128) as filler:
                 df = sh(node, f"df -h --output=size,used,avail,target {MODEL_HOME}/versions | tail -1")
-                run = playbook(*stages, "--limit", node, "-e", f"atlas_bundle_dir={bundle}")
+                run = playbook(*stages, "--limit", node, "-e", f"atlas_bundle_dir={bundle}",
+                               "-e", "models_free_headroom_mib=0")
                 during = model_service(node)
                 msg = failure_message(run.stdout, node)
                 preflight_passed = "Preflight | platform | assert free disk space" in run.stdout and \
                     "free disk space" not in msg
-                expect(run.returncode != 0, "staging fails")
-                expect("No space left on device" in msg, "the error says the disk is full")
+                expect(run.returncode != 0, "refused before staging")
+                expect("no room to stage model" in msg and "it needs" in msg and " free" in msg,
+                       "the error says there is no room: the need and the space free")
                 expect(f"{MODEL_HOME}/versions" in msg, "the error names the path")
                 expect(during == before, "same engine PID, current link unchanged")
                 intact = current_verifies(node)
@@ -638,7 +640,8 @@ def disk_full() -> Outcome:
                              f"{preflight_passed}; stage exit {run.returncode}: {one_line(msg, 220)}; engine "
                              f"{during[0]} PID {before[1]} -> {during[1]}; current {before[2]} -> {during[2]}")
                 sh(node, f"rm -f {filler}")
-                again = playbook(*stages, "--limit", node, "-e", f"atlas_bundle_dir={bundle}")
+                again = playbook(*stages, "--limit", node, "-e", f"atlas_bundle_dir={bundle}",
+                                 "-e", "models_free_headroom_mib=0")
                 moved = model_service(node)
                 expect(again.returncode == 0 and moved[2] != before[2], "after freeing space the next run converges")
                 notes.append(f"filler removed: next run exit {again.returncode}, current -> {moved[2]}")
@@ -793,49 +796,71 @@ def doctor_on(inventory: Path, limit: str) -> tuple[int, dict, str]:
         proc.stdout + proc.stderr
 
 
+def _keys_file(scratch: Path, name: str, data: dict) -> Path:
+    path = scratch / name
+    path.write_text(json.dumps(data) + "\n")
+    path.chmod(0o600)
+    return path
+
+
 def key_rollout() -> Outcome:
-    """The zero-downtime way to rotate a key: a staged rollout carrying it (--vars FILE, 0600)."""
+    """A key introduced, then rotated with an overlap, through staged rollouts under client load:
+    clients send the key before the fleet enforces it (a keyless engine ignores it); the vLLM
+    branch then accepts [new, previous] while its clients switch to the new key, and the previous
+    key is retired in a second rollout. SGLang 0.5.6 takes one key, so branch west keeps the first."""
     expect = Expect()
-    key = "atlas-drill-rollout-" + secrets.token_hex(12)
+    first, second = ("atlas-drill-key1-" + secrets.token_hex(12), "atlas-drill-key2-" + secrets.token_hex(12))
     inv = KeyedInventory()
-    keyfile = inv.scratch / "release-key.yml"
-    keyfile.write_text(f"serving_api_key: {key}\n")
-    keyfile.chmod(0o600)
-    before = releases()
+    runs, outputs = [], []
+
+    def roll(release: str, keys: dict, *limit: str) -> tuple[int, dict]:
+        vars_file = _keys_file(inv.scratch, f"{release}.yml", keys)
+        proc = atlasctl("rollout", "-i", "inventory/lab", "--json", "--release", release, "--vars", str(vars_file),
+                        *limit, "-e", LENIENT_SLO, check=False, timeout=1200)
+        outputs.append(proc.stdout + proc.stderr)
+        report = report_of(proc.stdout)
+        runs.append(f"{release}{' ' + ' '.join(limit) if limit else ''}: exit {proc.returncode}"
+                    + (f" (failed at {report['failure'].get('host')}, gate {report['failure'].get('gate')})"
+                       if report.get("failure") else ""))
+        return proc.returncode, report
+
     with Load() as load:
-        proc = atlasctl("rollout", "-i", "inventory/lab", "--json", "--release", "drill-key-rollout",
-                        "--vars", str(keyfile), "-e", LENIENT_SLO, check=False, timeout=1200)
-    report = report_of(proc.stdout)
-    failure = report.get("failure") or {}
-    after = releases()
-    leaks = inv.leaks((key,), [proc.stdout + proc.stderr])
-    leaks = [hit for hit in leaks if hit != str(keyfile)]
-    keyed = [h for h in SERVING if "--api-key" in sh(h, "cat /etc/atlas/serving/atlas-serving.args")
-             or "API_KEY" in sh(h, "cat /etc/atlas/serving/atlas-serving.env")]
-    expect(proc.returncode == 0, "the rollout completes")
-    expect(after == dict.fromkeys(SERVING, "drill-key-rollout"), "the whole fleet on the keyed release")
-    expect(not leaks, "the key appears in no output or artifact")
+        load.keys = {"east": first, "west": first}  # clients hold the key before it is enforced
+        rc1, _ = roll("drill-key-rollout", {"serving_api_key": first})
+        rc2, _ = roll("drill-key-rotate", {"serving_api_keys": [second, first]}, "-l", "branch_east")
+        east = [h for h in SERVING if BRANCH[h] == "east"]
+        both = {h: (key_status(h, first), key_status(h, second)) for h in east}
+        load.keys = {"east": second, "west": first}  # east's clients switch
+        time.sleep(3)
+        rc3, _ = roll("drill-key-retire", {"serving_api_keys": [second]}, "-l", "branch_east")
+        retired = {h: (key_status(h, first), key_status(h, second)) for h in east}
+        west = {h: key_status(h, first) for h in SERVING if BRANCH[h] == "west"}
+    leaks = [hit for hit in inv.leaks((first, second), outputs) if not hit.startswith(str(inv.scratch))]
+    expect((rc1, rc2, rc3) == (0, 0, 0), "the three rollouts complete")
+    expect(all(v == (200, 200) for v in both.values()), "during the overlap east accepts both keys")
+    expect(all(v == (401, 200) for v in retired.values()), "after the retirement east refuses the previous key")
+    expect(all(v == 200 for v in west.values()), "west serves with its one key")
+    expect(not leaks, "the keys appear in no output or artifact")
     expect(not load.failed, "0 client requests failed")
-    why = failure.get("why", "")
-    codes = sorted(set(re.findall(r"HTTP (\d{3})", why)))
-    why = (f"{one_line(why.split(':', 2)[-1].split('HTTP')[0], 80)} bench requests answered HTTP {', '.join(codes)}"
-           if codes else one_line(why, 200))
-    observed = (f"rollout exit {proc.returncode}, waves {report.get('completed')}"
-                + (f", failed at {failure.get('host')} (wave {failure.get('wave')}, gate {failure.get('gate')}): "
-                   f"{why}" if failure else "")
-                + f"; releases {sorted(set(after.values()))}; nodes with a key now: {keyed or 'none'}; "
-                f"key found in: {_short(leaks) or 'nothing'}; {load_text(load)}")
-    if proc.returncode != 0 and after != before:
-        observed += f"; releases before {before}"
-    # a rolled-back canary has no key; a completed rollout leaves one on every node: take it off again
-    if keyed:
-        _west_keyless()
-        playbook("playbooks/serving.yml", "--limit", "branch_east")
+    _west_keyless()
+    playbook("playbooks/serving.yml", "--limit", "branch_east")
     inv.close()
-    lost = "none: the canary went back to its previous release" if not keyed else "none"
-    if leaks:
-        lost += f"; the API key leaked to {len(leaks)} file(s)"
+    observed = (f"{'; '.join(runs)}; east (previous, new) during the overlap {both}, after {retired}; west {west}; "
+                f"keys found in: {_short(leaks) or 'nothing'}; {load_text(load)}")
+    lost = "none" + (f"; the API keys leaked to {len(leaks)} file(s)" if leaks else "")
     return Outcome(observed, len(load.failed), lost, expect.unmet)
+
+
+def key_status(host: str, key: str) -> int | None:
+    """GET /v1/models straight at the node with ``key``."""
+    request = urllib.request.Request(node_url(host, "/v1/models"), headers={"Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 (lab address)
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
 
 
 # --- the table ---------------------------------------------------------------------------------------
@@ -848,17 +873,22 @@ DRILLS = [
           "refused before any installer runs, naming the package; installed CANN unchanged; 0 failed",
           tampered_cann),
     Drill("disk-full", "models filesystem of atlas-n4 full (128 KiB free) while staging a new model version",
-          "staging fails naming the disk/path; current unchanged, engine keeps serving; after freeing space the "
+          "refused before staging, naming the path, the need and the space free; current unchanged, engine keeps "
+          "serving; after freeing space the "
           "next run converges; 0 failed", disk_full),
     Drill("crash-loop", "atlas-n4's engine SIGKILLed each time it comes up, until systemd gives up",
-          "systemd restarts it; doctor reports the service; gateway routes around it: 0 failed; back by itself",
+          "systemd restarts it up to its start limit, then the unit stays failed; doctor names the start limit; "
+          "the health stage fails; the serving stage brings it back; gateway routes around it: 0 failed "
+          "(responses in flight at a kill are the crash's own)",
           crash_loop),
     Drill("api-key", "API key set on the west branch, then rotated: requests with no key and with the old key",
           "no key and old key: 401; current key: 200; /health 200; atlasctl health and doctor pass; the keys in "
           "no output, log or artifact",
           api_keys),
-    Drill("key-rollout", "the API key rotated with a staged rollout (`atlasctl rollout --vars key.yml`, 0600)",
-          "rollout completes, every node keyed; the key in no output or artifact; 0 failed", key_rollout),
+    Drill("key-rollout", "an API key introduced, then rotated on branch east with an overlap, by staged rollouts "
+          "(`atlasctl rollout --vars keys.yml`, 0600) while clients switch keys",
+          "three rollouts complete; east accepts both keys during the overlap, only the new one after; the keys in "
+          "no output or artifact; 0 failed", key_rollout),
     Drill("install-killed", f"atlas-n4 powered off during the CANN {OTHER_CANN} toolkit installer",
           "the run fails; the next run installs completely; back to 8.5.0; engine healthy", install_killed),
     Drill("concurrent-rollouts", "a second `atlasctl rollout` while one runs",

@@ -121,6 +121,9 @@ class Load:
     """Bounded continuous client load: completions through each gateway, one at a time, counted."""
 
     def __init__(self, max_seconds: float = 600, gateways: dict[str, str] | None = None):
+        # The API key each gateway's client sends ({branch: key}); a client may switch keys mid-run.
+        self.keys: dict[str, str] = {}
+        self._branch = {url: name for name, url in (gateways or GATEWAYS).items()}
         self.ok = 0
         self.failed: list[str] = []
         self.failed_at: list[float] = []  # time.monotonic() of each failure, in step with failed
@@ -132,8 +135,11 @@ class Load:
     def _loop(self, url: str) -> None:
         body = json.dumps({"model": MODEL, "prompt": "Hello, my balance", "max_tokens": 4}).encode()
         while not self._stop.is_set() and time.monotonic() < self._deadline:
-            req = urllib.request.Request(f"{url}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
+            headers = {"Content-Type": "application/json"}
+            key = self.keys.get(self._branch.get(url, ""))
+            if key:
+                headers["Authorization"] = f"Bearer {key}"
+            req = urllib.request.Request(f"{url}/v1/completions", data=body, headers=headers)
             try:
                 with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (lab address)
                     json.loads(resp.read())["choices"][0]["text"]

@@ -48,28 +48,18 @@ def test_rendered_article_profile_carries_the_article_intent_with_real_flags():
     assert "--max-running-requests" in sglang and "--disable-radix-cache" not in sglang
 
 
-def test_render_to_files_keeps_the_key_in_the_0600_env_file_only(tmp_path):
+@pytest.mark.parametrize("profile, keys", [("vllm-ascend-0.11.0-mistral-7b-8x64g", ["vault-s3cr3t"]),
+                                           ("sglang-0.5.6-mistral-7b-8x64g", "vault-s3cr3t")])
+def test_the_key_goes_to_its_config_file_never_on_the_command_line(tmp_path, profile, keys):
     env = {**os.environ, "ATLAS_SERVING_API_KEY": "vault-s3cr3t"}
-    cmd = [sys.executable, "-m", "atlasctl", "config", "render", "vllm-ascend-0.11.0-mistral-7b-8x64g"]
-    shown = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
-    assert "vault-s3cr3t" not in shown.stdout + shown.stderr and "VLLM_API_KEY=<secret>" in shown.stdout
-    subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True, env=env, check=True)
-    env_file = tmp_path / "atlas-serving.env"
-    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
-    assert "VLLM_API_KEY=vault-s3cr3t" in env_file.read_text()
-    assert "vault-s3cr3t" not in (tmp_path / "atlas-serving.args").read_text()
-
-
-def test_sglang_key_goes_to_its_config_file_never_on_the_command_line(tmp_path):
-    env = {**os.environ, "ATLAS_SERVING_API_KEY": "vault-s3cr3t"}
-    cmd = [sys.executable, "-m", "atlasctl", "config", "render", "sglang-0.5.6-mistral-7b-8x64g"]
+    cmd = [sys.executable, "-m", "atlasctl", "config", "render", profile]
     shown = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)
     assert "vault-s3cr3t" not in shown.stdout + shown.stderr
     assert "--config\n/etc/atlas/serving/releases/unnamed/atlas-serving.keys.yaml\n" in shown.stdout
-    assert "--api-key" not in shown.stdout
+    assert "--api-key" not in shown.stdout and "API_KEY" not in shown.stdout
     subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True, env=env, check=True)
-    keys = tmp_path / "atlas-serving.keys.yaml"
-    assert stat.S_IMODE(keys.stat().st_mode) == 0o640
-    assert json.loads(keys.read_text()) == {"api-key": "vault-s3cr3t"}
+    keyfile = tmp_path / "atlas-serving.keys.yaml"
+    assert stat.S_IMODE(keyfile.stat().st_mode) == 0o640
+    assert json.loads(keyfile.read_text()) == {"api-key": keys}
     assert "vault-s3cr3t" not in (tmp_path / "atlas-serving.args").read_text()
     assert "vault-s3cr3t" not in (tmp_path / "atlas-serving.env").read_text()

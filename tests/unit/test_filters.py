@@ -84,3 +84,14 @@ def test_manifest_sha256_indexes_the_manifest_by_path():
                                        {"path": "hdk/b.run", "sha256": "bb", "size": 2}]}
     assert serving.manifest_sha256(manifest) == {"cann/a.run": "aa", "hdk/b.run": "bb"}
     assert serving.manifest_sha256({"format": 1}) == {}
+
+
+def test_api_keys_current_first_and_clear_errors():
+    api_keys = serving.api_keys
+
+    assert api_keys([], "") == [] and api_keys(None, "k1") == ["k1"]
+    assert api_keys(["new", "old"], "ignored") == ["new", "old"]
+    for bad, words in ((["a", "a"], "twice"), ("k1", "must be a list"), (["ok", ""], r"serving_api_keys\[1\]"),
+                       (["has space"], "without spaces")):
+        with pytest.raises(AnsibleFilterError, match=words):
+            api_keys(bad)

@@ -112,14 +112,11 @@ def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = ""
     flags = {k: resolve(v) for k, v in profile["flags"].items()}
     envd = {k: resolve(v) for k, v in profile["env"].items()}
     keys_text = ""
-    if api_key:  # as roles/serving/tasks/profile.yml: never on the command line
-        if profile["engine"] == "sglang":
-            release = variables.get("atlas_release_id") or "unnamed"
-            flags["--config"] = (f"{variables['serving_config_dir']}/releases/{release}/"
-                                 f"{variables['serving_service_name']}.keys.yaml")
-            keys_text = json.dumps({"api-key": api_key}) + "\n"
-        else:
-            envd["VLLM_API_KEY"] = api_key
+    if api_key:  # as roles/serving (profile.yml, config.yml): a --config keys file, never the command line
+        release = variables.get("atlas_release_id") or "unnamed"
+        flags["--config"] = (f"{variables['serving_config_dir']}/releases/{release}/"
+                             f"{variables['serving_service_name']}.keys.yaml")
+        keys_text = json.dumps({"api-key": [api_key] if profile["engine"] == "vllm" else api_key}) + "\n"
     argv = command + filters.engine_argv(flags)
     variables.update({"__serving_argv": argv, "__serving_env": envd, "__serving_engine": profile["engine"]})
     texts = {t: env.from_string((TEMPLATE_DIR / f"{t}.j2").read_text(encoding="utf-8")).render(variables)

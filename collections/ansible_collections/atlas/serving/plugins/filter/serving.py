@@ -6,6 +6,7 @@
 ``fleet_table``  play hosts + hostvars -> the fleet health table (list of lines)
 ``manifest_problems`` looped stat results + manifest sha256 map -> what does not match
 ``manifest_sha256``   a bundle's manifest.json (parsed) -> {path: sha256}
+``api_keys``     serving_api_keys (list, current first) or serving_api_key (one) -> the keys, current first
 """
 
 from __future__ import annotations
@@ -135,6 +136,23 @@ def fleet_table(hosts: list, hostvars) -> list[str]:
     return table_lines(rows)
 
 
+def api_keys(keys, key: str = "") -> list[str]:
+    """The API keys an engine accepts, the current one first: ``serving_api_keys`` when it lists
+    any (a rotation: ``[new, previous]``), else ``[serving_api_key]``, else none."""
+    if keys in (None, "", []):
+        keys = [key] if key else []
+    if isinstance(keys, str) or not isinstance(keys, (list, tuple)):
+        raise AnsibleFilterError("serving_api_keys must be a list of keys, the current one first "
+                                 "(e.g. [new, previous] during a rotation)")
+    bad = [i for i, k in enumerate(keys) if not isinstance(k, str) or not k or any(c.isspace() for c in k)]
+    if bad:
+        raise AnsibleFilterError(f"serving_api_keys[{bad[0]}] is not a key: each key is a non-empty string "
+                                 "without spaces")
+    if len(set(keys)) != len(keys):
+        raise AnsibleFilterError("serving_api_keys lists the same key twice")
+    return list(keys)
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -144,4 +162,5 @@ class FilterModule:
             "fleet_table": fleet_table,
             "manifest_problems": manifest_problems,
             "manifest_sha256": manifest_sha256,
+            "api_keys": api_keys,
         }
