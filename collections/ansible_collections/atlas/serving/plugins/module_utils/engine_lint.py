@@ -90,6 +90,12 @@ def _finding(kind, subject, message):
     return {"kind": kind, "subject": subject, "message": message}
 
 
+def args_file_argv(text):
+    """The argv in a rendered ``.args`` file as the launcher reads it: one argument per ``\\n``-separated
+    line, lines starting with ``#`` skipped (empty lines are dropped here too)."""
+    return [line for line in str(text).split("\n") if line and not line.startswith("#")]
+
+
 def split_argv(argv):
     """[(flag, [values])] from an argv: everything before the first ``--x`` is the command."""
     pairs, current = [], None
