@@ -118,6 +118,11 @@ CASES = [
      ["a.safetensors", "tensor 'w'", "data_offsets"]),
     ("plan-config-not-json", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"],
      {"md/config.json": b"{", "md/a.safetensors": _safetensors(2, b"{}")}, ["config.json", "not valid JSON"]),
+    # compat check --table
+    ("compat-table-not-utf8", ["compat", "check", "--table", "{tmp}/t.yml"], {"t.yml": b"format: \xff\n"},
+     ["compatibility table", "t.yml", "not UTF-8"]),
+    ("compat-table-not-yaml", ["compat", "check", "--table", "{tmp}/t.yml"], {"t.yml": b"format: [1\n"},
+     ["compatibility table", "t.yml", "not valid YAML", "line 2"]),
     # rollout: release ids become directories on the nodes; --vars files are YAML mappings
     ("rollout-release-slash", ["rollout", "-i", "inventory/lab", "--release", "a/b"], {},
      ["--release 'a/b'", "no '/'", "fix:"]),
