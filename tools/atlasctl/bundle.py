@@ -187,9 +187,8 @@ def read_manifest(root: Path) -> dict:
     except parser.ManifestError as exc:
         raise UsageError(f"{exc}: the bundle is damaged",
                          fix="rebuild it with `atlasctl bundle build`, or copy it again") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("files"), list):
-        found = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise UsageError(f"{path}: unsupported manifest format {found!r} (expected {FORMAT})")
+    if data.get("format") != FORMAT:  # the parser has checked it is an object with a files list
+        raise UsageError(f"{path}: unsupported manifest format {data.get('format')!r} (expected {FORMAT})")
     return data
 
 
