@@ -156,7 +156,8 @@ def plan_profile(name: str, npu_count: int | None = None, hbm_mb: int | None = N
     try:
         return _plan_profile(memplan, name, npu_count, hbm_mb, model_dir, reserve_gib)
     except memplan.PlanError as exc:
-        raise UsageError(f"config plan {name}: {exc}") from None
+        text = str(exc)
+        raise UsageError(f"config plan {text if text.startswith(name + ':') else f'{name}: {text}'}") from None
 
 
 def _plan_profile(memplan, name: str, npu_count: int | None, hbm_mb: int | None, model_dir: Path | None,

@@ -52,7 +52,7 @@ def check_release(release: str) -> str:
     if not RELEASE_ID.match(release) or ".." in release:
         raise UsageError(f"--release {release!r}: a release id is one name of letters, digits and . _ + - "
                          "(no '/', no '..', at most 128 characters): it becomes a directory on the nodes",
-                         fix="e.g. --release 2025-06-01-qwen72b")
+                         fix="e.g. --release bank-2026.12.0")
     return release
 
 
