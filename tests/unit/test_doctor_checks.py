@@ -232,3 +232,46 @@ def test_findings_never_carry_a_key():
 def test_finding_rejects_unknown_severity():
     with pytest.raises(ValueError, match="severity"):
         Finding("h", "x", "fatal", "m", "e", "f")
+
+
+# (id, text, the keys it holds, what must stay)
+REDACTIONS = [
+    ("flag and value", "args: --api-key k1 --port 8000", ["k1"], "--port 8000"),
+    ("flag=value", "vllm serve --api-key=k1 --port 8000", ["k1"], "--port 8000"),
+    ("single-quoted", "--api-key 'k1 x' --port 1", ["k1"], "--port 1"),
+    ("double-quoted", '--api-key "k1" --host 0.0.0.0', ["k1"], "--host 0.0.0.0"),
+    ("=single-quoted", "--api-key='k1' x", ["k1"], " x"),
+    ("several keys", "--api-key k1 k2 'k3' --port 1", ["k1", "k2", "k3"], "--port 1"),
+    ("several keys at the end", "cmd --api-key k1 k2", ["k1", "k2"], "cmd --api-key"),
+    ("args file lines", "bin/vllm\n--api-key\nk1\nk2\n--port\n8000", ["k1", "k2"], "--port\n8000"),
+    ("env", "VLLM_API_KEY=k1\nHF_HUB_OFFLINE=1", ["k1"], "HF_HUB_OFFLINE=1"),
+    ("env quoted", 'SGLANG_API_KEY="k1 k2"', ["k1", "k2"], "SGLANG_API_KEY="),
+    ("env export", "export OPENAI_API_KEY='k1'", ["k1"], "export"),
+    ("yaml", "api_key: k1\nport: 8000", ["k1"], "port: 8000"),
+    ("yaml prefixed name", "serving_api_key: k1", ["k1"], "serving_api_key:"),
+    ("yaml quoted", 'api_key: "k1"', ["k1"], "api_key:"),
+    ("yaml flow list", "api_key: [k1, k2]\nport: 1", ["k1", "k2"], "port: 1"),
+    ("yaml block list", "api_key:\n  - k1\n  - k2\nport: 1", ["k1", "k2"], "port: 1"),
+    ("json", '{"api_key": "k1", "port": 1}', ["k1"], '"port": 1'),
+    ("json list", '{"api_key": ["k1", "k2"], "port": 1}', ["k1", "k2"], '"port": 1'),
+    ("python repr", "ServerArgs(api_key='k1', port=1)", ["k1"], "port=1"),
+    ("python repr list", "non-default args: {'api_key': ['k1', 'k2'], 'port': 1}", ["k1", "k2"], "'port': 1"),
+    ("bearer", "curl -H 'Authorization: Bearer k1' http://x", ["k1"], "http://x"),
+]
+
+
+@pytest.mark.parametrize(("text", "keys", "kept"), [r[1:] for r in REDACTIONS], ids=[r[0] for r in REDACTIONS])
+def test_redact_hides_a_key_however_it_is_written(text, keys, kept):
+    text = text.replace("k1", "sk-one").replace("k2", "sk-two").replace("k3", "sk-three")
+    out = redact(text)
+    for key in keys:
+        assert key.replace("k1", "sk-one").replace("k2", "sk-two").replace("k3", "sk-three") not in out, out
+    assert "<redacted>" in out
+    assert kept in out
+    assert redact(out) == out
+
+
+@pytest.mark.parametrize("text", ["ServerArgs(api_key=None, x=1)", "api_key: null", "--port 8000 --host h",
+                                  "the api key is set", "VLLM_API_KEY="])
+def test_redact_leaves_text_without_a_key_alone(text):
+    assert redact(text) == text

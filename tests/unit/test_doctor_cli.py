@@ -31,7 +31,7 @@ def test_node_side_redaction_of_env_and_args(tmp_path):
     """The sed expressions the script runs on the node blank the key before it leaves the node."""
     env, args = tmp_path / "e.env", tmp_path / "a.args"
     env.write_text("VLLM_API_KEY=sk-secret-1\nHF_HUB_OFFLINE=1\n")
-    args.write_text("bin/python\n--api-key\nsk-secret-2\n--port\n30000\n--api-key=sk-secret-3\n")
+    args.write_text("bin/python\n--api-key\nsk-secret-2\nsk-secret-4\n--port\n30000\n--api-key=sk-secret-3\n")
     snippets = dict(gather.SECTIONS)
     env_cmd = snippets["env"].replace("/etc/atlas/serving/atlas-serving.env", str(env))
     args_cmd = snippets["args"].replace("/etc/atlas/serving/atlas-serving.args", str(args))
@@ -40,7 +40,7 @@ def test_node_side_redaction_of_env_and_args(tmp_path):
     assert "sk-secret" not in out
     ev = gather.split_sections("h", out)
     assert ev.text("env") == "VLLM_API_KEY=<redacted>\nHF_HUB_OFFLINE=1"
-    assert ev.text("args").splitlines() == ["bin/python", "--api-key", "<redacted>", "--port", "30000",
+    assert ev.text("args").splitlines() == ["bin/python", "--api-key", "<redacted>", "<redacted>", "--port", "30000",
                                             "--api-key=<redacted>"]
 
 

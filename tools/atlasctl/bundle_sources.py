@@ -89,6 +89,10 @@ def pip_step(entry: dict) -> tuple[str, Step]:
     if not name or not isinstance(reqs, list) or not reqs or not isinstance(targets, list) or not targets:
         raise UsageError(f"pip entry {entry!r}: needs set, requirements (list) and targets "
                          "([{platform: manylinux2014_aarch64, python: '3.11'}])")
+    for target in targets:
+        if not isinstance(target, dict) or not target.get("platform") or not target.get("python"):
+            raise UsageError(f"pip entry {name!r}: each target is a mapping with platform and python, not "
+                             f"{target!r}", fix="write e.g. {platform: manylinux2014_aarch64, python: '3.11'}")
 
     def run(out: Path) -> None:
         dest = out / "wheels" / name

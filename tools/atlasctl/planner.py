@@ -19,6 +19,7 @@ import yaml
 
 from atlasctl.collection import ensure_on_path, module_utils
 from atlasctl.errors import UsageError
+from atlasctl.inputs import read_text
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE_DIR = REPO / "roles/serving/vars/profiles"
@@ -137,7 +138,11 @@ def model_config(model: str, model_dir: Path | None = None) -> dict[str, Any]:
     if not path.is_file():
         raise UsageError(f"no config.json for model {model!r} at {path}",
                          fix=f"pass --model-dir DIR, or add {MODEL_DATA_DIR}/{model}/config.json")
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        return json.loads(read_text(path, "model config"))
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"model config {path}: not valid JSON ({exc})",
+                         fix="restore the model's config.json from its source") from None
 
 
 @dataclass
@@ -151,10 +156,19 @@ def plan_profile(name: str, npu_count: int | None = None, hbm_mb: int | None = N
                  model_dir: Path | None = None, reserve_gib: float | None = None) -> PlanRow:
     """The memory plan of ``name`` on its declared hardware (or ``npu_count`` x ``hbm_mb``)."""
     memplan = module_utils("memplan")
+    try:
+        return _plan_profile(memplan, name, npu_count, hbm_mb, model_dir, reserve_gib)
+    except memplan.PlanError as exc:
+        text = str(exc)
+        raise UsageError(f"config plan {text if text.startswith(name + ':') else f'{name}: {text}'}") from None
+
+
+def _plan_profile(memplan, name: str, npu_count: int | None, hbm_mb: int | None, model_dir: Path | None,
+                  reserve_gib: float | None) -> PlanRow:
     profile = load_profile(name)
     hardware = dict(profile.get("hardware") or {})
-    count = npu_count or hardware.get("npu_count")
-    hbm = hbm_mb or hardware.get("hbm_mb")
+    count = npu_count if npu_count is not None else hardware.get("npu_count")
+    hbm = hbm_mb if hbm_mb is not None else hardware.get("hbm_mb")
     if not (count and hbm) or (model_dir is None and not (MODEL_DATA_DIR / str(profile.get("model"))).is_dir()):
         return PlanRow(name, skipped="hardware or model comes from the inventory and bundle (preflight plans it)")
     config = model_config(str(profile.get("model")), model_dir)

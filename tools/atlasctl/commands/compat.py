@@ -7,11 +7,10 @@ import importlib
 import json
 from pathlib import Path
 
-import yaml
-
 from atlasctl import exitcodes
 from atlasctl.collection import ensure_on_path
 from atlasctl.errors import UsageError
+from atlasctl.inputs import load_yaml
 
 FIELDS = ("cann", "engine", "engine_version", "python", "torch", "torch_npu", "vllm")
 
@@ -35,9 +34,10 @@ def _compat():
 def _check(args: argparse.Namespace) -> int:
     compat = _compat()
     path = args.table or Path(compat.default_table_path())
+    data = load_yaml(path, "compatibility table", fix="pass --table with a table like the collection's data/compat.yml")
     try:
-        table = compat.check_table(yaml.safe_load(path.read_text()))
-    except (OSError, yaml.YAMLError, compat.CompatTableError) as exc:
+        table = compat.check_table(data)
+    except compat.CompatTableError as exc:
         raise UsageError(f"compatibility table {path}: {exc}") from None
     plan = {f: getattr(args, f) for f in FIELDS if getattr(args, f)}
     verdict = compat.evaluate(plan, table)

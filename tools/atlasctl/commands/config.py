@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 from atlasctl import exitcodes, planner
 from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
+from atlasctl.inputs import read_text
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -100,7 +102,7 @@ def _mask_args(text: str) -> str:
 
 def _read_env_file(path: Path) -> dict[str, str]:
     env = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in read_text(path, "--env-file", fix="pass a rendered .env file (KEY=value lines)").splitlines():
         if line.strip() and not line.startswith("#") and "=" in line:
             key, value = line.split("=", 1)
             env[key] = value[1:-1] if value.startswith('"') and value.endswith('"') else value
@@ -113,10 +115,14 @@ def run_lint(args: argparse.Namespace) -> int:
     if args.argv_file:
         if not args.release:
             raise UsageError("--argv-file needs --release", fix="e.g. --release vllm-ascend-0.11.0")
-        argv = [line for line in args.argv_file.read_text(encoding="utf-8").splitlines()
-                if line and not line.startswith("#")]
+        argv = lint.args_file_argv(read_text(args.argv_file, "--argv-file",
+                                             fix="pass a rendered .args file (one argument per line)"))
         env = _read_env_file(args.env_file) if args.env_file else {}
-        results[str(args.argv_file)] = lint.lint(argv, env, args.release)
+        try:
+            results[str(args.argv_file)] = lint.lint(argv, env, args.release)
+        except lint.LintError as exc:
+            raise UsageError(f"--release {args.release}: {exc}", fix="pass one of " + ", ".join(
+                lint.known_releases(lint.schema_dir_default()))) from None
     else:
         for name in args.profiles or planner.profile_names():
             results[name] = planner.lint_profile(name)
@@ -130,7 +136,20 @@ def run_lint(args: argparse.Namespace) -> int:
     return exitcodes.FAILED if any(results.values()) else exitcodes.OK
 
 
+def _check_plan_args(args: argparse.Namespace) -> None:
+    for flag, value in (("--npus", args.npus), ("--hbm-mb", args.hbm_mb)):
+        if value is not None and value < 1:
+            raise UsageError(f"config plan {flag} {value}: must be a positive whole number",
+                             fix=f"pass e.g. {flag} {8 if flag == '--npus' else 65536}, or omit it for the "
+                                 "profile's hardware")
+    reserve = args.reserve_gib
+    if reserve is not None and not (math.isfinite(reserve) and reserve >= 0):
+        raise UsageError(f"config plan --reserve-gib {reserve}: must be a finite number of GiB >= 0",
+                         fix="pass e.g. --reserve-gib 2, or omit it for the default")
+
+
 def run_plan(args: argparse.Namespace) -> int:
+    _check_plan_args(args)
     rows = [planner.plan_profile(n, args.npus, args.hbm_mb, args.model_dir, args.reserve_gib)
             for n in (args.profiles or planner.profile_names())]
     if args.json:

@@ -121,6 +121,10 @@ def verify_model(
     progress=None,
 ):
     """Verify root against its checksum sources. stamps "" = default path, None = no stamps."""
+    if not os.path.isdir(root):
+        what = "is not a directory" if os.path.exists(root) else "does not exist"
+        raise UsageError(f"models verify: model directory {root} {what}",
+                         fix="pass the directory that holds the model files (config.json, *.safetensors)")
     sources = sources or default_sources(root)
     if not sources:
         raise UsageError(

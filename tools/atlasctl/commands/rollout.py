@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
-import yaml
-
 from atlasctl import exitcodes, rollout
 from atlasctl.errors import UsageError
+from atlasctl.inputs import load_yaml, parse_yaml
+
+# Release ids name directories on the nodes (releases/<id>) and report files here: one path component.
+RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,12 +41,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 def check_vars_files(files: list[Path]) -> list[Path]:
     """The --vars files, each an existing YAML mapping (read here only to check it)."""
     for path in files:
-        if not path.is_file():
-            raise UsageError(f"--vars {path} does not exist", fix="pass a YAML file of release variables")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_yaml(path, "--vars", fix="pass a YAML file of release variables (`key: value` lines)") or {}
         if not isinstance(data, dict):
             raise UsageError(f"--vars {path} is not a mapping", fix="write `key: value` lines")
     return [path.resolve() for path in files]
+
+
+def check_release(release: str) -> str:
+    """A release id that is one safe path component (it becomes a directory on every node)."""
+    if not RELEASE_ID.match(release) or ".." in release:
+        raise UsageError(f"--release {release!r}: a release id is one name of letters, digits and . _ + - "
+                         "(no '/', no '..', at most 128 characters): it becomes a directory on the nodes",
+                         fix="e.g. --release bank-2026.12.0")
+    return release
 
 
 def extravars(pairs: list[str]) -> dict:
@@ -52,7 +62,7 @@ def extravars(pairs: list[str]) -> dict:
         key, sep, value = pair.partition("=")
         if not sep or not key.isidentifier():
             raise UsageError(f"-e {pair!r} is not KEY=VALUE", fix="e.g. -e serving_lint_override=true")
-        out[key] = yaml.safe_load(value)
+        out[key] = parse_yaml(value, f"-e {key}", fix="quote the value, e.g. -e 'key=\"text\"'")
     return out
 
 
@@ -72,6 +82,7 @@ def _summary(report: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_release(args.release)
     variables, files = extravars(args.extra), check_vars_files(args.vars)
     out = sys.stdout if sys.stdout.isatty() and not args.json else None
     try:

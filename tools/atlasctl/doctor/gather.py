@@ -1,8 +1,8 @@
 """One SSH round trip per host: a shell script prints every evidence section between markers.
 
-Secrets stay on the node: the env file's ``*_API_KEY`` values and the value after ``--api-key``
-in the args file are replaced by ``<redacted>`` there (sed), the engine's environ is filtered to
-``ASCEND_*`` variables, and the HTTP probes send no key.
+Secrets stay on the node: the env file's ``*_API_KEY`` values and the values after ``--api-key``
+in the args file (every one: vLLM's takes several) are replaced by ``<redacted>`` there (sed), the
+engine's environ is filtered to ``ASCEND_*`` variables, and the HTTP probes send no key.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ SECTIONS: tuple[tuple[str, str], ...] = (
     ("record", "cat /etc/atlas/serving/atlas-serving.json"),
     ("modes", "stat -L -c '%n %a %U %G' /etc/atlas/serving/atlas-serving.env /etc/atlas/serving/atlas-serving.args"),
     ("env", r"sed -E 's/^([A-Z0-9_]*API_KEY=).*/\1<redacted>/' /etc/atlas/serving/atlas-serving.env"),
-    ("args", r"sed -E -e '/^--api-key$/{n;s/.*/<redacted>/}' -e 's/^(--api-key=).*/\1<redacted>/' "
+    ("args", r"sed -E -e '/^--api-key$/,/^--/{/^--/!s/.*/<redacted>/}' -e 's/^(--api-key=).*/\1<redacted>/' "
              "/etc/atlas/serving/atlas-serving.args"),
     ("environ", "pid=$(systemctl show -p MainPID --value atlas-serving.service); "
                 "[ \"${pid:-0}\" != 0 ] || { echo 'atlas-serving has no main process'; exit 3; }; "

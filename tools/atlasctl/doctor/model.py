@@ -15,20 +15,45 @@ SEVERITIES = (ERROR, WARNING, INFO)
 # the second line of defence for anything an engine prints (SGLang logs its ServerArgs,
 # vLLM its non-default args).
 REDACTED = "<redacted>"
-_SECRET_PATTERNS = (
-    re.compile(r"(?i)((?:VLLM|SGLANG|OPENAI)_API_KEY\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|\S+)"),
-    re.compile(r"(?i)(--api[-_]key(?:=|\s+))(\"[^\"]*\"|'[^']*'|\S+)"),
-    re.compile(r"(?i)(['\"]?api_key['\"]?\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,)]+)"),
-    re.compile(r"(?i)(authorization:\s*bearer\s+)(\S+)"),
-)
+_NAME = r"(?:\b\w*?_)?api[-_]key"  # api_key, api-key, VLLM_API_KEY, SGLANG_API_KEY, OPENAI_API_KEY, ...
+_QUOTED = r"\"[^\"\n]*\"|'[^'\n]*'"
+_EMPTY = frozenset(["None", "null", "''", '""', "[]"])
+# --api-key k1 'k2' "k3" (vLLM's --api-key takes several); --api-key=k; the .args form, one value per line
+_CLI_WORDS = re.compile(rf"(?i)(--api[-_]key)((?:[ \t]+(?:{_QUOTED}|[^-\s'\"]\S*))+)")
+_CLI_EQ = re.compile(rf"(?i)(--api[-_]key=)({_QUOTED}|\S+)")
+_CLI_LINES = re.compile(r"(?im)^([ \t]*--api[-_]key[ \t]*)((?:\n(?![ \t]*-)[^\n]*)+)")
+# VLLM_API_KEY=k, api_key: k, "api_key": "k", api_key='k' (a repr), api_key: [k1, k2], api_key=['k1', 'k2']
+_ASSIGN = re.compile(rf"(?i)((?<![-\w])['\"]?{_NAME}['\"]?[ \t]*[=:][ \t]*)(\[[^\]\n]*\]|{_QUOTED}|[^\s,)}}\]]+)")
+# api_key:\n  - k1\n  - k2 (a YAML block list)
+_BLOCK = re.compile(rf"(?im)^([ \t]*['\"]?{_NAME}['\"]?[ \t]*:[ \t]*)((?:\n[ \t]*-[ \t]+[^\n]*)+)")
+_BEARER = re.compile(r"(?i)(authorization:\s*bearer\s+)(\S+)")
+
+
+def _hide(match: re.Match) -> str:
+    return match.group(1) + (match.group(2) if match.group(2) in _EMPTY else REDACTED)
+
+
+def _hide_words(match: re.Match) -> str:
+    words = re.findall(rf"[ \t]+|{_QUOTED}|\S+", match.group(2))
+    return match.group(1) + "".join(w if not w.strip() else REDACTED for w in words)
+
+
+def _hide_lines(match: re.Match) -> str:
+    lines = match.group(2).split("\n")
+    hidden = [re.sub(r"^([ \t]*-[ \t]+)?.*", lambda m: (m.group(1) or "") + REDACTED, line) if line.strip()
+              else line for line in lines[1:]]
+    return match.group(1) + "\n".join(["", *hidden])
 
 
 def redact(text: str) -> str:
-    """``text`` with every API-key-shaped value replaced by ``<redacted>``."""
-    for pattern in _SECRET_PATTERNS:
-        text = pattern.sub(lambda m: m.group(1) + (REDACTED if m.group(2) not in ("None", "''", '""')
-                                                  else m.group(2)), text)
-    return text
+    """``text`` with every API key replaced by ``<redacted>``, however it is written (flags, variables,
+    YAML/JSON/repr values, lists of keys)."""
+    text = _BLOCK.sub(_hide_lines, text)
+    text = _CLI_LINES.sub(_hide_lines, text)
+    text = _CLI_EQ.sub(_hide, text)
+    text = _CLI_WORDS.sub(_hide_words, text)
+    text = _ASSIGN.sub(_hide, text)
+    return _BEARER.sub(_hide, text)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,7 +51,7 @@ def env_file(text: str) -> dict[str, str]:
 
 def argv(text: str) -> list[str]:
     """The rendered args file (one argument per line, ``#`` lines skipped, as the launcher reads it)."""
-    return [line for line in text.splitlines() if line and not line.startswith("#")]
+    return module_utils("engine_lint").args_file_argv(text)
 
 
 def flag(args: list[str], *names: str) -> str | None:

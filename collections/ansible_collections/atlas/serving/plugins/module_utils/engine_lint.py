@@ -7,8 +7,11 @@ Standard library only (runs in filters, modules and atlasctl). Data, not code, s
                              extracted from the pinned release's source (atlasctl config schema refresh)
 ``schemas/platform-env.json`` variables the Ascend platform and common libraries read, with value patterns
 ``schemas/fictions.json``     the seed article's fictional or invalid settings with the real alternative
+``schemas/ranges.json``       value ranges the engine itself enforces, with the pinned source's file:line
 
-Unknown flags and unknown environment variables are errors. Secret values (``--api-key``,
+Unknown flags and unknown environment variables are errors; so is a value the rendered one-argument-per-line
+``.args`` file cannot carry (a control character such as a newline adds lines, a leading ``#`` makes the
+launcher skip it). Secret values (``--api-key``,
 ``VLLM_API_KEY``) never appear in a message.
 """
 
@@ -46,7 +49,7 @@ def _read_json(path):
 
 
 def known_releases(schema_dir):
-    skip = {"platform-env.json", "fictions.json"}
+    skip = {"platform-env.json", "fictions.json", "ranges.json"}
     return sorted(n[:-5] for n in os.listdir(schema_dir) if n.endswith(".json") and n not in skip)
 
 
@@ -59,6 +62,50 @@ def load(release, schema_dir=None):
     platform = _read_json(os.path.join(schema_dir, "platform-env.json"))
     fictions = _read_json(os.path.join(schema_dir, "fictions.json"))
     return schema, platform, fictions
+
+
+def load_ranges(release, schema_dir=None):
+    """{dest: range entry} of ``release`` from ``schemas/ranges.json`` (empty when none is verified)."""
+    path = os.path.join(schema_dir or schema_dir_default(), "ranges.json")
+    if not os.path.exists(path):
+        return {}
+    entries = _read_json(path).get("releases", {}).get(str(release), {}).get("ranges", [])
+    return {entry["dest"]: entry for entry in entries}
+
+
+_BOUNDS = (("gt", ">", lambda v, b: v > b), ("ge", ">=", lambda v, b: v >= b),
+           ("lt", "<", lambda v, b: v < b), ("le", "<=", lambda v, b: v <= b))
+
+
+def _range_error(flag_name, value, entry, release):
+    try:
+        number = float(str(value).replace("_", ""))
+    except ValueError:
+        return None
+    if all(test(number, entry[key]) for key, _sign, test in _BOUNDS if key in entry) and number == number:
+        return None
+    bounds = " and ".join(f"value {sign} {entry[key]:g}" for key, sign, _test in _BOUNDS if key in entry)
+    return (f"`{flag_name} {value}` is out of range for {release}: the engine requires {bounds} "
+            f"({entry['source']})")
+
+
+def _line_safety(argv):
+    """Findings for tokens the ``.args`` file cannot carry: control characters (a newline makes extra
+    arguments), and values starting with ``#`` (the launcher skips such lines: the value vanishes)."""
+    findings, flag = [], "the command"
+    for token in [str(t) for t in argv]:
+        if token.startswith("--"):
+            flag = token.partition("=")[0]
+        bad = [c for c in token if ord(c) < 32 or ord(c) == 127]
+        if bad:
+            findings.append(_finding("value", flag, f"`{flag}` has a control character (U+{ord(bad[0]):04X}) in "
+                                     "its value: the .args file holds one argument per line, so it would "
+                                     "split into extra arguments; remove it"))
+        elif token.startswith("#"):
+            findings.append(_finding("value", flag, f"`{flag}` has a value starting with '#': the launcher "
+                                     "skips .args lines starting with '#', so the value would vanish; change the "
+                                     f"value, or in an .args file write `{flag}=<value>`"))
+    return findings
 
 
 def _flag_table(schema):
@@ -90,6 +137,12 @@ def _finding(kind, subject, message):
     return {"kind": kind, "subject": subject, "message": message}
 
 
+def args_file_argv(text):
+    """The argv in a rendered ``.args`` file as the launcher reads it: one argument per ``\\n``-separated
+    line, lines starting with ``#`` skipped (empty lines are dropped here too)."""
+    return [line for line in str(text).split("\n") if line and not line.startswith("#")]
+
+
 def split_argv(argv):
     """[(flag, [values])] from an argv: everything before the first ``--x`` is the command."""
     pairs, current = [], None
@@ -103,7 +156,7 @@ def split_argv(argv):
     return pairs
 
 
-def _check_value(flag_name, spec, values, release, engine, fictions):
+def _check_value(flag_name, spec, values, release, engine, fictions, value_range=None):
     shown = "<secret>" if flag_name in SECRET_FLAGS else " ".join(values)
     action = spec.get("action") or "store"
     if action in _BOOL_ACTIONS:
@@ -125,6 +178,10 @@ def _check_value(flag_name, spec, values, release, engine, fictions):
             errors.append("`{} {}` is not a choice in {}: {}".format(flag_name, shown, release, ", ".join(choices)))
         elif not _type_ok(spec.get("type"), value, spec.get("nullable")):
             errors.append("`{} {}` is not a valid {} for {}".format(flag_name, shown, spec.get("type"), release))
+        elif value_range is not None and flag_name not in SECRET_FLAGS:
+            error = _range_error(flag_name, value, value_range, release)
+            if error:
+                errors.append(error)
     return errors
 
 
@@ -143,11 +200,15 @@ def _type_ok(kind, value, nullable):
     return True
 
 
-def lint_flags(argv, schema, fictions, release):
+def lint_flags(argv, schema, fictions, release, ranges=None):
     engine = schema.get("engine", "")
     table = _flag_table(schema)
-    findings = []
+    ranges = load_ranges(release) if ranges is None else ranges
+    findings = _line_safety(argv)
+    unsafe = {f["subject"] for f in findings}
     for name, values in split_argv(argv):
+        if name in unsafe:
+            continue
         lookup = name if name in table else "--" + name[2:].replace("_", "-")
         entry = _fiction(fictions, "flag", lookup, engine)
         if entry is not None and lookup not in table:
@@ -159,7 +220,7 @@ def lint_flags(argv, schema, fictions, release):
             hint = "; did you mean {}?".format(" or ".join(f"`{c}`" for c in close)) if close else ""
             findings.append(_finding("flag", name, f"`{name}` is not a {release} flag{hint}"))
             continue
-        for message in _check_value(lookup, spec, values, release, engine, fictions):
+        for message in _check_value(lookup, spec, values, release, engine, fictions, ranges.get(spec.get("dest"))):
             findings.append(_finding("value", name, message))
     return findings
 
@@ -204,4 +265,5 @@ def lint_env(env, schema, platform, fictions, release):
 def lint(argv, env, release, schema_dir=None):
     """Every finding for ``argv`` + ``env`` against ``release``; empty list when all is real."""
     schema, platform, fictions = load(release, schema_dir)
-    return lint_flags(argv, schema, fictions, release) + lint_env(env, schema, platform, fictions, release)
+    ranges = load_ranges(release, schema_dir)
+    return lint_flags(argv, schema, fictions, release, ranges) + lint_env(env, schema, platform, fictions, release)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 ALGORITHMS = ("md5", "sha256")
 HEX_LENGTHS = {"md5": 32, "sha256": 64}
+MANIFEST_FORMAT = 1
 _HEX = re.compile(r"^[0-9a-fA-F]+$")
 _TAG_LINE = re.compile(r"^(?P<alg>MD5|SHA256) \((?P<name>.*)\) = (?P<hex>[0-9a-fA-F]+)$")
 
@@ -164,7 +165,7 @@ def parse_sums(text: str, algorithm: str, source: str = "<sums>") -> dict[str, s
 
 
 def load_sums_file(path: str, algorithm: str | None = None) -> dict[str, str]:
-    text = _read_text(path)
+    text = read_text(path)
     alg = algorithm or guess_algorithm(path, text)
     return parse_sums(text, alg, source=path)
 
@@ -177,23 +178,63 @@ def _strip_prefix(path: str, prefix: str) -> str | None:
     return None
 
 
-def parse_manifest(data: object, prefix: str = "", source: str = "<manifest>") -> dict[str, Expected]:
-    """The bundle manifest ({"files": [...]}) -> {path relative to prefix: Expected}."""
+class _LongNumber:
+    """A JSON integer too long for int() (Python refuses > 4300 digits); reported, never used."""
+
+    def __init__(self, digits: str):
+        self.digits = digits
+
+    def __repr__(self) -> str:
+        return f"a {len(self.digits)}-digit number"
+
+
+def _parse_int(text: str) -> object:
+    return int(text) if len(text) <= 64 else _LongNumber(text)
+
+
+def parse_json(text: str, source: str) -> object:
+    """JSON text -> data; every way it can fail is a ManifestError naming ``source``."""
+    try:
+        return json.loads(text, parse_int=_parse_int)
+    except RecursionError:
+        raise ManifestError(f"{source}: JSON nested too deeply to be a manifest") from None
+    except ValueError as exc:
+        raise ManifestError(f"{source}: invalid JSON: {exc}") from None
+
+
+def _is_size(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def parse_manifest(
+    data: object, prefix: str = "", source: str = "<manifest>", required: tuple[str, ...] = ()
+) -> dict[str, Expected]:
+    """The bundle manifest ({"files": [...]}) -> {path relative to prefix: Expected}.
+
+    ``required`` names entry fields that must be present (``size``, ``sha256``, ``md5``); the bundle
+    verifier requires size and sha256, model lists may give either digest.
+    """
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
-        raise ManifestError(f"{source}: not a manifest: expected an object with a 'files' list")
+        got = type(data).__name__ if not isinstance(data, dict) else "an object without a 'files' list"
+        raise ManifestError(f"{source}: not a manifest: expected an object with a 'files' list, got {got}")
+    if "format" in data and (type(data["format"]) is not int or data["format"] != MANIFEST_FORMAT):
+        raise ManifestError(f"{source}: unsupported manifest format {data['format']!r} (expected {MANIFEST_FORMAT})")
     norm_prefix = posixpath.normpath(prefix.strip("/")) if prefix.strip("/") else ""
     result: dict[str, Expected] = {}
     for index, entry in enumerate(data["files"]):
         where = f"{source}: files[{index}]"
-        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        if not isinstance(entry, dict):
+            raise ManifestError(f"{where}: each entry must be an object with 'path', 'size' and digests, "
+                                f"got {type(entry).__name__}")
+        if not isinstance(entry.get("path"), str):
             raise ManifestError(f"{where}: each entry needs a 'path' string")
         full = normalize_relpath(entry["path"], where)
-        rel = _strip_prefix(full, norm_prefix)
-        if rel is None:
-            continue
+        for key in required:
+            if entry.get(key) is None:
+                raise ManifestError(f"{where} ({full}): no '{key}' given")
         size = entry.get("size")
-        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
-            raise ManifestError(f"{where}: size must be a non-negative integer, got {size!r}")
+        if size is not None and not _is_size(size):
+            raise ManifestError(f"{where} ({full}): size must be a non-negative integer, got {size!r}")
         digests = {
             alg: normalize_digest(entry[alg], alg, f"{where} ({full})")
             for alg in ALGORITHMS
@@ -201,6 +242,9 @@ def parse_manifest(data: object, prefix: str = "", source: str = "<manifest>") -
         }
         if not digests:
             raise ManifestError(f"{where} ({full}): no md5 or sha256 given")
+        rel = _strip_prefix(full, norm_prefix)
+        if rel is None:
+            continue
         result[rel] = Expected(path=rel, size=size, **digests)
     if not result:
         hint = f" under prefix {norm_prefix!r}" if norm_prefix else ""
@@ -208,12 +252,8 @@ def parse_manifest(data: object, prefix: str = "", source: str = "<manifest>") -
     return result
 
 
-def load_manifest(path: str, prefix: str = "") -> dict[str, Expected]:
-    try:
-        data = json.loads(_read_text(path))
-    except json.JSONDecodeError as exc:
-        raise ManifestError(f"{path}: invalid JSON: {exc}") from exc
-    return parse_manifest(data, prefix=prefix, source=path)
+def load_manifest(path: str, prefix: str = "", required: tuple[str, ...] = ()) -> dict[str, Expected]:
+    return parse_manifest(parse_json(read_text(path), path), prefix=prefix, source=path, required=required)
 
 
 def merge_expected(
@@ -250,8 +290,8 @@ def load_expected(paths: list[str], prefix: str = "") -> dict[str, Expected]:
     manifests: list[dict[str, Expected]] = []
     digest_maps: dict[str, dict[str, str]] = {}
     for path in paths:
-        text = _read_text(path)
-        if text.lstrip().startswith("{"):
+        text = read_text(path)
+        if text.lstrip().startswith(("{", "[")):
             manifests.append(load_manifest(path, prefix))
             continue
         alg = guess_algorithm(path, text)
@@ -286,13 +326,16 @@ def render_manifest(entries: list[dict], name: str | None = None) -> str:
     return json.dumps(doc, indent=2, sort_keys=False) + "\n"
 
 
-def _read_text(path: str) -> str:
+def read_text(path: str) -> str:
     try:
         with open(path, encoding="utf-8", newline="") as handle:
             return handle.read()
     except FileNotFoundError as exc:
         raise ManifestError(f"{path}: checksum file not found") from exc
+    except IsADirectoryError as exc:
+        raise ManifestError(f"{path}: is a directory, not a checksum file") from exc
     except UnicodeDecodeError as exc:
-        raise ManifestError(f"{path}: not UTF-8 text ({exc})") from exc
+        byte = exc.object[exc.start]
+        raise ManifestError(f"{path}: not UTF-8 text (byte 0x{byte:02x} at offset {exc.start})") from exc
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read: {exc.strerror}") from exc

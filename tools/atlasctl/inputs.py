@@ -1,0 +1,49 @@
+"""Read the files a user hands to atlasctl; anything unusable is one UsageError naming the file and the problem.
+
+Every command reads its input files through here (text, YAML), so a missing file, a directory, a file
+that is not UTF-8, YAML that does not parse or nests without end is the same one line everywhere:
+``<what> <path>: <problem>`` with a fix, exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from atlasctl.errors import UsageError
+
+
+def read_text(path: Path | str, what: str, fix: str | None = None) -> str:
+    """The UTF-8 text of ``path``; ``what`` names the input in the message (e.g. ``--argv-file``)."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{what} {path} does not exist", fix=fix) from None
+    except IsADirectoryError:
+        raise UsageError(f"{what} {path} is a directory, not a file", fix=fix) from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{what} {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+                         f"{exc.start})", fix=fix or "save the file as UTF-8") from None
+    except OSError as exc:
+        raise UsageError(f"{what} {path}: cannot read it: {exc.strerror or exc}", fix=fix) from None
+
+
+def parse_yaml(text: str, where: str, fix: str | None = None) -> object:
+    """``yaml.safe_load`` with its errors as one line (``where`` names the input)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        place = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        raise UsageError(f"{where}: not valid YAML: {place}{exc.problem or exc.context}", fix=fix) from None
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{where}: not valid YAML: {' '.join(str(exc).split())}", fix=fix) from None
+    except RecursionError:
+        raise UsageError(f"{where}: nested too deeply to be a configuration file", fix=fix) from None
+
+
+def load_yaml(path: Path | str, what: str, fix: str | None = None) -> object:
+    """The YAML document in ``path`` (``None`` when it is empty)."""
+    return parse_yaml(read_text(path, what, fix), f"{what} {path}", fix)
+
