@@ -13,7 +13,8 @@ Spec keys (bundle.yml, beside the lab's ``cann``/``wheelsets``/``models``):
 ``models`` entries with ``path``: a local model directory copied to ``models/<name>/``.
 ``suite: true``: playbooks/, roles/, collections/, site.yml, ansible.cfg and
     inventory/example-bank into ``suite/``.
-``sign``: a GPG key id; ``manifest.json.asc`` is written with ``gpg --detach-sign``.
+``sign``: a GPG key id (``sign_home``: its gpg homedir); ``manifest.json.asc`` is written with
+    ``gpg --detach-sign``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from atlasctl.errors import EnvironmentProblem, UsageError
 
 Step = Callable[[Path], None]
 SUITE_ITEMS = ("playbooks", "roles", "collections", "site.yml", "ansible.cfg", "inventory/example-bank")
-SIGNATURE = "manifest.json.asc"
 
 
 def _digest(path: Path, algo: str) -> str:
@@ -134,29 +134,21 @@ def suite_step(repo: Path) -> tuple[str, Step]:
 def _gpg() -> str:
     gpg = shutil.which("gpg")
     if not gpg:
-        raise EnvironmentProblem("gpg is not installed", fix="apt-get install gnupg")
+        raise EnvironmentProblem("gpg is not installed", fix="apt-get install gnupg gpgv")
     return gpg
 
 
 def sign_manifest(root: Path, key: str, homedir: Path | None = None) -> Path:
+    """Write manifest.json.asc, a detached armored signature by ``key`` (the signing station's gpg,
+    or ``homedir``'s). Verification never uses this gpg state: see module_utils/signature.py."""
+    from atlasctl.bundle import MANIFEST, SIGNATURE
+
     sig = root / SIGNATURE
     argv = [_gpg(), "--batch", "--yes", "--local-user", key, "--armor", "--detach-sign", "--output", str(sig)]
     if homedir:
         argv[1:1] = ["--homedir", str(homedir)]
-    proc = subprocess.run([*argv, str(root / "manifest.json")], text=True, capture_output=True, check=False)
+    proc = subprocess.run([*argv, str(root / MANIFEST)], text=True, capture_output=True, check=False)
     if proc.returncode != 0:
-        raise UsageError(f"gpg could not sign {root}/manifest.json with key {key}: {proc.stderr.strip()[-400:]}")
+        raise UsageError(f"gpg could not sign {root}/{MANIFEST} with key {key}: {proc.stderr.strip()[-400:]}",
+                         fix="check the key id (gpg --list-secret-keys) and --homedir/--sign-home")
     return sig
-
-
-def verify_signature(root: Path, keyring: Path) -> str | None:
-    """None when manifest.json.asc is a good signature by a key of ``keyring``, else why not."""
-    sig = root / SIGNATURE
-    if not sig.exists():
-        return f"{sig} is missing: the bundle is not signed"
-    proc = subprocess.run([_gpg(), "--batch", "--no-default-keyring", "--keyring", str(keyring.resolve()),
-                           "--verify", str(sig), str(root / "manifest.json")],
-                          text=True, capture_output=True, check=False)
-    if proc.returncode != 0:
-        return f"{sig}: bad or untrusted signature of manifest.json: {proc.stderr.strip()[-300:]}"
-    return None
