@@ -90,9 +90,16 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _trust(args: argparse.Namespace, inventory: Path | None) -> bundle_trust.Trust:
-    """--keyring/--fingerprint/--allow-unsigned, the rest from the inventory's variables."""
-    base = bundle_trust.from_inventory(inventory) if inventory and not (args.keyring and args.fingerprint) \
-        else bundle_trust.Trust("", (), False)
+    """--keyring/--fingerprint/--allow-unsigned, the rest from the inventory's variables (the lab's
+    bundle with neither: the lab's own key, lab/signing.py)."""
+    if inventory and not (args.keyring and args.fingerprint):
+        base = bundle_trust.from_inventory(inventory)
+    elif getattr(args, "dir", "") is None and not (args.keyring or args.fingerprint):
+        from atlasctl.lab import signing
+
+        base = bundle_trust.Trust(str(signing.keyring()), (signing.ensure_key(),), False)
+    else:
+        base = bundle_trust.Trust("", (), False)
     return bundle_trust.Trust(str(args.keyring or base.keyring), tuple(args.fingerprint or base.fingerprints),
                               args.allow_unsigned or base.allow_unsigned)
 
@@ -112,6 +119,7 @@ def _check_signature(root: Path, trust: bundle_trust.Trust) -> tuple[dict, str]:
 
 def _verify(args: argparse.Namespace) -> int:
     root = args.dir or lab_dir() / "bundle"
+    bundle.read_manifest(root)  # not a bundle: a usage error naming the path
     inventory = resolve_inventory(args.inventory) if args.inventory else None
     signature, refused = _check_signature(root, _trust(args, inventory))
     bad = [] if refused else bundle.verify_bundle(root)
