@@ -28,6 +28,8 @@ SIGNATURE_NAME = "manifest.json.asc"
 UNLISTED = (MANIFEST_NAME, SIGNATURE_NAME)
 
 _FPR = re.compile(r"^[0-9A-F]{40}$")
+# What inventory/example-bank pins: a format-valid fingerprint that no key has; refused by name.
+PLACEHOLDER_FINGERPRINT = "0" * 40
 SIGN_FIX = "Sign it on the signing station: atlasctl bundle sign DIR --key <fingerprint> (docs/bundle-signing.md)"
 
 
@@ -66,6 +68,9 @@ def normalize_fingerprints(values: object, where: str = "atlas_bundle_trusted_fi
         if not _FPR.match(text):
             raise SignatureError("config", f"{where}: {value!r} is not a full 40-hex fingerprint (a short key id "
                                  "can be forged); pin the fingerprint `gpg --fingerprint <key>` prints")
+        if text == PLACEHOLDER_FINGERPRINT:
+            raise SignatureError("config", f"{where}: the example inventory's PLACEHOLDER fingerprint is pinned; "
+                                 "put your bank's signing key's fingerprint there (docs/bundle-signing.md)")
         out.append(text)
     return out
 
