@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import subprocess
 import zipfile
 from pathlib import Path
 

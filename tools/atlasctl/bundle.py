@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import posixpath
-import stat
 import zipfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -278,11 +277,11 @@ def verify_bundle(root: Path, *, workers: int | None = None) -> list[BadFile]:
     expected = {f["path"]: f for f in manifest["files"]}
     found, odd = scan_tree(root)
     present = {rel for rel in found if rel not in UNLISTED}
-    bad = [BadFile(p, "outside") for p in sorted(expected) if posixpath.normpath(p) != p
-           or p.startswith(("/", "../")) or p == ".."]
+    outside = {p for p in expected if posixpath.normpath(p) != p or p.startswith(("/", "../")) or p == ".."}
+    bad = [BadFile(p, "outside") for p in sorted(outside)]
     bad += [BadFile(p, "symlink") for p in odd]
     bad += [BadFile(p, "unexpected") for p in sorted(present - set(expected))]
-    bad += [BadFile(p, "missing") for p in sorted(set(expected) - present - set(odd)) if BadFile(p, "outside") not in bad]
+    bad += [BadFile(p, "missing") for p in sorted(set(expected) - present - set(odd) - outside)]
 
     def check(rel: str) -> BadFile | None:
         want = expected[rel]
@@ -298,7 +297,7 @@ def verify_bundle(root: Path, *, workers: int | None = None) -> list[BadFile]:
         return None
 
     with ThreadPoolExecutor(max_workers=workers or min(4, os.cpu_count() or 1)) as pool:
-        bad += [b for b in pool.map(check, sorted(present & set(expected))) if b]
+        bad += [b for b in pool.map(check, sorted(present & set(expected) - outside)) if b]
     return bad
 
 

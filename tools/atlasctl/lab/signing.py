@@ -69,8 +69,8 @@ def ensure_key() -> str:
         _stop_agent()
         fingerprint = _secret_fingerprint()
         if not fingerprint:
-            raise EnvironmentProblem(f"gpg could not create the lab signing key in {home}: {made.stderr.strip()[-400:]}",
-                                     fix=f"remove {signing_dir()} and run again")
+            raise EnvironmentProblem(f"gpg could not create the lab signing key in {home}: "
+                                     f"{made.stderr.strip()[-400:]}", fix=f"remove {signing_dir()} and run again")
     if not keyring().is_file():
         exported = _gpg("--export", fingerprint, text=False)
         if exported.returncode != 0 or not exported.stdout:

@@ -82,7 +82,9 @@ primary_fingerprint:
   returned: success
   type: str
 reason:
-  description: On failure, one word (unsigned, bad, revoked, expired-key, expired-signature, unknown-key, untrusted, config).
+  description: >-
+    On failure, one word (unsigned, bad, revoked, expired-key, expired-signature, unknown-key,
+    untrusted, config).
   returned: failure
   type: str
 """
