@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 module: bundle_signature
 short_description: Verify a bundle manifest's detached GPG signature against pinned fingerprints
 description:
-  - Runs on the controller (C(delegate_to: localhost)) over the bytes of a node's C(manifest.json) and
+  - Runs on the controller (delegated to localhost) over the bytes of a node's C(manifest.json) and
     C(manifest.json.asc) read with M(ansible.builtin.slurp).
   - gpg runs with a throwaway C(--homedir) and C(--no-options); the public keys come from O(keyring) on the
     controller, never from the bundle or the user's C(~/.gnupg). The decision is read from gpg's C(--status-fd).
