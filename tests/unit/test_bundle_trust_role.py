@@ -60,7 +60,8 @@ def signer(tmp_path_factory: pytest.TempPathFactory):
 
 def play(tmp: Path, extra: dict, *args: str) -> tuple[int, str]:
     (tmp / "play.yml").write_text(PLAYBOOK)
-    (tmp / "inventory.ini").write_text(f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
+    (tmp / "inventory.ini").write_text(
+        f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
            "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-tmp"),
            "ANSIBLE_STDOUT_CALLBACK": "default"}
