@@ -133,9 +133,7 @@ def _verify(args: argparse.Namespace) -> int:
     if args.json:
         return exitcodes.FAILED if bad else exitcodes.OK
     if bad:
-        print(f"bundle {root}: {len(bad)} problem(s); do not install from it", file=sys.stderr)
-        for b in bad:
-            print(f"  {b.describe()}", file=sys.stderr)
+        _print_problems(root, bad, "do not install from it")
     else:
         count = len(bundle.read_manifest(root)["files"])
         who = f"signed by {signature['primary_fingerprint']}" if signature.get("signed") else "NOT signature-checked"
@@ -143,13 +141,17 @@ def _verify(args: argparse.Namespace) -> int:
     return exitcodes.FAILED if bad else exitcodes.OK
 
 
+def _print_problems(root: Path, bad: list[bundle.BadFile], consequence: str) -> None:
+    print(f"bundle {root}: {len(bad)} problem(s); {consequence}", file=sys.stderr)
+    for b in bad:
+        print(f"  {b.describe()}", file=sys.stderr)
+
+
 def _sign(args: argparse.Namespace) -> int:
     root = args.dir
     bad = bundle.verify_bundle(root)
     if bad:
-        print(f"bundle {root}: {len(bad)} problem(s); not signing it", file=sys.stderr)
-        for b in bad:
-            print(f"  {b.describe()}", file=sys.stderr)
+        _print_problems(root, bad, "not signing it")
         return exitcodes.FAILED
     from atlasctl.bundle_sources import sign_manifest
 
@@ -168,9 +170,7 @@ def _push(args: argparse.Namespace) -> int:
         return exitcodes.FAILED
     bad = bundle.verify_bundle(src)
     if bad:
-        print(f"bundle {src}: {len(bad)} problem(s); not pushing it", file=sys.stderr)
-        for b in bad:
-            print(f"  {b.describe()}", file=sys.stderr)
+        _print_problems(src, bad, "not pushing it")
         return exitcodes.FAILED
     targets = bundle_push.inventory_targets(inventory, args.limit)
     results = bundle_push.push(src, targets, args.dest)
