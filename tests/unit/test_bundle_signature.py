@@ -276,3 +276,14 @@ def test_zip_members_are_recorded(tmp_path):
     assert entry["members"] == [{"path": "k.run", "size": 7, "sha256": hashlib.sha256(b"payload").hexdigest()}]
     assert not (root / ".atlas-manifest-cache.json").exists()
     assert os.path.exists(bundle.stat_cache_path(root))
+
+
+def test_build_refuses_a_model_source_with_a_symlink(tmp_path, capsys):
+    src = tmp_path / "model"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "weights.safetensors").symlink_to("/etc/hostname")
+    spec = tmp_path / "b.yml"
+    spec.write_text(f"name: t\nmodels:\n  - {{name: m, path: {src}}}\n")
+    assert cli.main(["bundle", "build", "--spec", str(spec), "--out", str(tmp_path / "out")]) == exitcodes.USAGE
+    assert "weights.safetensors" in capsys.readouterr().err

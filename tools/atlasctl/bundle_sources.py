@@ -61,6 +61,9 @@ def huawei_step(src_dir: Path, name: str) -> tuple[str, Step]:
 
     def run(out: Path) -> None:
         src = src_dir / name
+        if src.is_symlink():
+            raise UsageError(f"{src} is a symlink; a bundle is built from regular files only",
+                             fix=f"copy the package itself into {src_dir}")
         if not src.is_file():
             raise UsageError(f"{src} does not exist", fix=f"download {name} into {src_dir} or fix huawei_dir")
         vendor_side_check(src)
@@ -112,6 +115,13 @@ def model_dir_step(model: dict) -> tuple[str, Step]:
     def run(out: Path) -> None:
         if not src.is_dir():
             raise UsageError(f"model {name}: {src} is not a directory", fix="fix the model's path in the spec")
+        from atlasctl.bundle import scan_tree
+
+        _files, links = scan_tree(src)
+        if links:
+            raise UsageError(f"model {name}: {src} holds symlinks or special files, not followed: "
+                             f"{', '.join(links[:10])}", fix="copy the model with its files resolved (cp -rL, or "
+                             "huggingface-cli download --local-dir) and point the spec there")
         shutil.copytree(src, out / "models" / name, dirs_exist_ok=True, copy_function=shutil.copy2)
 
     return f"model {name} from {src}", run
