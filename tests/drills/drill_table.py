@@ -356,6 +356,7 @@ def corrupted_shard() -> Outcome:
 def tampered_cann() -> Outcome:
     from atlasctl.bundle import write_manifest
     from atlasctl.lab.paths import bundle_dir
+    from atlasctl.lab.signing import sign_bundle
 
     expect, node = Expect(), SCRATCH
     before = cann_versions(node)
@@ -365,6 +366,7 @@ def tampered_cann() -> Outcome:
     for path in (bundle_dir() / "cann").glob(f"*_{OTHER_CANN}_*"):
         shutil.copy2(path, root / "cann" / path.name)
     write_manifest(root, "drill")
+    sign_bundle(root)  # a signed manifest: the tampered file itself is what the role must catch
     toolkit = next(root.glob(f"cann/Ascend-cann-toolkit_{OTHER_CANN}_*"))
     flip_byte(toolkit)
     try:

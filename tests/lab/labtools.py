@@ -210,6 +210,7 @@ def new_model_version(host: str, *, corrupt: bool, on_node: str = "/var/lib/atla
     from atlasctl import bundle
     from atlasctl.cli import main as atlasctl_main
     from atlasctl.lab.paths import bundle_dir
+    from atlasctl.lab.signing import sign_bundle
 
     root = node_path(host, on_node)
     shutil.rmtree(root, ignore_errors=True)
@@ -227,6 +228,7 @@ def new_model_version(host: str, *, corrupt: bool, on_node: str = "/var/lib/atla
         (model / sums).unlink()
     assert atlasctl_main(["models", "manifest", str(model), "--format", "sums"]) == 0
     bundle.write_manifest(root, "test")
+    sign_bundle(root)  # signatures are required: the lab's own key (lab/signing.py)
     if corrupt:
         shard = model / "model-00001-of-00002.safetensors"
         data = bytearray(shard.read_bytes())

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from atlasctl.bundle import write_manifest
+from atlasctl.lab.signing import sign_bundle
 from labtools import ENV, ROOT, atlasctl, cann_versions, playbook
 
 pytestmark = pytest.mark.lab
@@ -101,6 +102,7 @@ def small_bundle(fresh_lab, tmp_path_factory) -> Path:
         shutil.copy2(path, root / "cann" / path.name)
     shutil.copytree(LAB_BUNDLE / "wheels/sglang-standin-0.5.6", root / "wheels/sglang-standin-0.5.6")
     write_manifest(root, "small")
+    sign_bundle(root)  # signatures are required: the lab's own key (lab/signing.py)
     return root
 
 

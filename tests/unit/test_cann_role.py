@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from atlasctl.bundle import write_manifest
 from atlasctl.labkit.cann_run import build_cann_packages
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,14 +40,9 @@ def sha256(path: Path) -> str:
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("bundle")
-    files = []
     for version in VERSIONS:
-        for path in build_cann_packages(root / "cann", version):
-            rel = path.relative_to(root).as_posix()
-            digest = hashlib.md5(path.read_bytes()).hexdigest()
-            entry = {"path": rel, "size": path.stat().st_size, "sha256": sha256(path), "md5": digest}
-            files.append(entry | {"kind": "cann", "version": version})
-    (root / "manifest.json").write_text(json.dumps({"format": 1, "name": "test", "files": files}))
+        build_cann_packages(root / "cann", version)
+    write_manifest(root, "test")  # records the 7.0.RC1 zip's member too
     return root
 
 
@@ -63,8 +59,11 @@ class Node:
             f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n"
         )
 
-    def play(self, version: str, *extra: str, bundle: Path | None = None) -> subprocess.CompletedProcess:
+    def play(self, version: str, *extra: str, bundle: Path | None = None,
+             verified: str | None = None) -> subprocess.CompletedProcess:
         extra_vars = {
+            # what preflight's signature check (roles/bundle_trust) sets: the verified manifest's sha256
+            "atlas_bundle_manifest_sha256": verified or sha256((bundle or self.bundle) / "manifest.json"),
             "cann_version": version,
             "cann_bundle_dir": str(bundle or self.bundle),
             "cann_install_path": str(self.install_path),
@@ -204,3 +203,25 @@ def test_bad_version_fails_before_touching_the_node(node: Node) -> None:
     result = node.play("8.3")
     assert result.returncode != 0
     assert "is not a CANN release name" in result.stdout
+
+
+def test_manifest_swapped_after_verification_is_refused_on_the_node(node: Node, bundle: Path, tmp_path: Path) -> None:
+    copy = _bundle_copy(bundle, tmp_path)
+    result = node.play("8.3.RC1", bundle=copy, verified="0" * 64)
+    out = " ".join(result.stdout.split())
+    assert result.returncode != 0
+    assert "is not the manifest whose signature was verified" in out and str(copy / "manifest.json") in out
+    assert not (node.install_path / "ascend-toolkit").exists()
+
+
+def test_extracted_run_is_checked_against_the_zip_member_before_it_runs(node: Node, bundle: Path) -> None:
+    kernels = next((bundle / "cann").glob("*kernels*7.0.RC1*.zip"))
+    stem = kernels.name.removesuffix(".zip")
+    planted = node.tmp / "work" / "7.0.RC1" / stem / f"{stem}.run"
+    planted.parent.mkdir(parents=True)
+    planted.write_text("#!/bin/sh\necho planted\n")
+    result = node.play("7.0.RC1")
+    out = " ".join(result.stdout.split())
+    assert result.returncode != 0, out[-3000:]
+    assert "does not match the manifest record" in out and "Nothing was executed" in out
+    assert "planted" not in result.stdout

@@ -25,10 +25,11 @@ def test_bundle_verify_exit_codes(tmp_path, capsys):
     pkg = tmp_path / "cann" / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run"
     pkg.write_bytes(os.urandom(1000))
     bundle.write_manifest(tmp_path, "t")
-    assert cli.main(["bundle", "verify", str(tmp_path), "--json"]) == exitcodes.OK
+    # unsigned: the explicit opt-in (signatures: test_bundle_signature.py)
+    assert cli.main(["bundle", "verify", str(tmp_path), "--json", "--allow-unsigned"]) == exitcodes.OK
     assert json.loads(capsys.readouterr().out)["ok"] is True
     pkg.write_bytes(pkg.read_bytes()[:-1] + b"\x00")
-    assert cli.main(["bundle", "verify", str(tmp_path)]) == exitcodes.FAILED
+    assert cli.main(["bundle", "verify", str(tmp_path), "--allow-unsigned"]) == exitcodes.FAILED
     err = capsys.readouterr().err
     assert "Ascend-cann-toolkit_8.5.0_linux-x86_64.run: sha256 mismatch" in err
 

@@ -275,3 +275,25 @@ def test_redact_hides_a_key_however_it_is_written(text, keys, kept):
                                   "the api key is set", "VLLM_API_KEY="])
 def test_redact_leaves_text_without_a_key_alone(text):
     assert redact(text) == text
+# --- bundle trust (inventory vars, judged on the controller) ---------------------------------------
+
+
+@pytest.mark.parametrize("hostvars, severity, words", [
+    ({"atlas_bundle_allow_unsigned": True}, "warning", "UNSIGNED bundles are accepted"),
+    ({"bundle_allow_unsigned": "yes"}, "warning", "UNSIGNED bundles are accepted"),
+    ({}, "error", "is empty"),
+    ({"atlas_bundle_trusted_fingerprints": ["DEADBEEF"]}, "error", "not a full 40-hex fingerprint"),
+])
+def test_bundle_trust_findings(hostvars, severity, words):
+    found = checks.check_bundle_trust("n1", hostvars)
+    assert [(f.check, f.severity) for f in found] == [("bundle-signature", severity)] and words in found[0].message
+    assert found[0].fix
+
+
+def test_bundle_trust_pinned_is_quiet_and_findings_reach_the_report():
+    assert checks.check_bundle_trust("n1", {"atlas_bundle_trusted_fingerprints": ["AB" * 20]}) == []
+    from atlasctl.doctor import report
+
+    extra = checks.check_bundle_trust("n1", {"atlas_bundle_allow_unsigned": True})
+    result = report.build(["n1"], {}, {}, None, 0.0, extra=extra)
+    assert [f.check for f in result.for_host("n1")] == ["bundle-signature"]

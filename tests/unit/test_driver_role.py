@@ -74,6 +74,9 @@ class FakeNode:
                       "driver_bundle_dir": str(self.bundle), "driver_install_path": str(self.root / "usr/local/Ascend"),
                       "driver_user": "root", "driver_group": "root", "driver_manage_user": False,
                       "driver_allow_reboot": False} | overrides
+        # what preflight's signature check (roles/bundle_trust) sets: the verified manifest's sha256
+        manifest = Path(extra_vars["driver_bundle_dir"]) / "manifest.json"
+        extra_vars.setdefault("atlas_bundle_manifest_sha256", hashlib.sha256(manifest.read_bytes()).hexdigest())
         cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(self.tmp / "inventory.ini"), str(self.tmp / "play.yml"),
                "-e", json.dumps(extra_vars), *extra]
         return subprocess.run(cmd, cwd=self.tmp, env=self.env, capture_output=True, text=True, timeout=300)

@@ -44,3 +44,19 @@ def test_example_bank_profile_is_shipped():
 def test_api_key_comes_from_vault_variable():
     main = (ROOT / "inventory/example-bank/group_vars/all/main.yml").read_text()
     assert re.search(r'^serving_api_key: "\{\{ vault_serving_api_key \}\}"$', main, re.M)
+
+
+def test_example_bank_pins_a_placeholder_that_refuses_until_replaced():
+    from atlasctl.collection import module_utils
+
+    sig = module_utils("signature")
+    hostvars = _inventory("inventory/example-bank")["_meta"]["hostvars"]["atlas-central-01"]
+    assert hostvars["atlas_bundle_trusted_fingerprints"] == [sig.PLACEHOLDER_FINGERPRINT]
+    assert hostvars["atlas_bundle_keyring"].startswith("/")
+    assert not hostvars.get("atlas_bundle_allow_unsigned")
+    try:
+        sig.normalize_fingerprints(hostvars["atlas_bundle_trusted_fingerprints"])
+    except sig.SignatureError as exc:
+        assert "PLACEHOLDER" in str(exc)
+    else:
+        raise AssertionError("the placeholder fingerprint was accepted")

@@ -8,9 +8,12 @@ rebuild over a 100 GB bundle hashes only what changed.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
+import posixpath
 import reprlib
+import zipfile
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,9 +22,12 @@ from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
 from atlasctl.inputs import load_yaml
 
-MANIFEST = "manifest.json"
-SIGNATURE = "manifest.json.asc"  # optional GPG detached signature; not itself in the manifest
-_KEYS = ("name", "arch", "cann", "hdk", "wheelsets", "models", "huawei_dir", "huawei", "pip", "suite", "sign")
+_LAYOUT = module_utils("signature")
+MANIFEST = _LAYOUT.MANIFEST_NAME
+SIGNATURE = _LAYOUT.SIGNATURE_NAME  # GPG detached signature of manifest.json; required unless opted out
+UNLISTED = _LAYOUT.UNLISTED  # the only files of a bundle its manifest does not list
+_KEYS = ("name", "arch", "cann", "hdk", "wheelsets", "models", "huawei_dir", "huawei", "pip", "suite", "sign",
+         "sign_home")
 FORMAT = 1
 
 
@@ -37,6 +43,7 @@ class BundleSpec:
     pip: tuple[dict, ...] = ()
     suite: bool = False
     sign: str = ""
+    sign_home: str = ""
     hdk: tuple[dict, ...] = ()  # lab doubles: {driver: 25.5.0, firmware: 7.8.0.2.212}
 
     @classmethod
@@ -49,12 +56,14 @@ class BundleSpec:
             raise UsageError(f"bundle spec {path}: unknown key(s) {', '.join(sorted(unknown))}")
         for key, kind in (("name", str), ("arch", str), ("cann", list), ("hdk", list), ("wheelsets", list),
                           ("models", list),
-                          ("huawei_dir", str), ("huawei", list), ("pip", list), ("suite", bool), ("sign", str)):
+                          ("huawei_dir", str), ("huawei", list), ("pip", list), ("suite", bool), ("sign", str),
+                          ("sign_home", str)):
             if key in data and not isinstance(data[key], kind):
                 raise UsageError(f"bundle spec {path}: '{key}' must be a {kind.__name__}")
         _check_entries(path, data)
         if data.get("arch", "x86_64") not in ("x86_64", "aarch64"):
             raise UsageError(f"bundle spec {path}: arch must be x86_64 or aarch64, not {data['arch']!r}")
+        _check_names(path, data)
         return cls(
             name=data.get("name", path.stem),
             arch=data.get("arch", "x86_64"),
@@ -66,6 +75,7 @@ class BundleSpec:
             pip=tuple(data.get("pip", [])),
             suite=data.get("suite", False),
             sign=data.get("sign", ""),
+            sign_home=data.get("sign_home", ""),
             hdk=tuple(_hdk_entry(path, entry) for entry in data.get("hdk", [])),
         )
 
@@ -90,6 +100,20 @@ def _check_entries(path: Path, data: dict) -> None:
             version_key(str(version))
         except CannBuildError as exc:
             raise UsageError(f"bundle spec {path}: cann[{index}]: {exc}") from None
+
+
+def _check_names(path: Path, data: dict) -> None:
+    """Every name that becomes a path in the bundle is one plain component: never ``..``, ``/`` or absolute."""
+    names = [("cann", v) for v in data.get("cann", [])] + [("wheelsets", v) for v in data.get("wheelsets", [])]
+    names += [("huawei", v) for v in data.get("huawei", [])]
+    names += [("models", m.get("name")) for m in data.get("models", []) if isinstance(m, dict) and "name" in m]
+    names += [("pip", e.get("set")) for e in data.get("pip", []) if isinstance(e, dict) and "set" in e]
+    for key, value in names:
+        text = str(value)
+        if not text or text in (".", "..") or "/" in text or "\\" in text or "\0" in text:
+            raise UsageError(f"bundle spec {path}: {key} entry {value!r} is not a plain file name: it would be "
+                             "written outside its directory of the bundle",
+                             fix=f"name the {key} entry without '/', '..' or a leading '/'")
 
 
 def _hdk_entry(path: Path, entry: object) -> dict:
@@ -131,42 +155,97 @@ def _kind_and_version(rel: str) -> tuple[str, str]:
     return "other", ""
 
 
-STAT_CACHE = ".atlas-manifest-cache.json"
+LEGACY_STAT_CACHE = ".atlas-manifest-cache.json"  # in the bundle before it moved beside it
+
+
+def stat_cache_path(root: Path) -> Path:
+    """The build's (size, mtime_ns, inode) -> digests cache: beside the bundle, never inside it."""
+    root = root.resolve()
+    return root.with_name(f".{root.name}.atlas-manifest-cache.json")
+
+
+def scan_tree(root: Path) -> tuple[list[str], list[str]]:
+    """(regular files, anything else: symlinks, devices, fifos) under root as sorted relative posix
+    paths. Nothing is followed: a symlink is reported, never read through (lstat only)."""
+    files: list[str] = []
+    odd: list[str] = []
+
+    def walk(directory: str, prefix: str) -> None:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                rel = prefix + entry.name
+                if entry.is_symlink():
+                    odd.append(rel)
+                elif entry.is_dir(follow_symlinks=False):
+                    walk(entry.path, rel + "/")
+                elif entry.is_file(follow_symlinks=False):
+                    files.append(rel)
+                else:
+                    odd.append(rel)
+
+    walk(str(root), "")
+    return sorted(files), sorted(odd)
+
+
+def _zip_members(path: Path) -> list[dict]:
+    """Each member of a zip the roles extract (7.0.RC1 kernels): path, size, sha256 of its bytes."""
+    members = []
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if info.is_dir():
+                continue
+            digest = hashlib.sha256()
+            with archive.open(info) as handle:
+                while chunk := handle.read(8 * 2**20):
+                    digest.update(chunk)
+            members.append({"path": info.filename, "size": info.file_size, "sha256": digest.hexdigest()})
+    return members
 
 
 def write_manifest(root: Path, name: str, *, workers: int | None = None) -> dict:
     """Describe every file under root in manifest.json (atomically replaced).
 
-    A dot-file beside it caches (size, mtime_ns, inode) -> digests, so unchanged
-    files are not hashed again; dot-files are never part of the bundle.
+    Every regular file is listed, dot-files included (only manifest.json and its signature are
+    not); a symlink or other non-regular entry is refused with its path. A zip's members are
+    recorded too (path, size, sha256), so what a role extracts is checked before it runs. A
+    cache beside the bundle maps (size, mtime_ns, inode) -> digests, so unchanged files are not
+    hashed again.
     """
+    cache_file = stat_cache_path(root)
+    legacy = root / LEGACY_STAT_CACHE
+    if legacy.is_file() and not legacy.is_symlink():
+        legacy.unlink()
     try:
-        old = json.loads((root / STAT_CACHE).read_text())
+        old = json.loads(cache_file.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         old = {}
-    paths = sorted(
-        p for p in root.rglob("*")
-        if p.is_file() and p.name not in (MANIFEST, SIGNATURE) and not p.name.startswith(".")
-    )
+    found, odd = scan_tree(root)
+    if odd:
+        raise UsageError(f"bundle {root}: not a regular file (symlink or special file): {', '.join(odd[:10])}"
+                         + (f" and {len(odd) - 10} more" if len(odd) > 10 else ""),
+                         fix="a bundle holds regular files only: replace each link by the file it points to")
+    paths = [root / rel for rel in found if rel not in UNLISTED and rel != f".{MANIFEST}.tmp"]
 
     def entry(path: Path) -> dict:
         rel = path.relative_to(root).as_posix()
-        st = path.stat()
+        st = path.lstat()
         key = [st.st_size, st.st_mtime_ns, st.st_ino]
         prev = old.get(rel)
-        if prev and prev["stat"] == key:
-            md5, sha = prev["md5"], prev["sha256"]
+        if prev and prev["stat"] == key and ("members" in prev or not rel.endswith(".zip")):
+            md5, sha, members = prev["md5"], prev["sha256"], prev.get("members")
         else:
             md5, sha = hash_file(path)
+            members = _zip_members(path) if rel.endswith(".zip") else None
         kind, version = _kind_and_version(rel)
-        cache[rel] = {"stat": key, "md5": md5, "sha256": sha}
-        return {"path": rel, "size": st.st_size, "sha256": sha, "md5": md5, "kind": kind, "version": version}
+        cache[rel] = {"stat": key, "md5": md5, "sha256": sha} | ({"members": members} if members is not None else {})
+        out = {"path": rel, "size": st.st_size, "sha256": sha, "md5": md5, "kind": kind, "version": version}
+        return out | ({"members": members} if members is not None else {})
 
     cache: dict[str, dict] = {}
     with ThreadPoolExecutor(max_workers=workers or min(4, os.cpu_count() or 1)) as pool:
         files = list(pool.map(entry, paths))
     manifest = {"format": FORMAT, "name": name, "files": files}
-    (root / STAT_CACHE).write_text(json.dumps(cache, sort_keys=True))
+    cache_file.write_text(json.dumps(cache, sort_keys=True))
     tmp = root / f".{MANIFEST}.tmp"
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, root / MANIFEST)
@@ -195,7 +274,7 @@ def read_manifest(root: Path) -> dict:
 @dataclasses.dataclass(frozen=True)
 class BadFile:
     path: str
-    problem: str  # missing | size | sha256 | md5 | unexpected
+    problem: str  # missing | size | sha256 | md5 | unexpected | symlink | outside
     expected: str = ""
     actual: str = ""
 
@@ -204,26 +283,33 @@ class BadFile:
             return f"{self.path}: missing"
         if self.problem == "unexpected":
             return f"{self.path}: not in the manifest"
+        if self.problem == "symlink":
+            return f"{self.path}: a symlink or special file, refused (a bundle holds regular files only; not followed)"
+        if self.problem == "outside":
+            return f"{self.path}: the manifest names a path outside the bundle, refused"
         return f"{self.path}: {self.problem} mismatch: expected {self.expected}, got {self.actual}"
 
 
 def verify_bundle(root: Path, *, workers: int | None = None) -> list[BadFile]:
-    """Check every file of a bundle against its manifest; return what is wrong (empty: all good)."""
+    """Check every file of a bundle against its manifest; return what is wrong (empty: all good).
+
+    Files the manifest does not list are reported, dot-files included (manifest.json and its
+    signature are the only exceptions); symlinks are reported, never followed.
+    """
     manifest = read_manifest(root)
     expected = {f["path"]: f for f in manifest["files"]}
-    present = {
-        p.relative_to(root).as_posix()
-        for p in root.rglob("*")
-        if p.is_file() and p.relative_to(root).as_posix() not in (MANIFEST, SIGNATURE)
-        and not p.name.startswith(".")
-    }
-    bad = [BadFile(p, "unexpected") for p in sorted(present - set(expected))]
-    bad += [BadFile(p, "missing") for p in sorted(set(expected) - present)]
+    found, odd = scan_tree(root)
+    present = {rel for rel in found if rel not in UNLISTED}
+    outside = {p for p in expected if posixpath.normpath(p) != p or p.startswith(("/", "../")) or p == ".."}
+    bad = [BadFile(p, "outside") for p in sorted(outside)]
+    bad += [BadFile(p, "symlink") for p in odd]
+    bad += [BadFile(p, "unexpected") for p in sorted(present - set(expected))]
+    bad += [BadFile(p, "missing") for p in sorted(set(expected) - present - set(odd) - outside)]
 
     def check(rel: str) -> BadFile | None:
         want = expected[rel]
         path = root / rel
-        size = path.stat().st_size
+        size = path.lstat().st_size
         if size != want["size"]:
             return BadFile(rel, "size", str(want["size"]), str(size))
         md5, sha = hash_file(path)
@@ -234,7 +320,7 @@ def verify_bundle(root: Path, *, workers: int | None = None) -> list[BadFile]:
         return None
 
     with ThreadPoolExecutor(max_workers=workers or min(4, os.cpu_count() or 1)) as pool:
-        bad += [b for b in pool.map(check, sorted(present & set(expected))) if b]
+        bad += [b for b in pool.map(check, sorted(present & set(expected) - outside)) if b]
     return bad
 
 
@@ -318,8 +404,10 @@ def plan_build(spec: BundleSpec, cache: Path) -> list[tuple[str, Step]]:
 
 
 def build_bundle(spec: BundleSpec, out: Path, cache: Path,
-                 progress: Callable[[str], None] | None = None) -> dict:
-    """Build (or refresh) a bundle in place; manifest.json is written last."""
+                 progress: Callable[[str], None] | None = None, *, sign_key: str = "",
+                 sign_home: Path | None = None) -> dict:
+    """Build (or refresh) a bundle in place; manifest.json is written last, then signed when a
+    key is named (``sign_key``/``sign_home``, else the spec's ``sign``/``sign_home``)."""
     out.mkdir(parents=True, exist_ok=True)
     for title, step in plan_build(spec, cache):
         if progress:
@@ -327,12 +415,25 @@ def build_bundle(spec: BundleSpec, out: Path, cache: Path,
         step(out)
     if progress:
         progress("manifest")
+    (out / SIGNATURE).unlink(missing_ok=True)  # a signature of the previous manifest is never left beside it
     manifest = write_manifest(out, spec.name)
-    if spec.sign:
+    key = sign_key or spec.sign
+    home = sign_home or (Path(spec.sign_home) if spec.sign_home else None)
+    if key:
+        if progress:
+            progress(f"sign with {key}")
         from atlasctl.bundle_sources import sign_manifest
 
-        sign_manifest(out, spec.sign)
+        sign_manifest(out, key, home)
     return manifest
+
+
+def verify_signature(root: Path, *, keyring: Path | str | None, fingerprints: Iterable[str],
+                     allow_unsigned: bool = False):
+    """The signature of ``root``'s manifest.json against pinned fingerprints (module_utils/signature.py):
+    a Verdict, or a SignatureError naming the file and the fix."""
+    return _LAYOUT.verify_files(str(root / MANIFEST), str(root / SIGNATURE), keyring=str(keyring or ""),
+                                fingerprints=list(fingerprints), allow_unsigned=allow_unsigned)
 
 
 def iter_summary(manifest: dict) -> Iterable[tuple[str, int, int]]:

@@ -3,7 +3,7 @@ settings), then a verification on each node against manifest.json.
 
 rsync moves only what changed (size/mtime quick check, then its rolling-checksum delta),
 keeps partial files in ``.rsync-partial`` so a broken transfer resumes, and deletes what
-the bundle no longer has. ``manifest.json`` goes last, so a node never holds a manifest
+the bundle no longer has. ``manifest.json`` and its signature go last, so a node never holds a manifest
 that describes files it does not have yet.
 """
 
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from atlasctl import inventory as shared
-from atlasctl.bundle import MANIFEST, read_manifest
+from atlasctl.bundle import MANIFEST, SIGNATURE, read_manifest
 from atlasctl.errors import EnvironmentProblem, UsageError
 
 DEFAULT_DEST = "/srv/atlas-bundle"
@@ -73,7 +73,7 @@ def rsync_argv(src: Path, target: SshTarget, dest: str, *, exclude_manifest: boo
             "--rsync-path", f"mkdir -p {shlex.quote(dest)} && rsync",
             "--exclude", "/.atlas-*"]
     if exclude_manifest:
-        argv += ["--exclude", f"/{MANIFEST}"]
+        argv += ["--exclude", f"/{MANIFEST}", "--exclude", f"/{SIGNATURE}"]
     return [*argv, f"{src}/", f"{target.remote}:{dest}/"]
 
 

@@ -13,7 +13,8 @@ Spec keys (bundle.yml, beside the lab's ``cann``/``wheelsets``/``models``):
 ``models`` entries with ``path``: a local model directory copied to ``models/<name>/``.
 ``suite: true``: playbooks/, roles/, collections/, site.yml, ansible.cfg and
     inventory/example-bank into ``suite/``.
-``sign``: a GPG key id; ``manifest.json.asc`` is written with ``gpg --detach-sign``.
+``sign``: a GPG key id (``sign_home``: its gpg homedir); ``manifest.json.asc`` is written with
+    ``gpg --detach-sign``.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from atlasctl.errors import EnvironmentProblem, UsageError
 
 Step = Callable[[Path], None]
 SUITE_ITEMS = ("playbooks", "roles", "collections", "site.yml", "ansible.cfg", "inventory/example-bank")
-SIGNATURE = "manifest.json.asc"
 
 
 def _digest(path: Path, algo: str) -> str:
@@ -61,6 +61,9 @@ def huawei_step(src_dir: Path, name: str) -> tuple[str, Step]:
 
     def run(out: Path) -> None:
         src = src_dir / name
+        if src.is_symlink():
+            raise UsageError(f"{src} is a symlink; a bundle is built from regular files only",
+                             fix=f"copy the package itself into {src_dir}")
         if not src.is_file():
             raise UsageError(f"{src} does not exist", fix=f"download {name} into {src_dir} or fix huawei_dir")
         vendor_side_check(src)
@@ -116,6 +119,13 @@ def model_dir_step(model: dict) -> tuple[str, Step]:
     def run(out: Path) -> None:
         if not src.is_dir():
             raise UsageError(f"model {name}: {src} is not a directory", fix="fix the model's path in the spec")
+        from atlasctl.bundle import scan_tree
+
+        _files, links = scan_tree(src)
+        if links:
+            raise UsageError(f"model {name}: {src} holds symlinks or special files, not followed: "
+                             f"{', '.join(links[:10])}", fix="copy the model with its files resolved (cp -rL, or "
+                             "huggingface-cli download --local-dir) and point the spec there")
         shutil.copytree(src, out / "models" / name, dirs_exist_ok=True, copy_function=shutil.copy2)
 
     return f"model {name} from {src}", run
@@ -138,29 +148,21 @@ def suite_step(repo: Path) -> tuple[str, Step]:
 def _gpg() -> str:
     gpg = shutil.which("gpg")
     if not gpg:
-        raise EnvironmentProblem("gpg is not installed", fix="apt-get install gnupg")
+        raise EnvironmentProblem("gpg is not installed", fix="apt-get install gnupg gpgv")
     return gpg
 
 
 def sign_manifest(root: Path, key: str, homedir: Path | None = None) -> Path:
+    """Write manifest.json.asc, a detached armored signature by ``key`` (the signing station's gpg,
+    or ``homedir``'s). Verification never uses this gpg state: see module_utils/signature.py."""
+    from atlasctl.bundle import MANIFEST, SIGNATURE
+
     sig = root / SIGNATURE
     argv = [_gpg(), "--batch", "--yes", "--local-user", key, "--armor", "--detach-sign", "--output", str(sig)]
     if homedir:
         argv[1:1] = ["--homedir", str(homedir)]
-    proc = subprocess.run([*argv, str(root / "manifest.json")], text=True, capture_output=True, check=False)
+    proc = subprocess.run([*argv, str(root / MANIFEST)], text=True, capture_output=True, check=False)
     if proc.returncode != 0:
-        raise UsageError(f"gpg could not sign {root}/manifest.json with key {key}: {proc.stderr.strip()[-400:]}")
+        raise UsageError(f"gpg could not sign {root}/{MANIFEST} with key {key}: {proc.stderr.strip()[-400:]}",
+                         fix="check the key id (gpg --list-secret-keys) and --homedir/--sign-home")
     return sig
-
-
-def verify_signature(root: Path, keyring: Path) -> str | None:
-    """None when manifest.json.asc is a good signature by a key of ``keyring``, else why not."""
-    sig = root / SIGNATURE
-    if not sig.exists():
-        return f"{sig} is missing: the bundle is not signed"
-    proc = subprocess.run([_gpg(), "--batch", "--no-default-keyring", "--keyring", str(keyring.resolve()),
-                           "--verify", str(sig), str(root / "manifest.json")],
-                          text=True, capture_output=True, check=False)
-    if proc.returncode != 0:
-        return f"{sig}: bad or untrusted signature of manifest.json: {proc.stderr.strip()[-300:]}"
-    return None

@@ -1,4 +1,4 @@
-"""`atlasctl bundle build|verify|push`: the air-gapped bundle."""
+"""`atlasctl bundle build|sign|verify|push`: the air-gapped bundle, signed (docs/bundle-signing.md)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,21 @@ import json
 import sys
 from pathlib import Path
 
-from atlasctl import bundle, bundle_push, exitcodes
+from atlasctl import bundle, bundle_push, bundle_trust, exitcodes
+from atlasctl.collection import module_utils
 from atlasctl.paths import cache_dir, lab_dir
 from atlasctl.runner import resolve_inventory
+
+
+def _trust_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--keyring", type=Path, default=None,
+                        help="public keyring on this machine holding the signing key (default: the inventory's "
+                             "atlas_bundle_keyring)")
+    parser.add_argument("--fingerprint", action="append", default=None, metavar="FPR",
+                        help="full 40-hex fingerprint of a trusted signing key, repeatable (default: the "
+                             "inventory's atlas_bundle_trusted_fingerprints)")
+    parser.add_argument("--allow-unsigned", action="store_true",
+                        help="DANGEROUS: do not check manifest.json.asc (reported loudly)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,14 +33,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                        help="bundle spec (default: %(default)s)")
     build.add_argument("--out", type=Path, default=None,
                        help="bundle directory (default: the lab's, $ATLAS_LAB_DIR/bundle)")
+    build.add_argument("--sign-key", default="", help="GPG key that signs manifest.json (default: the spec's sign; "
+                                                      "the lab's own key for the lab's bundle)")
+    build.add_argument("--sign-home", type=Path, default=None, help="gpg homedir of --sign-key")
     build.add_argument("--json", action="store_true", help="print the summary as JSON")
     build.set_defaults(func=_build)
 
-    verify = bsub.add_parser("verify", help="check every file of a bundle against its manifest")
+    sign = bsub.add_parser("sign", help="sign a bundle's manifest.json (on the signing station) after checking it")
+    sign.add_argument("dir", type=Path, help="bundle directory")
+    sign.add_argument("--key", required=True, help="signing key (its fingerprint)")
+    sign.add_argument("--homedir", type=Path, default=None, help="gpg homedir holding the secret key")
+    sign.set_defaults(func=_sign)
+
+    verify = bsub.add_parser("verify", help="check the signature, then every file of a bundle against its manifest")
     verify.add_argument("dir", type=Path, nargs="?", default=None, help="bundle directory (default: the lab's)")
+    verify.add_argument("-i", "--inventory", default=None,
+                        help="read atlas_bundle_keyring / atlas_bundle_trusted_fingerprints from this inventory")
+    _trust_options(verify)
     verify.add_argument("--json", action="store_true", help="print the result as JSON")
-    verify.add_argument("--keyring", type=Path, default=None,
-                        help="GPG keyring whose key must have signed manifest.json (manifest.json.asc)")
     verify.set_defaults(func=_verify)
 
     push = bsub.add_parser("push", help="copy a bundle to nodes (resumable, delta) and verify it there")
@@ -37,6 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     push.add_argument("--dest", default=bundle_push.DEFAULT_DEST, help="path on the nodes (default: %(default)s)")
     push.add_argument("--limit", default=None, help="Ansible host pattern narrowing atlas_nodes")
     push.add_argument("--no-verify", action="store_true", help="skip the verification on the nodes")
+    _trust_options(push)
     push.add_argument("--json", action="store_true", help="print the result as JSON")
     push.set_defaults(func=_push)
 
@@ -49,50 +72,105 @@ def _progress(text: str) -> None:
 def _build(args: argparse.Namespace) -> int:
     spec = bundle.BundleSpec.load(args.spec)
     out = args.out or lab_dir() / "bundle"
-    manifest = bundle.build_bundle(spec, out, cache_dir(), progress=_progress)
+    key, home = args.sign_key, args.sign_home
+    if not key and not spec.sign and args.out is None:
+        from atlasctl.lab import signing  # the lab's bundle: the lab's own key (lab/signing.py)
+
+        key, home = signing.ensure_key(), signing.homedir()
+    manifest = bundle.build_bundle(spec, out, cache_dir(), progress=_progress, sign_key=key, sign_home=home)
     summary = [{"kind": k, "files": n, "bytes": b} for k, n, b in bundle.iter_summary(manifest)]
     if args.json:
         print(json.dumps({"bundle": str(out), "name": manifest["name"], "kinds": summary}, indent=2))
     else:
-        print(f"bundle {manifest['name']} at {out}")
+        signed = (out / bundle.SIGNATURE).is_file()
+        print(f"bundle {manifest['name']} at {out} ({'signed' if signed else 'UNSIGNED: sign it before use'})")
         for row in summary:
             print(f"  {row['kind']:<6} {row['files']:>5} files {row['bytes'] / 2**20:>10.1f} MiB")
     return exitcodes.OK
 
 
+def _trust(args: argparse.Namespace, inventory: Path | None) -> bundle_trust.Trust:
+    """--keyring/--fingerprint/--allow-unsigned, the rest from the inventory's variables (the lab's
+    bundle with neither: the lab's own key, lab/signing.py)."""
+    if inventory and not (args.keyring and args.fingerprint):
+        base = bundle_trust.from_inventory(inventory)
+    elif getattr(args, "dir", "") is None and not (args.keyring or args.fingerprint):
+        from atlasctl.lab import signing
+
+        base = bundle_trust.Trust(str(signing.keyring()), (signing.ensure_key(),), False)
+    else:
+        base = bundle_trust.Trust("", (), False)
+    return bundle_trust.Trust(str(args.keyring or base.keyring), tuple(args.fingerprint or base.fingerprints),
+                              args.allow_unsigned or base.allow_unsigned)
+
+
+def _check_signature(root: Path, trust: bundle_trust.Trust) -> tuple[dict, str]:
+    """(JSON-able result, refusal message or ''); an opt-out is printed loudly to stderr."""
+    sig = module_utils("signature")
+    try:
+        verdict = bundle.verify_signature(root, keyring=trust.keyring, fingerprints=trust.fingerprints,
+                                          allow_unsigned=trust.allow_unsigned)
+    except sig.SignatureError as exc:
+        return {"ok": False, "reason": exc.reason, "message": str(exc)}, f"REFUSED ({exc.reason}): {exc}"
+    for warning in verdict.warnings:
+        print(f"!!! WARNING: bundle {root}: {warning}", file=sys.stderr)
+    return {"ok": True} | verdict.as_dict(), ""
+
+
 def _verify(args: argparse.Namespace) -> int:
     root = args.dir or lab_dir() / "bundle"
-    if args.keyring:
-        from atlasctl.bundle_sources import verify_signature
-
-        problem = verify_signature(root, args.keyring)
-        if problem:
-            print(f"bundle {root}: {problem}; do not install from it", file=sys.stderr)
-            return exitcodes.FAILED
-    bad = bundle.verify_bundle(root)
+    bundle.read_manifest(root)  # not a bundle: a usage error naming the path
+    inventory = resolve_inventory(args.inventory) if args.inventory else None
+    signature, refused = _check_signature(root, _trust(args, inventory))
+    bad = [] if refused else bundle.verify_bundle(root)
     if args.json:
-        print(json.dumps({"bundle": str(root), "ok": not bad,
+        print(json.dumps({"bundle": str(root), "ok": not bad and not refused, "signature": signature,
                           "problems": [b.__dict__ for b in bad]}, indent=2))
-    elif bad:
-        print(f"bundle {root}: {len(bad)} problem(s); do not install from it", file=sys.stderr)
-        for b in bad:
-            print(f"  {b.describe()}", file=sys.stderr)
+    if refused:
+        if not args.json:
+            print(f"bundle {root}: {refused}\n  do not install from it", file=sys.stderr)
+        return exitcodes.FAILED
+    if args.json:
+        return exitcodes.FAILED if bad else exitcodes.OK
+    if bad:
+        _print_problems(root, bad, "do not install from it")
     else:
         count = len(bundle.read_manifest(root)["files"])
-        print(f"bundle {root}: {count} files match manifest.json (sha256 + md5)")
+        who = f"signed by {signature['primary_fingerprint']}" if signature.get("signed") else "NOT signature-checked"
+        print(f"bundle {root}: {count} files match manifest.json (sha256 + md5), {who}")
     return exitcodes.FAILED if bad else exitcodes.OK
 
 
+def _print_problems(root: Path, bad: list[bundle.BadFile], consequence: str) -> None:
+    print(f"bundle {root}: {len(bad)} problem(s); {consequence}", file=sys.stderr)
+    for b in bad:
+        print(f"  {b.describe()}", file=sys.stderr)
+
+
+def _sign(args: argparse.Namespace) -> int:
+    root = args.dir
+    bad = bundle.verify_bundle(root)
+    if bad:
+        _print_problems(root, bad, "not signing it")
+        return exitcodes.FAILED
+    from atlasctl.bundle_sources import sign_manifest
+
+    sig = sign_manifest(root, args.key, args.homedir)
+    digest = bundle.hash_file(root / bundle.MANIFEST)[1]
+    print(f"bundle {root}: manifest.json (sha256 {digest}) signed by {args.key}: {sig}")
+    return exitcodes.OK
 
 
 def _push(args: argparse.Namespace) -> int:
     src = args.src or lab_dir() / "bundle"
     inventory = resolve_inventory(args.inventory)
+    _signature, refused = _check_signature(src, _trust(args, inventory))
+    if refused:
+        print(f"bundle {src}: {refused}\n  not pushing it", file=sys.stderr)
+        return exitcodes.FAILED
     bad = bundle.verify_bundle(src)
     if bad:
-        print(f"bundle {src}: {len(bad)} problem(s); not pushing it", file=sys.stderr)
-        for b in bad:
-            print(f"  {b.describe()}", file=sys.stderr)
+        _print_problems(src, bad, "not pushing it")
         return exitcodes.FAILED
     targets = bundle_push.inventory_targets(inventory, args.limit)
     results = bundle_push.push(src, targets, args.dest)

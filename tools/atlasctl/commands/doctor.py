@@ -4,13 +4,15 @@ Checks: NPU visible (npu-smi, driver loaded), NPU health, NPU count vs tensor pa
 use vs the profile's memory fraction, service state and /health, CANN environment in the engine's
 process, the env file's variables (fictional ones, ASCEND_DEVICE_ID given a list), env file mode,
 API key enforced, out-of-memory messages in the journal, driver/CANN/engine versions, model
-stamp missing or stale.
+stamp missing or stale; from the inventory: the bundle's signature check turned off
+(atlas_bundle_allow_unsigned) or no signing key pinned.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from atlasctl import inventory as shared
 from atlasctl.doctor import checks, gather, inventory, report
 from atlasctl.runner import resolve_inventory
 
@@ -31,9 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     inv = resolve_inventory(args.inventory)
-    targets = inventory.load(inv, args.limit)
+    listing = shared.listing(inv, args.limit)
+    targets = inventory.load(inv, args.limit, listing=listing)
     ctx = checks.default_context()
+    hostvars = shared.hostvars(listing)
+    trust = [f for t in targets for f in checks.check_bundle_trust(t.name, hostvars.get(t.name) or {})]
     evidence, unreachable, seconds = gather.gather_all(targets, inventory.fabric_run, workers=args.workers)
-    result = report.build([t.name for t in targets], evidence, unreachable, ctx, seconds)
+    result = report.build([t.name for t in targets], evidence, unreachable, ctx, seconds, extra=trust)
     print(report.render_json(result) if args.json else report.render_text(result))
     return result.exit_code

@@ -446,6 +446,31 @@ CHECKS: tuple[Callable[[Evidence, Context], list[Finding]], ...] = (
 )
 
 
+def check_bundle_trust(host: str, hostvars: dict[str, Any]) -> list[Finding]:
+    """The inventory's bundle trust settings (read on the controller, not on the node)."""
+    from atlasctl import bundle_trust
+
+    trust = bundle_trust.of_host(hostvars)
+    where = f"inventory vars of {host}"
+    if trust.allow_unsigned:
+        return [Finding(host, "bundle-signature", WARNING,
+                        "UNSIGNED bundles are accepted: the bundle's signature is not checked, so anyone who can "
+                        "write the bundle share can replace what the playbooks install",
+                        f"{where}: {bundle_trust.ALLOW_UNSIGNED_VAR} (or {bundle_trust.ALLOW_UNSIGNED_ALIAS}) is true",
+                        "sign bundles (atlasctl bundle sign), pin the key in atlas_bundle_trusted_fingerprints and "
+                        f"remove {bundle_trust.ALLOW_UNSIGNED_VAR} (docs/bundle-signing.md)")]
+    try:
+        pinned = module_utils("signature").normalize_fingerprints(list(trust.fingerprints))
+    except ValueError as exc:
+        pinned, problem = [], str(exc)
+    else:
+        problem = "" if pinned else f"{bundle_trust.FINGERPRINTS_VAR} is empty: every run refuses the bundle"
+    if problem:
+        return [Finding(host, "bundle-signature", ERROR, problem, where,
+                        f"pin your signing key's full fingerprint in {bundle_trust.FINGERPRINTS_VAR}")]
+    return []
+
+
 def diagnose(ev: Evidence, ctx: Context) -> list[Finding]:
     """Every check over one host's evidence."""
     return [finding for check in CHECKS for finding in check(ev, ctx)]

@@ -75,8 +75,9 @@ def targets_from_listing(listing: dict[str, Any], group: str = SERVING_GROUP) ->
     return [target(name, hvars.get(name) or {}) for name in sorted(names)]
 
 
-def load(inventory: Path, limit: str | None = None, group: str = SERVING_GROUP) -> list[Target]:
-    listing = shared.listing(inventory, limit)
+def load(inventory: Path, limit: str | None = None, group: str = SERVING_GROUP,
+         listing: dict[str, Any] | None = None) -> list[Target]:
+    listing = listing if listing is not None else shared.listing(inventory, limit)
     found = targets_from_listing(listing, group)
     if not found:
         raise UsageError(f"inventory {inventory} has no host in group {group}"

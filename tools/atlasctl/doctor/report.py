@@ -41,8 +41,10 @@ class Report:
 
 
 def build(hosts: list[str], evidence: dict[str, Evidence], unreachable: dict[str, str], ctx: Context,
-          seconds: float) -> Report:
+          seconds: float, extra: tuple[Finding, ...] | list[Finding] = ()) -> Report:
+    """``extra``: findings judged from the inventory on the controller (bundle trust settings)."""
     findings = [f for host in hosts if host in evidence for f in diagnose(evidence[host], ctx)]
+    findings += [f for f in extra if f.host in hosts]
     return Report(tuple(hosts), tuple(findings), dict(unreachable), seconds)
 
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from atlasctl.errors import AtlasError, EnvironmentProblem, UsageError
-from atlasctl.lab import base, config, inventory, net, node, npu, paths, ssh
+from atlasctl.lab import base, config, inventory, net, node, npu, paths, signing, ssh
 from atlasctl.lab.config import LabConfig, NodeSpec
 from atlasctl.lab.proc import require_tools, run
 
@@ -230,7 +230,7 @@ def _fresh_up(cfg: LabConfig, timeout: float, started: float) -> LabState:
     failed = _boot_and_wait(cfg.nodes, timeout)
     if failed:
         raise _boot_failure(failed, timeout)
-    inventory.write(cfg, paths.private_key(), paths.known_hosts())
+    inventory.write(cfg, paths.private_key(), paths.known_hosts(), signing.trust_vars())
     return _snapshot(cfg, seconds=time.monotonic() - started, base_built=image.built)
 
 
@@ -246,7 +246,7 @@ def _resume(cfg: LabConfig, timeout: float, started: float) -> LabState:
     failed = _boot_and_wait(cfg.nodes, timeout) if stopped else []
     if failed:
         raise _boot_failure(failed, timeout)
-    inventory.write(cfg, paths.private_key(), paths.known_hosts())
+    inventory.write(cfg, paths.private_key(), paths.known_hosts(), signing.trust_vars())
     state = _snapshot(cfg, seconds=time.monotonic() - started)
     state.already_up = not stopped and all(n.ssh for n in state.nodes)
     if not all(n.ssh for n in state.nodes):

@@ -30,8 +30,10 @@ def host_vars(node: NodeSpec, private_key: Path, known_hosts: Path) -> dict[str,
     return out
 
 
-def build(cfg: LabConfig, private_key: Path, known_hosts: Path) -> dict[str, Any]:
-    """Serving nodes carry their host vars in atlas_nodes; other kinds (gateways) in their first group."""
+def build(cfg: LabConfig, private_key: Path, known_hosts: Path,
+          group_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Serving nodes carry their host vars in atlas_nodes; other kinds (gateways) in their first group.
+    ``group_vars`` go to group all (the lab's bundle signing key: lab/signing.py trust_vars)."""
     children: dict[str, Any] = {
         ALL_NODES_GROUP: {"hosts": {n.name: host_vars(n, private_key, known_hosts) for n in cfg.serving_nodes}}
     }
@@ -43,18 +45,21 @@ def build(cfg: LabConfig, private_key: Path, known_hosts: Path) -> dict[str, Any
                 children.setdefault(f"lab_{node.kind}", {"hosts": {}})["hosts"][node.name] = None
             first = node.groups[0] if node.groups else f"lab_{node.kind}"
             children[first]["hosts"][node.name] = host_vars(node, private_key, known_hosts)
-    return {"all": {"children": children}}
+    top: dict[str, Any] = {"vars": dict(group_vars)} if group_vars else {}
+    return {"all": {**top, "children": children}}
 
 
-def render(cfg: LabConfig, private_key: Path, known_hosts: Path) -> str:
-    body = yaml.safe_dump(build(cfg, private_key, known_hosts), sort_keys=False, width=1000)
+def render(cfg: LabConfig, private_key: Path, known_hosts: Path,
+           group_vars: dict[str, Any] | None = None) -> str:
+    body = yaml.safe_dump(build(cfg, private_key, known_hosts, group_vars), sort_keys=False, width=1000)
     return HEADER.format(source=cfg.path.name) + "---\n" + body
 
 
-def write(cfg: LabConfig, private_key: Path, known_hosts: Path) -> Path:
+def write(cfg: LabConfig, private_key: Path, known_hosts: Path,
+          group_vars: dict[str, Any] | None = None) -> Path:
     target = cfg.inventory_path
     tmp = target.with_name(".hosts.yml.tmp")
-    tmp.write_text(render(cfg, private_key, known_hosts))
+    tmp.write_text(render(cfg, private_key, known_hosts, group_vars))
     tmp.replace(target)
     return target
 

@@ -5,7 +5,8 @@
 ``df_avail_gib`` ``df --output=avail`` output -> free GiB per path
 ``fleet_table``  play hosts + hostvars -> the fleet health table (list of lines)
 ``manifest_problems`` looped stat results + manifest sha256 map -> what does not match
-``manifest_sha256``   a bundle's manifest.json (parsed) -> {path: sha256}
+``manifest_sha256``   a bundle's manifest.json (parsed) -> {path: sha256}; a zip's members as ``<zip>!<member>``
+``trusted_manifest_problem``  a node manifest's sha256, the verified one, its path -> '' or the refusal
 ``api_keys``     serving_api_keys (list, current first) or serving_api_key (one) -> the keys, current first
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import re
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.atlas.serving.plugins.module_utils.signature import check_trusted_sha256
 
 _FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
 _ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -80,7 +82,16 @@ def df_avail_gib(stdout: str, paths: list) -> dict:
 
 def manifest_sha256(manifest: dict) -> dict[str, str]:
     """A bundle's manifest.json, parsed -> {path: sha256} (what ``manifest_problems`` checks against)."""
-    return {entry["path"]: entry["sha256"] for entry in manifest.get("files", [])}
+    index = {entry["path"]: entry["sha256"] for entry in manifest.get("files", [])}
+    for entry in manifest.get("files", []):
+        for member in entry.get("members") or []:
+            index[f"{entry['path']}!{member['path']}"] = member["sha256"]
+    return index
+
+
+def trusted_manifest_problem(actual: str, expected: str, path: str) -> str:
+    """'' when a node's manifest (its sha256) is the one whose signature was verified, else why not."""
+    return check_trusted_sha256(str(actual), str(expected or ""), str(path))
 
 
 def manifest_problems(stat_results: list, manifest_sha256: dict, root: str) -> list[str]:
@@ -162,5 +173,6 @@ class FilterModule:
             "fleet_table": fleet_table,
             "manifest_problems": manifest_problems,
             "manifest_sha256": manifest_sha256,
+            "trusted_manifest_problem": trusted_manifest_problem,
             "api_keys": api_keys,
         }

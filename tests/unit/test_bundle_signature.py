@@ -1,0 +1,289 @@
+"""Signed bundles: `atlasctl bundle verify` refuses each kind of bad signature with its own reason,
+with real gpg and throwaway homedirs; the user's GNUPGHOME takes no part; bundle file safety."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from atlasctl import bundle, cli, exitcodes
+from atlasctl.bundle_sources import sign_manifest
+
+pytestmark = pytest.mark.skipif(not shutil.which("gpg"), reason="gpg is not installed (apt-get install gnupg gpgv)")
+PAST = "20200101T000000"
+
+
+class Keys:
+    """One signing homedir, keys made on demand (no passphrase), exported to keyrings."""
+
+    def __init__(self, home: Path, copy_of: Path | None = None):
+        self.home = home
+        if copy_of:
+            shutil.copytree(copy_of, home, ignore=shutil.ignore_patterns("S.*"))
+        else:
+            home.mkdir(mode=0o700, parents=True)
+
+    def gpg(self, *args: str, faked: str | None = None, text: bool = True) -> subprocess.CompletedProcess:
+        argv = ["gpg", "--homedir", str(self.home), "--batch", "--no-tty", "--passphrase", ""]
+        argv += ["--faked-system-time", faked] if faked else []
+        proc = subprocess.run([*argv, *args], capture_output=True, text=text, check=False)
+        assert proc.returncode == 0, proc.stderr
+        return proc
+
+    def make(self, uid: str, expire: str = "never", faked: str | None = None) -> str:
+        self.gpg("--quick-gen-key", uid, "ed25519", "sign", expire, faked=faked)
+        listing = self.gpg("--with-colons", "--list-keys", uid).stdout
+        return next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+
+    def sign(self, root: Path, uid: str, *extra: str, faked: str | None = None) -> None:
+        self.gpg("--yes", "--local-user", uid, "--armor", "--detach-sign", *extra, "--output",
+                 str(root / "manifest.json.asc"), str(root / "manifest.json"), faked=faked)
+
+    def revoke(self, fpr: str) -> None:
+        cert = (self.home / "openpgp-revocs.d" / f"{fpr}.rev").read_text().replace(":-----BEGIN", "-----BEGIN")
+        proc = subprocess.run(["gpg", "--homedir", str(self.home), "--batch", "--import"], input=cert,
+                              capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stderr
+
+    def export(self, path: Path, *uids: str) -> Path:
+        path.write_bytes(self.gpg("--export", *uids, text=False).stdout)
+        return path
+
+    def close(self) -> None:
+        subprocess.run(["gpgconf", "--homedir", str(self.home), "--kill", "gpg-agent"], check=False,
+                       capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory):
+    """pinned (good), other (in the keyring, not pinned), revoked and expired (pinned), past (pinned, for an
+    expired signature), stranger (in no keyring)."""
+    tmp = tmp_path_factory.mktemp("pki")
+    keys = Keys(tmp / "signing")
+    fpr = {
+        "pinned": keys.make("pinned@bank"),
+        "other": keys.make("other@bank"),
+        "revoked": keys.make("revoked@bank"),
+        "expired": keys.make("expired@bank", "1d", faked=PAST),
+        "past": keys.make("past@bank", faked=PAST),
+    }
+    stranger = Keys(tmp / "stranger")
+    fpr["stranger"] = stranger.make("stranger@elsewhere")
+    before = Keys(tmp / "before-revocation", copy_of=keys.home)  # signs with the key revoked afterwards
+    keys.revoke(fpr["revoked"])
+    keyring = keys.export(tmp / "trusted.gpg", *(f"{n}@bank" for n in ("pinned", "other", "revoked", "expired",
+                                                                        "past")))
+    keys.before = before
+    yield keys, stranger, fpr, keyring
+    for each in (keys, stranger, before):
+        each.close()
+
+
+def _bundle(root: Path) -> Path:
+    (root / "cann").mkdir(parents=True)
+    (root / "cann" / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run").write_bytes(b"#!/bin/sh\necho good\n")
+    bundle.write_manifest(root, "t")
+    return root
+
+
+def _tamper(root: Path) -> None:
+    """An attacker with write access to the share: a replaced installer and a rewritten manifest."""
+    (root / "cann" / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run").write_bytes(b"#!/bin/sh\necho evil\n")
+    bundle.write_manifest(root, "t")
+
+
+def _verify(root: Path, keyring: Path, *pinned: str, extra: tuple[str, ...] = ()) -> list[str]:
+    argv = ["bundle", "verify", str(root), "--keyring", str(keyring)]
+    for fpr in pinned:
+        argv += ["--fingerprint", fpr]
+    return [*argv, *extra]
+
+
+def test_good_signature_by_a_pinned_key_passes(pki, tmp_path, capsys):
+    keys, _stranger, fpr, keyring = pki
+    root = _bundle(tmp_path / "b")
+    keys.sign(root, "pinned@bank")
+    assert cli.main(_verify(root, keyring, fpr["pinned"])) == exitcodes.OK
+    assert f"signed by {fpr['pinned']}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("case, reason, words", [
+    ("unsigned", "unsigned", "manifest.json.asc is missing"),
+    ("other", "untrusted", "NOT pinned"),
+    ("revoked", "revoked", "REVOKED key"),
+    ("expired", "expired-key", "EXPIRED key"),
+    ("expired-signature", "expired-signature", "signature of"),
+    ("stale", "bad", "BAD signature"),
+    ("stranger", "unknown-key", "not in the keyring"),
+])
+def test_tampered_bundle_is_refused_with_its_own_reason(pki, tmp_path, capsys, case, reason, words):
+    keys, stranger, fpr, keyring = pki
+    root = _bundle(tmp_path / "b")
+    keys.sign(root, "pinned@bank")
+    _tamper(root)
+    if case == "unsigned":
+        (root / "manifest.json.asc").unlink()
+    elif case == "other":
+        keys.sign(root, "other@bank")
+    elif case == "revoked":
+        keys.before.sign(root, "revoked@bank")
+    elif case == "expired":
+        keys.sign(root, "expired@bank", faked="20200101T010000")
+    elif case == "expired-signature":
+        keys.sign(root, "past@bank", "--default-sig-expire", "1d", faked="20200101T010000")
+    elif case == "stranger":
+        stranger.sign(root, "stranger@elsewhere")
+    pinned = [fpr["pinned"], fpr["revoked"], fpr["expired"], fpr["past"]]
+    assert cli.main(_verify(root, keyring, *pinned)) == exitcodes.FAILED
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"REFUSED ({reason})" in err and words in err and "manifest.json" in err
+    # the tampered file itself would pass the checksum check: only the signature stops it
+    assert bundle.verify_bundle(root) == []
+
+
+def test_allow_unsigned_passes_loudly(pki, tmp_path, capsys):
+    root = _bundle(tmp_path / "b")
+    assert cli.main(["bundle", "verify", str(root), "--allow-unsigned"]) == exitcodes.OK
+    out = capsys.readouterr()
+    assert "!!! WARNING" in out.err and "UNSIGNED BUNDLE" in out.err and "NOT signature-checked" in out.out
+
+
+def test_short_key_ids_are_refused(pki, tmp_path, capsys):
+    keys, _stranger, fpr, keyring = pki
+    root = _bundle(tmp_path / "b")
+    keys.sign(root, "pinned@bank")
+    assert cli.main(_verify(root, keyring, fpr["pinned"][-16:])) == exitcodes.FAILED
+    assert "not a full 40-hex fingerprint" in capsys.readouterr().err
+
+
+def test_users_gnupg_home_takes_no_part(pki, tmp_path, capsys, monkeypatch):
+    """A GNUPGHOME that trusts the stranger's key and whose gpg.conf would break gpg changes nothing."""
+    keys, stranger, fpr, keyring = pki
+    evil = tmp_path / "evil-home"
+    shutil.copytree(stranger.home, evil, ignore=shutil.ignore_patterns("S.*"))
+    (evil / "gpg.conf").write_text("no-such-option-breaks-gpg\ntrust-model always\nkeyring /nonexistent\n")
+    monkeypatch.setenv("GNUPGHOME", str(evil))
+    root = _bundle(tmp_path / "b")
+    keys.sign(root, "pinned@bank")
+    assert cli.main(_verify(root, keyring, fpr["pinned"])) == exitcodes.OK
+    stranger.sign(root, "stranger@elsewhere")
+    assert cli.main(_verify(root, keyring, fpr["pinned"], fpr["stranger"])) == exitcodes.FAILED
+    assert "REFUSED (unknown-key)" in capsys.readouterr().err
+
+
+def test_trust_from_the_inventory_and_the_alias(pki, tmp_path, capsys):
+    keys, _stranger, fpr, keyring = pki
+    root = _bundle(tmp_path / "b")
+    keys.sign(root, "pinned@bank")
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(json.dumps({"all": {
+        "vars": {"atlas_bundle_keyring": str(keyring), "atlas_bundle_trusted_fingerprints": [fpr["pinned"]]},
+        "children": {"atlas_nodes": {"hosts": {"n1": None}}}}}))
+    assert cli.main(["bundle", "verify", str(root), "-i", str(inv)]) == exitcodes.OK
+    (root / "manifest.json.asc").unlink()
+    assert cli.main(["bundle", "verify", str(root), "-i", str(inv)]) == exitcodes.FAILED
+    assert "REFUSED (unsigned)" in capsys.readouterr().err
+    inv.write_text(json.dumps({"all": {"vars": {"bundle_allow_unsigned": True},
+                                       "children": {"atlas_nodes": {"hosts": {"n1": None}}}}}))
+    assert cli.main(["bundle", "verify", str(root), "-i", str(inv)]) == exitcodes.OK
+    assert "UNSIGNED BUNDLE" in capsys.readouterr().err
+
+
+def test_build_signs_with_the_named_key_and_sign_refuses_a_damaged_bundle(pki, tmp_path, capsys):
+    keys, _stranger, fpr, keyring = pki
+    src = tmp_path / "model"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    spec = tmp_path / "b.yml"
+    spec.write_text(f"name: t\nmodels:\n  - {{name: m, path: {src}}}\n")
+    out = tmp_path / "out"
+    argv = ["bundle", "build", "--spec", str(spec), "--out", str(out), "--sign-key", fpr["pinned"],
+            "--sign-home", str(keys.home)]
+    assert cli.main(argv) == exitcodes.OK
+    assert cli.main(_verify(out, keyring, fpr["pinned"])) == exitcodes.OK
+    (out / "models" / "m" / "config.json").write_text('{"x": 1}')
+    assert cli.main(["bundle", "sign", str(out), "--key", fpr["pinned"], "--homedir", str(keys.home)]) \
+        == exitcodes.FAILED
+    assert "not signing it" in capsys.readouterr().err
+    bundle.write_manifest(out, "t")
+    assert cli.main(["bundle", "sign", str(out), "--key", fpr["pinned"], "--homedir", str(keys.home)]) == exitcodes.OK
+    assert cli.main(_verify(out, keyring, fpr["pinned"])) == exitcodes.OK
+
+
+def test_module_utils_verdict_is_the_sha256_of_the_verified_bytes(pki, tmp_path):
+    from atlasctl.collection import module_utils
+
+    sig = module_utils("signature")
+    keys, _stranger, fpr, keyring = pki
+    root = _bundle(tmp_path / "b")
+    sign_manifest(root, "pinned@bank", keys.home)
+    data = (root / "manifest.json").read_bytes()
+    verdict = sig.verify_manifest(data, (root / "manifest.json.asc").read_bytes(), keyring=str(keyring),
+                                  fingerprints=[fpr["pinned"]])
+    import hashlib
+
+    assert verdict.sha256 == hashlib.sha256(data).hexdigest() and verdict.primary_fingerprint == fpr["pinned"]
+    assert sig.check_trusted_sha256(verdict.sha256, verdict.sha256, "m") == ""
+    assert "replaced after verification" in sig.check_trusted_sha256("0" * 64, verdict.sha256, "m")
+    assert "not verified in this run" in sig.check_trusted_sha256(verdict.sha256, "", "m")
+
+
+# --- bundle file safety ------------------------------------------------------------------------
+
+
+def test_symlinks_are_refused_and_dot_files_reported(tmp_path, capsys):
+    root = _bundle(tmp_path / "b")
+    (root / "cann" / ".hidden").write_text("x")
+    (root / "cann" / "passwd").symlink_to("/etc/passwd")
+    (root / "outside").symlink_to(tmp_path)
+    bad = {b.path: b.problem for b in bundle.verify_bundle(root)}
+    assert bad == {"cann/.hidden": "unexpected", "cann/passwd": "symlink", "outside": "symlink"}
+    assert cli.main(["bundle", "verify", str(root), "--allow-unsigned"]) == exitcodes.FAILED
+    assert "cann/passwd: a symlink" in capsys.readouterr().err
+    with pytest.raises(Exception, match="cann/passwd"):
+        bundle.write_manifest(root, "t")
+    (root / "cann" / "passwd").unlink()
+    (root / "outside").unlink()
+    listed = [f["path"] for f in bundle.write_manifest(root, "t")["files"]]
+    assert "cann/.hidden" in listed and "manifest.json" not in listed
+
+
+@pytest.mark.parametrize("entry", ["wheelsets: ['../../etc']", "wheelsets: [/etc]",
+                                   "models: [{name: ../x, generator: tiny-llama}]", "cann: ['../8.5.0']"])
+def test_spec_names_never_leave_the_bundle(tmp_path, capsys, entry):
+    spec = tmp_path / "b.yml"
+    spec.write_text(f"name: t\n{entry}\n")
+    assert cli.main(["bundle", "build", "--spec", str(spec), "--out", str(tmp_path / "out")]) == exitcodes.USAGE
+    err = capsys.readouterr().err
+    assert "is not a plain file name" in err and entry.split(":")[0] in err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_zip_members_are_recorded(tmp_path):
+    import zipfile
+
+    root = tmp_path / "b"
+    (root / "cann").mkdir(parents=True)
+    with zipfile.ZipFile(root / "cann" / "k.zip", "w") as archive:
+        archive.writestr("k.run", b"payload")
+    entry = bundle.write_manifest(root, "t")["files"][0]
+    import hashlib
+
+    assert entry["members"] == [{"path": "k.run", "size": 7, "sha256": hashlib.sha256(b"payload").hexdigest()}]
+    assert not (root / ".atlas-manifest-cache.json").exists()
+    assert os.path.exists(bundle.stat_cache_path(root))
+
+
+def test_build_refuses_a_model_source_with_a_symlink(tmp_path, capsys):
+    src = tmp_path / "model"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "weights.safetensors").symlink_to("/etc/hostname")
+    spec = tmp_path / "b.yml"
+    spec.write_text(f"name: t\nmodels:\n  - {{name: m, path: {src}}}\n")
+    assert cli.main(["bundle", "build", "--spec", str(spec), "--out", str(tmp_path / "out")]) == exitcodes.USAGE
+    assert "weights.safetensors" in capsys.readouterr().err

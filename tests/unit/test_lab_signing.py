@@ -1,0 +1,58 @@
+"""The lab's bundle signing key: made once per machine in the cache dir, signs the lab's bundle,
+pinned in the generated inventory."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from atlasctl import bundle, cli, exitcodes
+from atlasctl.lab import config, inventory, signing
+
+pytestmark = pytest.mark.skipif(not shutil.which("gpg"), reason="gpg is not installed (apt-get install gnupg gpgv)")
+
+
+@pytest.fixture()
+def lab_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("ATLAS_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ATLAS_LAB_DIR", str(tmp_path / "lab"))
+    yield tmp_path
+    signing._stop_agent()
+
+
+def test_key_made_once_and_exported(lab_env: Path) -> None:
+    first = signing.ensure_key()
+    assert len(first) == 40 and signing.keyring().is_file()
+    assert signing.ensure_key() == first  # once per machine
+    assert signing.homedir().stat().st_mode & 0o077 == 0
+    assert signing.trust_vars() == {"atlas_bundle_trusted_fingerprints": [first],
+                                    "atlas_bundle_keyring": str(lab_env / "cache/lab-signing/trusted.gpg")}
+
+
+def test_building_the_labs_bundle_signs_it_and_verify_trusts_the_lab_key(lab_env: Path, capsys) -> None:
+    model = lab_env / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    spec = lab_env / "bundle.yml"
+    spec.write_text(f"name: lab\nmodels:\n  - {{name: m, path: {model}}}\n")
+    assert cli.main(["bundle", "build", "--spec", str(spec)]) == exitcodes.OK  # no --out: the lab's bundle
+    root = lab_env / "lab" / "bundle"
+    assert (root / bundle.SIGNATURE).is_file()
+    trust = signing.trust_vars()
+    verdict = bundle.verify_signature(root, keyring=trust["atlas_bundle_keyring"],
+                                      fingerprints=trust["atlas_bundle_trusted_fingerprints"])
+    assert verdict.signed and verdict.primary_fingerprint == signing.ensure_key()
+    assert cli.main(["bundle", "verify"]) == exitcodes.OK  # the lab's bundle against the lab's key
+    assert "signed by" in capsys.readouterr().out
+
+
+def test_generated_inventory_pins_the_lab_key_for_all(tmp_path: Path) -> None:
+    cfg = config.parse({"lab_name": "atlas", "bridge": "atlasbr0", "subnet": "10.77.0.0/24",
+                        "driver_version": "24.1.rc1", "firmware_version": "7.1.0.6.220",
+                        "nodes": [{"name": "n1", "npu": {"model": "910B3", "count": 8, "hbm_mb": 65536}}]},
+                       tmp_path / "lab.yml")
+    trust = {"atlas_bundle_trusted_fingerprints": ["AB" * 20], "atlas_bundle_keyring": "/c/trusted.gpg"}
+    data = yaml.safe_load(inventory.render(cfg, Path("/k"), Path("/kh"), trust))
+    assert data["all"]["vars"] == trust and "n1" in data["all"]["children"]["atlas_nodes"]["hosts"]
