@@ -60,10 +60,10 @@ class BundleSpec:
                           ("sign_home", str)):
             if key in data and not isinstance(data[key], kind):
                 raise UsageError(f"bundle spec {path}: '{key}' must be a {kind.__name__}")
+        _check_names(path, data)  # first: a name that would leave the bundle is refused as that
         _check_entries(path, data)
         if data.get("arch", "x86_64") not in ("x86_64", "aarch64"):
             raise UsageError(f"bundle spec {path}: arch must be x86_64 or aarch64, not {data['arch']!r}")
-        _check_names(path, data)
         return cls(
             name=data.get("name", path.stem),
             arch=data.get("arch", "x86_64"),
