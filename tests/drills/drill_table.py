@@ -647,7 +647,9 @@ def disk_full() -> Outcome:
                 moved = model_service(node)
                 expect(again.returncode == 0 and moved[2] != before[2], "after freeing space the next run converges")
                 notes.append(f"filler removed: next run exit {again.returncode}, current -> {moved[2]}")
-                back = playbook("playbooks/models.yml", "playbooks/serving.yml", "--limit", node)
+                # still on the drill's 32 MiB filesystem: no room for the default 1 GiB headroom
+                back = playbook("playbooks/models.yml", "playbooks/serving.yml", "--limit", node,
+                                "-e", "models_free_headroom_mib=0")
                 expect(back.returncode == 0 and model_service(node)[2] == before[2], "back to the bundle's version")
             # off the drill's filesystem: the bundle's version re-verified where it always was, engine restarted
             reverify = playbook("playbooks/models.yml", "--limit", node)
