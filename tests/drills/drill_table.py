@@ -428,7 +428,9 @@ def install_killed() -> Outcome:
         back = playbook("playbooks/cann.yml", "--limit", node)
         restored = cann_versions(node)
         expect(back.returncode == 0 and restored == before, "back to the inventory's CANN")
-        sh(node, "systemctl restart atlas-serving")
+        # the engine crash-looped at boot on the half-installed CANN and ended at its start limit:
+        # doctor's fix clears the limit before the restart
+        sh(node, "systemctl reset-failed atlas-serving; systemctl restart atlas-serving")
         healthy = wait_node_healthy(node)
         expect(healthy, f"{node} serves again")
     notes.append(f"restored to {restored['toolkit']} (exit {back.returncode}), engine restarted, healthy={healthy}")
