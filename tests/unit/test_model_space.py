@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,16 +14,31 @@ MIB = 1024 * 1024
 
 
 def manifest(tmp_path: Path, files: dict[str, int]) -> Path:
+    """A bundle with models/m/<files> (sparse files of those sizes) and its manifest."""
     entries = [{"path": f"models/m/{name}", "size": size, "sha256": "0" * 64} for name, size in files.items()]
     entries.append({"path": "cann/other.run", "size": 10**12, "sha256": "1" * 64})  # another model's / package
+    for name, size in files.items():
+        src = tmp_path / "models/m" / name
+        src.parent.mkdir(parents=True, exist_ok=True)
+        with open(src, "wb") as fh:
+            fh.truncate(size)
+        os.utime(src, (1_700_000_000, 1_700_000_000))
     path = tmp_path / "manifest.json"
     path.write_text(json.dumps({"format": 1, "files": entries}))
     return path
 
 
+def copy_of(tmp_path: Path, directory: Path, name: str, *, mtime: int = 1_700_000_000) -> None:
+    """What rsync --times leaves: the bundle file's size and modification time (sparse here)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / name, "wb") as fh:
+        fh.truncate((tmp_path / "models/m" / name).stat().st_size)
+    os.utime(directory / name, (mtime, mtime))
+
+
 def test_a_model_that_does_not_fit_is_refused_naming_path_need_and_free(tmp_path: Path) -> None:
     m = manifest(tmp_path, {"a.safetensors": 600 * MIB, "b.safetensors": 600 * MIB})
-    version = tmp_path / "models/m/versions/v2"
+    version = tmp_path / "node/versions/v2"
     result = space.check(str(m), "m", str(version), None, 64 * MIB, free=lambda p: 1000 * MIB)
     assert result["ok"] is False
     assert result["need_bytes"] == 1200 * MIB and result["filesystem_of"] == str(tmp_path)
@@ -33,35 +49,39 @@ def test_a_model_that_does_not_fit_is_refused_naming_path_need_and_free(tmp_path
 
 def test_files_current_already_holds_are_hard_linked_not_counted(tmp_path: Path) -> None:
     m = manifest(tmp_path, {"a.safetensors": 600 * MIB, "config.json": 100})
-    current = tmp_path / "models/m/versions/v1"
-    current.mkdir(parents=True)
-    with open(current / "a.safetensors", "wb") as fh:
-        fh.truncate(600 * MIB)  # sparse: same size, no disk used
-    result = space.check(str(m), "m", str(tmp_path / "models/m/versions/v2"), str(current), 0,
-                         free=lambda p: 1000)
+    current = tmp_path / "node/versions/v1"
+    copy_of(tmp_path, current, "a.safetensors")
+    result = space.check(str(m), "m", str(tmp_path / "node/versions/v2"), str(current), 0, free=lambda p: 1000)
     assert (result["ok"], result["need_bytes"], result["model_bytes"]) == (True, 100, 600 * MIB + 100)
+
+
+def test_a_new_shard_of_the_same_size_is_copied_and_counted(tmp_path: Path) -> None:
+    """The disk-full drill: new weights, same size: rsync's quick check (size + mtime) copies it."""
+    m = manifest(tmp_path, {"a.safetensors": 600 * MIB})
+    current = tmp_path / "node/versions/v1"
+    copy_of(tmp_path, current, "a.safetensors", mtime=1_600_000_000)
+    result = space.check(str(m), "m", str(tmp_path / "node/versions/v2"), str(current), 0, free=lambda p: MIB)
+    assert (result["ok"], result["need_bytes"]) == (False, 600 * MIB)
 
 
 def test_a_rerun_keeps_what_the_version_directory_has(tmp_path: Path) -> None:
     m = manifest(tmp_path, {"a.safetensors": 10})
-    version = tmp_path / "v"
-    version.mkdir()
-    (version / "a.safetensors").write_bytes(b"x" * 10)
+    version = tmp_path / "node/v"
+    copy_of(tmp_path, version, "a.safetensors")
     assert space.check(str(m), "m", str(version), None, 10**15, free=lambda p: 0)["ok"] is True
 
 
 def test_a_symlink_of_the_right_size_is_not_a_copy(tmp_path: Path) -> None:
     m = manifest(tmp_path, {"a.safetensors": 10})
-    (tmp_path / "real").write_bytes(b"x" * 10)
-    version = tmp_path / "v"
-    version.mkdir()
-    (version / "a.safetensors").symlink_to(tmp_path / "real")
+    version = tmp_path / "node/v"
+    version.mkdir(parents=True)
+    (version / "a.safetensors").symlink_to(tmp_path / "models/m/a.safetensors")
     assert space.check(str(m), "m", str(version), None, 0, free=lambda p: 0)["need_bytes"] == 10
 
 
 def test_the_real_free_space_is_measured(tmp_path: Path) -> None:
     m = manifest(tmp_path, {"a.safetensors": 10})
-    result = space.check(str(m), "m", str(tmp_path / "not/yet/there"), None, 0)
+    result = space.check(str(m), "m", str(tmp_path / "node/not/yet/there"), None, 0)
     assert result["free_bytes"] > 0 and result["ok"] is True
 
 

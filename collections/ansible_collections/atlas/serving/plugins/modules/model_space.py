@@ -11,7 +11,8 @@ short_description: Refuse to stage a model version that does not fit on the node
 version_added: "0.1.0"
 description:
   - Adds up the bytes staging must write for the model's files in the bundle manifest (files that the
-    version directory or C(current) already hold with the same size are not counted, as rsync keeps or
+    version directory or C(current) already hold with the size and modification second of the bundle's
+    file, rsync's quick check, are not counted, as rsync keeps or
     hard-links them) and compares them with the free space of the filesystem that will hold the
     version, plus I(headroom_mib). The current version stays on disk for a rollback.
   - Fails with the path, the need and the space free when it does not fit. Changes nothing.
@@ -30,6 +31,9 @@ options:
     required: true
   current:
     description: The model's C(current) link (its files are hard-linked, not copied).
+    type: path
+  source:
+    description: The model's directory in the bundle (default C(models/<model>) beside I(manifest)).
     type: path
   headroom_mib:
     description: Space that must stay free after staging.
@@ -80,13 +84,15 @@ def main():
             "model": {"type": "str", "required": True},
             "version_dir": {"type": "path", "required": True},
             "current": {"type": "path"},
+            "source": {"type": "path"},
             "headroom_mib": {"type": "int", "default": 1024},
         },
         supports_check_mode=True,
     )
     p = module.params
     try:
-        result = check(p["manifest"], p["model"], p["version_dir"], p["current"], p["headroom_mib"] * 1024 * 1024)
+        result = check(p["manifest"], p["model"], p["version_dir"], p["current"], p["headroom_mib"] * 1024 * 1024,
+                       source_dir=p["source"])
     except (ManifestError, OSError) as exc:
         module.fail_json(msg=str(exc))
     if not result["ok"]:
