@@ -134,3 +134,26 @@ def test_runner_keeps_no_variables_between_runs_and_passes_files_by_path(tmp_pat
     assert calls[0]["cmdline"] == f"-e '@{secret}'"
     assert calls[0]["envvars"]["ANSIBLE_HOST_KEY_CHECKING"] == "True", "runner's default is False"
     assert calls[0]["envvars"]["PATH"].split(":")[0] == str(Path(sys.executable).parent)
+
+
+def test_a_host_unreachable_before_the_waves_does_not_undo_a_finished_wave():
+    """The bundle-trust play runs before the waves: an unreachable east node there fails the
+    rollout at east, but the canary wave, which it is not part of, stays completed."""
+    progress = rollout.Progress(None)
+    events = _events(fail=True)
+    events.insert(1, {"event": "runner_on_unreachable", "event_data": {
+        "task": "Bundle trust | verify", "host": "n2", "res": {"msg": "No route to host"}}})
+    for event in events:
+        progress(event)
+    assert progress.completed == ["canary"]
+    assert progress.failure == FAILURE, "the rollback's own report names the failing node and gate"
+
+
+def test_a_wave_with_an_unreachable_host_is_not_completed():
+    progress = rollout.Progress(None)
+    events = _events(fail=False)
+    events.insert(3, {"event": "runner_on_unreachable", "event_data": {"task": "t", "host": "n1", "res": {}}})
+    for event in events:
+        progress(event)
+    assert "canary" not in progress.completed
+    assert progress.failure["host"] == "n1" and progress.failure["gate"] == "unreachable"

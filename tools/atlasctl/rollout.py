@@ -124,7 +124,12 @@ class Progress:
         return any(w["index"] == index and not w.get("skipped") for w in self.plan)
 
     def _close_wave(self) -> None:
-        if self._ran(self.wave_index) and self.failure is None and not self.unreachable:
+        # A host unreachable before the waves (the bundle-trust play) or in another wave does not
+        # undo this wave: only one of this wave's hosts does.
+        hosts = next((w["hosts"] for w in self.plan if w["index"] == self.wave_index), [])
+        failed_here = any(h in hosts for h in self.unreachable) or \
+            (self.failure is not None and self.failure.get("host") in hosts)
+        if self._ran(self.wave_index) and not failed_here:
             name = self.wave_name(self.wave_index)
             self.wave_seconds[name] = time.monotonic() - self.wave_started[name]
             if name not in self.completed:
