@@ -116,3 +116,44 @@ def test_http_health_of_a_closed_port_is_unhealthy() -> None:
         port = s.getsockname()[1]
     healthy, detail = gateway.http_health(gateway.Backend("n", "127.0.0.1", port, True), 1)
     assert healthy is False and detail
+
+
+@pytest.mark.parametrize("state", ["down", "absent", "no directory"])
+def test_a_node_that_takes_no_traffic_needs_no_other_backend(tmp_path: Path, state) -> None:
+    d = branch(tmp_path, atlas_n1="down" if state == "down" else "up", atlas_n2="down")
+    if state == "absent":
+        (d / "atlas-n1.conf").unlink()
+    if state == "no directory":
+        d = tmp_path / "west"
+    assert gateway.takes_traffic(gateway.read_backends(str(d)), "atlas-n1") is False
+    assert gateway.takes_traffic(gateway.read_backends(str(branch(tmp_path, atlas_n1="up"))), "atlas-n1") is True
+
+
+def _module(tmp_path: Path, branch_dir: Path, node: str) -> dict:
+    """The module itself, run by ansible on localhost: its JSON result."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "ANSIBLE_CONFIG": str(repo / "ansible.cfg"), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
+           "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
+    args = json.dumps({"branch": "east", "branch_dir": str(branch_dir), "node": node, "wait_s": 0,
+                       "probe_timeout_s": 0.2})
+    proc = subprocess.run([str(Path(sys.executable).with_name("ansible")), "localhost", "-i", "localhost,",
+                           "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}", "-m", "atlas.serving.gateway_backends", "-a", args],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert " => " in proc.stdout, proc.stdout + proc.stderr
+    status, result = proc.stdout.split(" => ", 1)
+    return {**json.loads(result), "_status": status}
+
+
+def test_module_passes_a_drained_node_and_refuses_the_last_one(tmp_path: Path) -> None:
+    d = branch(tmp_path, atlas_n1="down", atlas_n2="up")  # 10.0.0.2 answers nothing: unhealthy
+    drained = _module(tmp_path, d, "atlas-n1")
+    assert "SUCCESS" in drained["_status"] and drained["drained"] is True, drained
+    last = _module(tmp_path, d, "atlas-n2")
+    assert "FAILED" in last["_status"] and last["drained"] is False, last
+    assert "Not draining atlas-n2: it is the last healthy backend of branch east" in last["msg"]
+    assert "atlas-n1 drained" in last["msg"]

@@ -9,8 +9,9 @@ roles/gateway writes one include file per serving node, ``<backend_dir>/<branch>
     server 10.77.0.11:8000 max_fails=1 fail_timeout=10s down;   drained
 
 Before a node is drained, the gateway must keep at least one other enabled backend that
-answers ``/health`` (never an empty upstream). :func:`wait_for_another` waits for one, and
-:func:`refusal` says why a drain is refused, naming the branch, the nodes and the fix.
+answers ``/health`` (never an empty upstream). :func:`wait_for_another` waits for one (a node that is
+already drained takes no traffic: :func:`takes_traffic` says so, and there is nothing to wait
+for), and :func:`refusal` says why a drain is refused, naming the branch, the nodes and the fix.
 """
 
 from __future__ import annotations
@@ -57,9 +58,14 @@ def parse_backend(node, text):
 
 
 def read_backends(branch_dir):
-    """Every backend file of one branch directory, sorted by node name."""
+    """Every backend file of one branch directory, sorted by node name (none while the
+    gateway role has not written the directory yet)."""
     backends = []
-    for name in sorted(os.listdir(branch_dir)):
+    try:
+        names = sorted(os.listdir(branch_dir))
+    except FileNotFoundError:
+        return backends
+    for name in names:
         path = os.path.join(branch_dir, name)
         if not name.endswith(".conf") or not os.path.isfile(path):
             continue
@@ -81,6 +87,11 @@ def http_health(backend, timeout):
     except (OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         return False, str(reason) or type(exc).__name__
+
+
+def takes_traffic(backends, node):
+    """Whether ``node`` is an enabled backend of the branch (a drained or absent node takes none)."""
+    return any(b.node == node and b.enabled for b in backends)
 
 
 def others_serving(backends, node):

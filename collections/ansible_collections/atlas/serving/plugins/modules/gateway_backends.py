@@ -12,7 +12,8 @@ version_added: "0.1.0"
 description:
   - Runs on a branch gateway. Reads the branch's backend include files (one per serving node,
     written by the gateway role) and asks C(/health) of every enabled backend but I(node).
-  - Succeeds as soon as another backend is enabled and healthy, polling for at most I(wait_s);
+  - Succeeds at once when I(node) is already drained (or has no backend file): it takes no traffic.
+  - Otherwise succeeds as soon as another backend is enabled and healthy, polling for at most I(wait_s);
     fails otherwise with a message naming the branch, the gateway, every node's state and the fix.
   - Changes nothing.
 options:
@@ -69,6 +70,10 @@ serving:
   returned: always
   type: list
   elements: str
+drained:
+  description: Whether I(node) was already drained (nothing was checked).
+  returned: always
+  type: bool
 waited_s:
   description: Seconds spent waiting.
   returned: always
@@ -77,7 +82,9 @@ waited_s:
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.atlas.serving.plugins.module_utils.gateway import (  # noqa: E402
+    read_backends,
     refusal,
+    takes_traffic,
     wait_for_another,
 )
 
@@ -96,12 +103,17 @@ def main():
     )
     p = module.params
     try:
+        backends = read_backends(p["branch_dir"])
+        if not takes_traffic(backends, p["node"]):
+            # Already drained (or not in the upstream): no request reaches it, nothing to check.
+            module.exit_json(changed=False, backends=[b.as_dict() for b in backends], serving=[],
+                             waited_s=0.0, drained=True)
         serving, backends, waited = wait_for_another(p["branch_dir"], p["node"], p["wait_s"],
                                                      probe_timeout=p["probe_timeout_s"])
     except OSError as exc:
         module.fail_json(msg="{}: cannot read the backends of branch {}: {}".format(p["branch_dir"], p["branch"], exc))
     result = {"changed": False, "backends": [b.as_dict() for b in backends],
-              "serving": [b.node for b in serving], "waited_s": round(waited, 1)}
+              "serving": [b.node for b in serving], "waited_s": round(waited, 1), "drained": False}
     if not serving:
         module.fail_json(msg=refusal(p["branch"], p["gateway"], p["node"], backends, waited), **result)
     module.exit_json(**result)
