@@ -141,8 +141,10 @@ def _module(tmp_path: Path, branch_dir: Path, node: str) -> dict:
            "ANSIBLE_CALLBACK_RESULT_FORMAT": "json"}
     args = json.dumps({"branch": "east", "branch_dir": str(branch_dir), "node": node, "wait_s": 0,
                        "probe_timeout_s": 0.2})
-    proc = subprocess.run([str(Path(sys.executable).with_name("ansible")), "localhost", "-i", "localhost,",
-                           "-c", "local", "-e", f"ansible_python_interpreter={sys.executable}", "-m", "atlas.serving.gateway_backends", "-a", args],
+    ansible = str(Path(sys.executable).with_name("ansible"))
+    proc = subprocess.run([ansible, "localhost", "-i", "localhost,", "-c", "local",
+                           "-e", f"ansible_python_interpreter={sys.executable}",
+                           "-m", "atlas.serving.gateway_backends", "-a", args],
                           cwd=repo, env=env, capture_output=True, text=True, timeout=120)
     assert " => " in proc.stdout, proc.stdout + proc.stderr
     status, result = proc.stdout.split(" => ", 1)
