@@ -1,9 +1,10 @@
 """Staged rollout on the lab: canary then branch by branch behind real nginx gateways, under
-continuous client load through both gateways; SLO-gate failure rolled back on the canary;
-a second rollout on the same inventory refused."""
+continuous client load through both gateways; SLO-gate failure rolled back on the canary while
+a second rollout on the same inventory is refused; a node lost mid-rollout, then --resume."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
@@ -24,21 +25,23 @@ def converged(converged_lab):
     return converged_lab.hosts
 
 
-def test_full_rollout_under_load_fails_no_request(converged):
-    with Load() as load:
-        rc, report = _rollout("--release", "lab-2026.11.2", "-e", LENIENT_SLO)
-    assert rc == 0, report
-    assert report["completed"] == ["canary", "east", "west"]
-    assert load.failed == [], load.failed[:5]
-    assert load.ok > 10, "the load did not run"
-    assert _releases() == dict.fromkeys(SERVING, "lab-2026.11.2")
-
-
-def test_slo_failure_rolls_the_canary_back_and_stops(converged):
+def test_slo_failure_rolls_the_canary_back_and_stops_and_a_second_rollout_is_refused(converged):
+    """The canary fails its SLO gate and goes back; the fleet stays on the old release. While that
+    rollout runs, a second one on the same inventory is refused (exit 2, "already running")."""
     before = _releases()
     with Load() as load:
-        rc, report = _rollout("--release", "lab-2026.11.3", "-e", 'rollout_slo={"e2el_ms": 1}')
-    assert rc == 1, report
+        first = subprocess.Popen([*ATLASCTL, "rollout", "-i", "inventory/lab", "--json", "--release", "lab-2026.11.3",
+                                  "-e", 'rollout_slo={"e2el_ms": 1}'], cwd=ROOT, env=ENV, text=True,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            _wait_for_lock(first)
+            second = atlasctl("rollout", "-i", "inventory/lab", "--release", "lab-2026.11.3", check=False, timeout=60)
+        finally:
+            out, err = first.communicate(timeout=1200)
+    assert second.returncode == 2, second.stdout + second.stderr
+    assert "already running" in second.stderr
+    assert first.returncode == 1, out[-3000:] + err[-3000:]
+    report = json.loads(out)
     failure = report["failure"]
     assert (failure["host"], failure["wave"], failure["gate"]) == (CANARY, "canary", "slo")
     assert "e2el" in failure["why"].lower() or "e2e" in failure["why"].lower(), failure
@@ -46,6 +49,19 @@ def test_slo_failure_rolls_the_canary_back_and_stops(converged):
     assert report["completed"] == []
     assert _releases() == before, "the fleet stays on the old release"
     assert load.failed == [], load.failed[:5]
+
+
+def _wait_for_lock(proc: subprocess.Popen, timeout: float = 60) -> None:
+    """Until the running rollout holds the inventory's rollout lock (it writes its pid into it)."""
+    from atlasctl.rollout import inventory_key, rollouts_dir
+
+    lock = rollouts_dir() / inventory_key((ROOT / "inventory/lab").resolve()) / "rollout.lock"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if lock.is_file() and lock.read_text().startswith(f"pid {proc.pid},"):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the first rollout never took the rollout lock {lock}")
 
 
 def test_engine_that_fails_to_start_is_rolled_back(converged):
@@ -70,30 +86,17 @@ def test_engine_that_fails_to_start_is_rolled_back(converged):
     assert load.failed == [], load.failed[:5]
 
 
-def test_second_rollout_on_the_same_inventory_is_refused(converged):
-    # the first one fails its SLO gate on the canary: long enough to collide with, short to wait for
-    first = subprocess.Popen([*ATLASCTL, "rollout", "-i", "inventory/lab", "--release", "lab-2026.11.5",
-                              "-e", 'rollout_slo={"e2el_ms": 1}'], cwd=ROOT, env=ENV, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        time.sleep(3)
-        second = atlasctl("rollout", "-i", "inventory/lab", "--release", "lab-2026.11.5", check=False, timeout=60)
-    finally:
-        first.communicate(timeout=1200)
-    assert second.returncode == 2, second.stdout + second.stderr
-    assert "already running" in second.stderr
-    assert first.returncode == 1
-
-
 def _pids() -> dict[str, str]:
     return {host: model_service(host)[1] for host in SERVING}
 
 
-def test_node_powered_off_refuses_the_last_drain_and_resume_completes(converged):
-    """atlas-n2 is off when the east wave starts: atlas-n1 is then the branch's last healthy backend,
-    so its drain is refused (it is not touched and keeps serving) and the rollout stops there, the
-    west branch on the old release. With atlas-n2 back, --resume rolls the rest. No client request
-    fails at any point."""
+def test_full_rollout_under_load_with_a_node_lost_fails_no_request(converged):
+    """The full rollout of a new release under client load, with a node lost mid-rollout: atlas-n2
+    is off when the east wave starts, so atlas-n1 is the branch's last healthy backend and its drain
+    is refused (it is not touched and keeps serving); the rollout stops there, the west branch on
+    the old release. With atlas-n2 back, --resume rolls the rest (canary, then east, then west done,
+    every node on the release). No client request fails at any point. (One test for both: each full
+    rollout costs the lab minutes.)"""
     before = _releases()
     release = "lab-2026.11.6"
     n1_pid = model_service("atlas-n1")[1]
@@ -113,7 +116,7 @@ def test_node_powered_off_refuses_the_last_drain_and_resume_completes(converged)
         assert now == {"atlas-n1": before["atlas-n1"], "atlas-n3": release, "atlas-n4": before["atlas-n4"]}
         rc, report = _rollout("--release", release, "--resume", "-e", LENIENT_SLO)
     assert rc == 0, report
-    assert report["completed"][-1] == "west"
+    assert report["completed"] == ["canary", "east", "west"]
     assert _releases() == dict.fromkeys(SERVING, release)
     assert load.failed == [], load.failed[:5]
     assert load.ok > 10, "the load did not run"
