@@ -76,6 +76,87 @@ def test_hash_file_matches_hashlib(tmp_path: Path, size: int) -> None:
     assert got == checksums.Digests(size, hashlib.md5(data).hexdigest(), hashlib.sha256(data).hexdigest())
 
 
+def _digests(data: bytes):
+    return checksums.Digests(len(data), hashlib.md5(data).hexdigest(), hashlib.sha256(data).hexdigest())
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize("direct", [True, False, None])
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 3 * MIB, 3 * MIB + 3, 9 * MIB + 511])
+def test_direct_and_buffered_reads_hash_every_byte_once(tmp_path: Path, size: int, direct) -> None:
+    data = os.urandom(size)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    lane = checksums.ThreadPoolExecutor(max_workers=1)
+    try:
+        for md5_lane in (None, lane):
+            assert checksums.hash_file(str(path), bufsize=MIB, direct=direct, md5_lane=md5_lane) == _digests(data)
+    finally:
+        lane.shutdown()
+
+
+def test_large_files_are_read_with_o_direct_small_ones_buffered(tmp_path: Path, monkeypatch) -> None:
+    calls = []
+    real = os.preadv
+    monkeypatch.setattr(checksums.os, "preadv", lambda fd, bufs, off: calls.append(off) or real(fd, bufs, off))
+    big, small = tmp_path / "big", tmp_path / "small"
+    big.write_bytes(os.urandom(checksums.DIRECT_MIN_SIZE + 5))
+    small.write_bytes(os.urandom(checksums.DIRECT_MIN_SIZE - 1))
+    checksums.hash_file(str(small), bufsize=MIB)
+    assert calls == []
+    assert checksums.hash_file(str(big), bufsize=MIB) == _digests(big.read_bytes())
+    assert calls[:3] == [0, MIB, 2 * MIB] and len(calls) == checksums.DIRECT_MIN_SIZE // MIB + 1
+
+
+@pytest.mark.parametrize("how", ["refused at the first read", "short reads off the block grid", "read error"])
+def test_direct_read_falls_back_to_buffered_from_where_it_stopped(tmp_path: Path, monkeypatch, how) -> None:
+    data = os.urandom(5 * MIB + 17)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    real = os.preadv
+
+    def preadv(fd, bufs, off):
+        if how == "refused at the first read":
+            raise OSError(22, "Invalid argument")
+        if how == "read error" and off >= 2 * MIB:
+            raise OSError(5, "Input/output error")
+        if how == "short reads off the block grid" and off >= MIB:
+            return real(fd, [memoryview(bufs[0])[: MIB // 2]], off) and MIB // 2 - 100
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(checksums.os, "preadv", preadv)
+    assert checksums.hash_file(str(path), bufsize=MIB, direct=True) == _digests(data)
+
+
+def test_a_filesystem_without_o_direct_is_read_buffered(tmp_path: Path, monkeypatch) -> None:
+    data = os.urandom(2 * MIB + 1)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    real_open = os.open
+
+    def no_direct(p, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(22, "Invalid argument")  # tmpfs
+        return real_open(p, flags, *args)
+
+    monkeypatch.setattr(checksums.os, "open", no_direct)
+    assert checksums.hash_file(str(path), bufsize=MIB, direct=True) == _digests(data)
+
+
+def test_an_abandoned_direct_read_leaves_no_thread_or_descriptor(tmp_path: Path) -> None:
+    import threading
+
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(6 * MIB))
+    threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
+    chunks = checksums._direct_chunks(str(path), MIB)
+    assert len(next(chunks)) == MIB
+    chunks.close()
+    assert (threading.active_count(), len(os.listdir("/proc/self/fd"))) == (threads, fds)
+
+
 def test_digest_tree_lists_every_file_once(model) -> None:
     root, expected, _ = model
     got = checksums.digest_tree(str(root), workers=2)

@@ -2,9 +2,17 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """One-pass md5 + sha256 verification of a directory tree, with verification stamps.
 
-* Each file is read once, into a reused buffer; md5 and sha256 are fed the same bytes.
-* Files are hashed in parallel threads (hashlib releases the GIL on buffers >= 2 KiB);
-  memory is ``workers x bufsize`` whatever the file sizes.
+* Each file is read once, into reused buffers; md5 and sha256 are fed the same bytes.
+* Files are hashed in parallel threads (hashlib releases the GIL on buffers >= 2 KiB).
+* Files of at least ``DIRECT_MIN_SIZE`` are read with O_DIRECT, a prefetch thread reading
+  the next buffer while the current one is hashed: the storage writes straight into the
+  buffer, so the kernel neither fills the page cache nor copies the data to user space.
+  Measured on the project's 2-core machine, a cold buffered read costs 0.37-0.57 CPU-s/GB
+  of kernel time and an O_DIRECT one 0.05-0.07: with buffered reads a fifth of the CPU
+  went to the page cache instead of to md5 and sha256 (docs/verification-speed.md).
+  Where O_DIRECT is refused (tmpfs, some overlay and network filesystems: EINVAL) or a
+  read ends short of the block size, the rest of the file is read buffered.
+  Memory is ``workers x DIRECT_BUFFERS x bufsize`` whatever the file sizes.
 * After a full check a *stamp* per file records (size, mtime_ns, ctime_ns, inode, device,
   md5, sha256). A later run trusts a stamp only when all five stat fields are unchanged
   and the stamp's digests equal the digests expected now. ctime cannot be set from user
@@ -20,7 +28,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
+import queue
 import tempfile
 import threading
 import time
@@ -32,6 +42,10 @@ from dataclasses import dataclass, field
 from ansible_collections.atlas.serving.plugins.module_utils.manifest import ALGORITHMS, Expected
 
 DEFAULT_BUFSIZE = 4 << 20
+# O_DIRECT for files of at least this size (smaller ones: a buffered read costs little and
+# a direct one a round trip to the storage per file); buffers in flight per file.
+DIRECT_MIN_SIZE = 8 << 20
+DIRECT_BUFFERS = 3
 STAMP_FILE_NAME = ".atlas-verified.json"
 STAMP_FORMAT = 1
 RACY_MARGIN_NS = 100_000_000  # > one kernel tick: coarse timestamps lag the real clock by <= 1 jiffy
@@ -184,25 +198,27 @@ def hash_file(
     on_bytes: Callable[[int], None] | None = None,
     buf: bytearray | None = None,
     md5_lane: ThreadPoolExecutor | None = None,
+    direct: bool | None = None,
 ) -> Digests:
     """md5 and sha256 of one file in a single sequential read.
 
     With ``md5_lane`` (a one-thread executor), md5 runs there over the same buffer while
     this thread runs sha256: both release the GIL on large buffers, so one file keeps two
     cores busy and the slower md5 no longer serialises behind sha256.
+
+    ``direct``: read with O_DIRECT (None: for files of at least ``DIRECT_MIN_SIZE``);
+    ``buf`` is then not used (O_DIRECT needs page-aligned buffers).
     """
-    buffer = buf if buf is not None else bytearray(bufsize)
-    view = memoryview(buffer)
     md5 = hashlib.md5(usedforsecurity=False) if _md5_accepts_flag() else hashlib.md5()
     sha = hashlib.sha256()
     size = 0
     with open(path, "rb", buffering=0) as handle:
-        _advise_sequential(handle.fileno())
-        while True:
-            n = handle.readinto(buffer)
-            if not n:
-                break
-            chunk = view[:n]
+        if direct is None:
+            direct = os.fstat(handle.fileno()).st_size >= DIRECT_MIN_SIZE
+        chunks = _direct_chunks(path, bufsize) if direct and _HAVE_DIRECT else None
+        if chunks is None:
+            chunks = _buffered_chunks(handle, bufsize, buf)
+        for chunk in chunks:
             if md5_lane is not None:
                 pending = md5_lane.submit(md5.update, chunk)
                 sha.update(chunk)
@@ -210,10 +226,101 @@ def hash_file(
             else:
                 md5.update(chunk)
                 sha.update(chunk)
+            n = len(chunk)
             size += n
             if on_bytes is not None:
                 on_bytes(n)
     return Digests(size=size, md5=md5.hexdigest(), sha256=sha.hexdigest())
+
+
+def _buffered_chunks(handle, bufsize: int, buf: bytearray | None = None, offset: int = 0):
+    """Chunks of an open file from ``offset`` on, through one reused buffer (page cache)."""
+    buffer = buf if buf is not None else bytearray(bufsize)
+    view = memoryview(buffer)
+    if offset:
+        handle.seek(offset)
+    _advise_sequential(handle.fileno())
+    while True:
+        n = handle.readinto(buffer)
+        if not n:
+            return
+        yield view[:n]
+
+
+_HAVE_DIRECT = hasattr(os, "O_DIRECT") and hasattr(os, "preadv")
+_DONE = object()
+
+
+def _direct_chunks(path: str, bufsize: int):
+    """Chunks of ``path`` read with O_DIRECT, the next ones read ahead by a prefetch thread.
+
+    Yields memoryviews into ``DIRECT_BUFFERS`` page-aligned buffers; a buffer is read into
+    again only after the consumer has asked for the chunk after it. Where O_DIRECT is
+    refused, or a read ends off the block grid (the file's end, or a filesystem that returns
+    less), the remainder is read buffered from that offset: every byte is yielded once.
+    Returns None (nothing yielded) when the file cannot be opened with O_DIRECT at all.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    return _direct_gen(fd, path, bufsize)
+
+
+def _direct_gen(fd: int, path: str, bufsize: int):
+    bufsize = max(mmap.PAGESIZE, bufsize - bufsize % mmap.PAGESIZE)
+    buffers = [mmap.mmap(-1, bufsize) for _ in range(DIRECT_BUFFERS)]
+    free: queue.Queue = queue.Queue()
+    full: queue.Queue = queue.Queue()
+    for b in buffers:
+        free.put(b)
+    stop = threading.Event()
+
+    def prefetch() -> None:
+        offset = 0
+        try:
+            while not stop.is_set():
+                b = free.get()
+                if b is _DONE:
+                    return
+                try:
+                    n = os.preadv(fd, [b], offset)
+                except OSError as exc:
+                    full.put(("fallback", offset, exc))
+                    return
+                if n:
+                    full.put(("data", b, n))
+                    offset += n
+                if n < bufsize:  # the end, or a short read off the block grid: go on buffered
+                    full.put(("fallback", offset, None))
+                    return
+        except BaseException as exc:  # noqa: BLE001 (handed to the consumer)
+            full.put(("error", 0, exc))
+
+    reader = threading.Thread(target=prefetch, name="verify-prefetch", daemon=True)
+    reader.start()
+    try:
+        while True:
+            kind, a, b = full.get()
+            if kind == "data":
+                yield memoryview(a)[:b]
+                free.put(a)
+            elif kind == "fallback":
+                with open(path, "rb", buffering=0) as handle:
+                    yield from _buffered_chunks(handle, bufsize, offset=a)
+                return
+            else:
+                raise b
+    finally:
+        stop.set()
+        free.put(_DONE)
+        reader.join()
+        os.close(fd)
+        for m in buffers:
+            try:
+                m.close()
+            except BufferError:  # a view the consumer still holds: freed with it
+                pass
 
 
 def _advise_sequential(fd: int) -> None:
@@ -264,7 +371,8 @@ class _ByteCounter:
 
 
 def _read_one(
-    path: str, bufsize: int, counter: _ByteCounter, local: threading.local, lanes: list | None = None
+    path: str, bufsize: int, counter: _ByteCounter, local: threading.local, lanes: list | None = None,
+    direct: bool | None = None,
 ) -> _ReadOutcome:
     buf = getattr(local, "buf", None)
     if buf is None or len(buf) != bufsize:
@@ -278,7 +386,7 @@ def _read_one(
     started = time.time_ns()
     try:
         before = FileStat.of(os.stat(path))
-        digests = hash_file(path, bufsize, counter.add, buf, lane)
+        digests = hash_file(path, bufsize, counter.add, buf, lane, direct)
         after = FileStat.of(os.stat(path))
     except OSError as exc:
         return _ReadOutcome(None, None, None, started, error=f"cannot read: {exc.strerror or exc}")
@@ -291,6 +399,7 @@ def hash_many(
     bufsize: int = DEFAULT_BUFSIZE,
     progress: Progress | None = None,
     sizes: dict[str, int] | None = None,
+    direct: bool | None = None,
 ) -> dict[str, _ReadOutcome]:
     """Hash {key: path} in parallel, largest first (keeps the tail short).
 
@@ -306,9 +415,9 @@ def hash_many(
     lanes: list[ThreadPoolExecutor] = []
     try:
         if nworkers <= 1 or len(order) <= 1:
-            return {k: _read_one(paths[k], bufsize, counter, local, lanes) for k in order}
+            return {k: _read_one(paths[k], bufsize, counter, local, lanes, direct) for k in order}
         with ThreadPoolExecutor(max_workers=nworkers, thread_name_prefix="verify") as pool:
-            futures = {k: pool.submit(_read_one, paths[k], bufsize, counter, local, lanes) for k in order}
+            futures = {k: pool.submit(_read_one, paths[k], bufsize, counter, local, lanes, direct) for k in order}
             return {k: f.result() for k, f in futures.items()}
     finally:
         for lane in lanes:
@@ -492,11 +601,13 @@ def verify_tree(
     ignore: set[str] | frozenset[str] = frozenset(),
     progress: Progress | None = None,
     bufsize: int = DEFAULT_BUFSIZE,
+    direct: bool | None = None,
 ) -> Report:
     """Verify every expected file under root; report ok/mismatch/missing/extra/error per file.
 
     stamps_path None disables stamps. write_stamps False is check mode: nothing is written,
-    but ``stamps_changed`` still says whether a real run would write them.
+    but ``stamps_changed`` still says whether a real run would write them. ``direct``: read
+    with O_DIRECT (True), through the page cache (False), or by file size (None, see hash_file).
     """
     t0 = time.perf_counter()
     root = _check_root(root)
@@ -542,7 +653,7 @@ def verify_tree(
         to_read[rel] = path
         sizes[rel] = st.size
 
-    outcomes = hash_many(to_read, workers, bufsize, progress, sizes)
+    outcomes = hash_many(to_read, workers, bufsize, progress, sizes, direct)
     bytes_read = 0
     for rel, outcome in outcomes.items():
         result = _result_from_read(rel, expected[rel], outcome)
