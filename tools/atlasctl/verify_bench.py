@@ -70,6 +70,11 @@ class Figures:
     hash_cpu_s_per_gb: float
     verifier_cpu_s_per_gb: float
     load_avg: float
+    # the same data read through the page cache (the verifier before O_DIRECT), cold
+    buffered_s: float = 0.0
+    buffered_cpu_s_per_gb: float = 0.0
+    # other shapes of data, each cold: [{name, files, bytes, direct_mb_s, buffered_mb_s, pct_of_limit, ...}]
+    shapes: list | None = None
 
 
 def log(msg: str) -> None:
@@ -136,6 +141,34 @@ def make_model(root: Path, total: int) -> list[Path]:
     (root / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}\n')
     os.sync()
     return [root / n for n in names]
+
+
+def make_files(root: Path, sizes: list[int]) -> list[Path]:
+    """Files of the given sizes under root (random data, reused when present with the same sizes)."""
+    root.mkdir(parents=True, exist_ok=True)
+    paths = [root / f"f{i:05d}.bin" for i in range(len(sizes))]
+    if all(p.is_file() and p.stat().st_size == n for p, n in zip(paths, sizes, strict=True)):
+        return paths
+    block = os.urandom(RANDOM_BLOCK)
+    for i, (path, size) in enumerate(zip(paths, sizes, strict=True)):
+        with open(path, "wb") as handle:
+            handle.write(i.to_bytes(8, "little"))
+            written = 8
+            while written < size:
+                n = min(len(block), size - written)
+                handle.write(block[:n])
+                written += n
+            handle.truncate(size)
+    os.sync()
+    return paths
+
+
+# Other shapes of data (besides the model's large shards), each verified cold:
+# files around the 4 MiB read buffer and the O_DIRECT threshold, many small files, one large file.
+SHAPES = {
+    "mixed sizes (4 KiB-24 MiB)": [4 << 10, 100 << 10, 1 << 20, (4 << 20) - 1, (4 << 20) + 1, 9 << 20, 24 << 20] * 20,
+    "many small files (4-256 KiB)": [(4 + 36 * (i % 8)) << 10 for i in range(2000)],
+}
 
 
 # --- the limit -------------------------------------------------------------------------------
@@ -220,6 +253,51 @@ def proc_io() -> dict[str, int]:
         return {k: int(v) for k, v in (line.split(":") for line in handle)}
 
 
+def timed_verify(root: Path, files: list[Path], workers: int, direct: bool | None,
+                 ignore: frozenset[str] = frozenset(), expected: dict | None = None) -> tuple[float, float]:
+    """Cold full verification of root: (seconds, CPU seconds per GB)."""
+    if expected is None:
+        expected = {rel: manifest.Expected(path=rel, size=d.size, md5=d.md5, sha256=d.sha256)
+                    for rel, d in checksums.digest_tree(str(root), workers=workers, ignore=ignore).items()}
+    nbytes = sum(p.stat().st_size for p in files)
+    drop_cache(files)
+    c0 = cpu_seconds()
+    report = checksums.verify_tree(str(root), expected, stamps_path=None, full=True, workers=workers,
+                                   ignore=set(ignore), direct=direct)  # fmt: skip
+    if report.failed:
+        raise SystemExit(report.failure_message())
+    return report.seconds, (cpu_seconds() - c0) / (nbytes / 1e9)
+
+
+def shapes_dir(root: Path) -> Path:
+    return root.parent / "shapes"
+
+
+def measure_shapes(base: Path, workers: int, limit: float, largest: Path) -> list[dict]:
+    """The verifier (O_DIRECT by size) and the page-cache reader on other shapes of data, cold."""
+    out = []
+    single = base / "single"
+    single.mkdir(parents=True, exist_ok=True)
+    one = single / largest.name
+    if not one.exists():
+        os.link(largest, one)
+    shapes = {name: make_files(base / f"shape-{i}", sizes) for i, (name, sizes) in enumerate(SHAPES.items())}
+    shapes["one large file"] = [one]
+    for name, files in shapes.items():
+        root = files[0].parent
+        log(f"shape: {name} ({len(files)} files), cold, O_DIRECT by size and buffered")
+        expected = {rel: manifest.Expected(path=rel, size=d.size, md5=d.md5, sha256=d.sha256)
+                    for rel, d in checksums.digest_tree(str(root), workers=workers).items()}
+        nbytes = sum(p.stat().st_size for p in files)
+        t_direct, cpu_direct = timed_verify(root, files, workers, None, expected=expected)
+        t_buffered, cpu_buffered = timed_verify(root, files, workers, False, expected=expected)
+        out.append({"name": name, "files": len(files), "bytes": nbytes,
+                    "direct_mb_s": nbytes / 1e6 / t_direct, "buffered_mb_s": nbytes / 1e6 / t_buffered,
+                    "direct_cpu_s_per_gb": cpu_direct, "buffered_cpu_s_per_gb": cpu_buffered,
+                    "pct_of_limit": 100 * nbytes / 1e6 / t_direct / limit})  # fmt: skip
+    return out
+
+
 def run_bench(root: Path, total: int, workers: int | None) -> Figures:
     files = make_model(root, total)
     nbytes = sum(p.stat().st_size for p in files) + (root / "config.json").stat().st_size
@@ -273,6 +351,9 @@ def run_bench(root: Path, total: int, workers: int | None) -> Figures:
         after = proc_io()
     if again.failed or again.totals()["from_stamps"] != len(all_files):
         raise SystemExit(f"stamp re-verify did not use the stamps: {again.totals()}")
+    log("(b') the same verification through the page cache (the reader before O_DIRECT), cold")
+    t_buffered, buffered_cpu = timed_verify(root, all_files, nworkers, False, frozenset(ignore), expected)
+    shapes = measure_shapes(shapes_dir(root), nworkers, limit, max(files, key=lambda p: p.stat().st_size))
     per_file = t_stamp / len(all_files)
     pair = t_md5 + t_sha
     return Figures(
@@ -285,6 +366,7 @@ def run_bench(root: Path, total: int, workers: int | None) -> Figures:
         stamp_rchar=after["rchar"] - before["rchar"], stamp_per_file_ms=per_file * 1e3,
         stamp_130gb_extrapolated_s=per_file * MODEL_130GB_FILES,
         hash_cpu_s_per_gb=hash_cpu, verifier_cpu_s_per_gb=verify_cpu, load_avg=os.getloadavg()[0],
+        buffered_s=t_buffered, buffered_cpu_s_per_gb=buffered_cpu, shapes=shapes,
     )  # fmt: skip
 
 
@@ -312,8 +394,11 @@ def render(f: Figures) -> str:
         "(b) one-pass verifier, cold",
         f"  verifier   {f.verifier_s:7.2f} s  {f.verifier_mb_s:6.0f} MB/s  ({f.workers} threads)",
         "",
+        f"  through the page cache (the reader before O_DIRECT): {f.buffered_s:.2f} s  "
+        f"{mb / f.buffered_s:6.0f} MB/s  {f.buffered_cpu_s_per_gb:.2f} CPU-s/GB",
+        "",
         f"speed-up (a)/(b):            {f.speedup:5.2f}x   (target >= 5x)",
-        f"(b) as a share of the limit: {f.pct_of_limit:5.1f} %  (target >= 85 %)",
+        f"(b) as a share of the limit: {f.pct_of_limit:5.1f} %  (target >= 90 %)",
         f"CPU cost: verifier {f.verifier_cpu_s_per_gb:.2f} CPU-s/GB, bare md5+sha256 {f.hash_cpu_s_per_gb:.2f} "
         f"CPU-s/GB ({100 * f.hash_cpu_s_per_gb / f.verifier_cpu_s_per_gb:.0f} % of the verifier's CPU is hashing)",
         f"load average at the end: {f.load_avg:.1f} on {os.cpu_count()} CPUs"
@@ -329,6 +414,12 @@ def render(f: Figures) -> str:
         f"({f.hash_capacity_mb_s:.0f} MB/s here).",
         f"  The verifier cannot beat the limit, so the best possible speed-up here is "
         f"{f.pair_s / (mb / f.limit_mb_s):.2f}x.",
+        "",
+        "other shapes of data, cold (verifier: O_DIRECT for files >= "
+        f"{checksums.DIRECT_MIN_SIZE >> 20} MiB; buffered: the page-cache reader)",
+        *[f"  {x['name']:30s} {x['files']:5d} files {x['bytes'] / 1e6:7.0f} MB: verifier {x['direct_mb_s']:5.0f} MB/s "
+          f"({x['pct_of_limit']:5.1f} % of the limit, {x['direct_cpu_s_per_gb']:.2f} CPU-s/GB), buffered "
+          f"{x['buffered_mb_s']:5.0f} MB/s ({x['buffered_cpu_s_per_gb']:.2f} CPU-s/GB)" for x in (f.shapes or [])],
         "",
         "stamp re-verify (unchanged files, cache dropped first)",
         f"  {f.stamp_s * 1e3:.1f} ms for {f.files} files = {f.stamp_per_file_ms:.2f} ms per file; "
@@ -371,6 +462,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
+            shutil.rmtree(shapes_dir(root), ignore_errors=True)
     print(json.dumps(asdict(figures), indent=2) if args.json else render(figures))
     return 0
 
