@@ -20,14 +20,18 @@ demo: host-deps venv
 	$(VENV)/bin/ansible-playbook -i inventory/lab site.yml
 	$(ATLASCTL) health -i inventory/lab
 
-# The unit tests run beside the lab tests (the lab mostly waits on its nodes); both must pass.
-test: host-deps venv lint
+# Lint, then the unit tests, run beside the lab tests (the lab mostly waits on its nodes);
+# all three must pass. Their output: artifacts/lint-and-unit.log, printed at the end.
+test: host-deps venv
 	@mkdir -p artifacts; \
-	$(VENV)/bin/pytest -ra -m "not lab" tests --ignore=tests/drills > artifacts/unit-tests.log 2>&1 & unit=$$!; \
+	( $(MAKE) --no-print-directory lint; l=$$?; $(VENV)/bin/pytest -ra -m "not lab" tests --ignore=tests/drills; \
+	  u=$$?; echo "lint exit $$l, unit tests exit $$u"; [ $$l -eq 0 ] && [ $$u -eq 0 ] ) \
+	  > artifacts/lint-and-unit.log 2>&1 & unit=$$!; \
 	lab=0; $(VENV)/bin/pytest -ra -m lab tests --ignore=tests/drills || lab=$$?; \
 	rc=0; wait $$unit || rc=$$?; \
-	echo "--- unit tests (run beside the lab tests; artifacts/unit-tests.log)"; cat artifacts/unit-tests.log; \
-	if [ $$lab -ne 0 ] || [ $$rc -ne 0 ]; then echo "make test: lab tests exit $$lab, unit tests exit $$rc"; exit 1; fi
+	echo "--- lint and unit tests (run beside the lab tests; artifacts/lint-and-unit.log)"; \
+	cat artifacts/lint-and-unit.log; \
+	if [ $$lab -ne 0 ] || [ $$rc -ne 0 ]; then echo "make test: lab tests exit $$lab, lint and unit tests exit $$rc"; exit 1; fi
 
 unit: venv
 	$(VENV)/bin/pytest -ra -m "not lab" tests --ignore=tests/drills
