@@ -4,15 +4,16 @@
 
 * Each file is read once, into reused buffers; md5 and sha256 are fed the same bytes.
 * Files are hashed in parallel threads (hashlib releases the GIL on buffers >= 2 KiB).
-* Files of at least ``DIRECT_MIN_SIZE`` are read with O_DIRECT, a prefetch thread reading
-  the next buffer while the current one is hashed: the storage writes straight into the
-  buffer, so the kernel neither fills the page cache nor copies the data to user space.
+* A file of at least ``DIRECT_MIN_SIZE`` read alone is read with O_DIRECT, a prefetch
+  thread reading the next buffer while the current one is hashed: the storage writes
+  straight into the buffer, so the kernel neither fills the page cache nor copies the data.
   Measured on the project's 2-core machine, a cold buffered read costs 0.37-0.57 CPU-s/GB
-  of kernel time and an O_DIRECT one 0.05-0.07: with buffered reads a fifth of the CPU
-  went to the page cache instead of to md5 and sha256 (docs/verification-speed.md).
-  Where O_DIRECT is refused (tmpfs, some overlay and network filesystems: EINVAL) or a
-  read ends short of the block size, the rest of the file is read buffered.
-  Memory is ``workers x DIRECT_BUFFERS x bufsize`` whatever the file sizes.
+  of kernel time and an O_DIRECT one 0.05-0.07. Several files at once are read buffered:
+  the kernel's readahead keeps more requests in flight than one prefetcher, and that won
+  there (docs/verification-speed.md has the figures). Where O_DIRECT is refused (tmpfs,
+  some overlay and network filesystems: EINVAL) or a read ends short of the block size,
+  the rest of the file is read buffered.
+  Memory is at most ``workers x DIRECT_BUFFERS x bufsize`` whatever the file sizes.
 * After a full check a *stamp* per file records (size, mtime_ns, ctime_ns, inode, device,
   md5, sha256). A later run trusts a stamp only when all five stat fields are unchanged
   and the stamp's digests equal the digests expected now. ctime cannot be set from user
@@ -416,6 +417,11 @@ def hash_many(
     try:
         if nworkers <= 1 or len(order) <= 1:
             return {k: _read_one(paths[k], bufsize, counter, local, lanes, direct) for k in order}
+        if direct is None:
+            # Several files at once: the kernel's readahead keeps several requests in flight per
+            # stream, one O_DIRECT prefetcher only one. Measured here (4 x 256 MiB, 2 workers, cold,
+            # median of 3): buffered 544 MB/s, O_DIRECT 497; one 1 GiB file: O_DIRECT 421, buffered 378.
+            direct = False
         with ThreadPoolExecutor(max_workers=nworkers, thread_name_prefix="verify") as pool:
             futures = {k: pool.submit(_read_one, paths[k], bufsize, counter, local, lanes, direct) for k in order}
             return {k: f.result() for k, f in futures.items()}
