@@ -4,25 +4,14 @@ stop the bench), the page-cache reader and the O_DIRECT reader are both measured
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from atlasctl import verify_bench
 
 
-def _evict_only(files):
-    """Only the bench's own files leave the page cache (a unit test must not drop the machine's)."""
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return "fadvise"
-
-
 def test_bench_measures_every_shape_with_both_readers(tmp_path: Path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(verify_bench, "drop_cache", _evict_only)
+    # only the bench's own files leave the page cache: a unit test must not drop the machine's
+    monkeypatch.setattr(verify_bench, "drop_cache", verify_bench.evict)
     monkeypatch.setattr(verify_bench, "TARGET_SHARD", 12 << 20)
     monkeypatch.setattr(verify_bench, "RANDOM_BLOCK", 4 << 20)
     monkeypatch.setattr(verify_bench, "SHAPES", {"mixed": [1, 4 << 10, (4 << 20) + 1, 9 << 20], "small": [512] * 30})
