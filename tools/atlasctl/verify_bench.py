@@ -258,12 +258,15 @@ def proc_io() -> dict[str, int]:
         return {k: int(v) for k, v in (line.split(":") for line in handle)}
 
 
+def expected_of(root: Path, workers: int) -> dict:
+    """{rel: Expected} of every file under root, from the files themselves (not timed)."""
+    return {rel: manifest.Expected(path=rel, size=d.size, md5=d.md5, sha256=d.sha256)
+            for rel, d in checksums.digest_tree(str(root), workers=workers).items()}
+
+
 def timed_verify(root: Path, files: list[Path], workers: int, direct: bool | None,
-                 ignore: frozenset[str] = frozenset(), expected: dict | None = None) -> tuple[float, float]:
+                 ignore: frozenset[str], expected: dict) -> tuple[float, float]:
     """Cold full verification of root: (seconds, CPU seconds per GB)."""
-    if expected is None:
-        expected = {rel: manifest.Expected(path=rel, size=d.size, md5=d.md5, sha256=d.sha256)
-                    for rel, d in checksums.digest_tree(str(root), workers=workers, ignore=ignore).items()}
     nbytes = sum(p.stat().st_size for p in files)
     drop_cache(files)
     c0 = cpu_seconds()
@@ -291,11 +294,10 @@ def measure_shapes(base: Path, workers: int, limit: float, largest: Path) -> lis
     for name, files in shapes.items():
         root = files[0].parent
         log(f"shape: {name} ({len(files)} files), cold, O_DIRECT by size and buffered")
-        expected = {rel: manifest.Expected(path=rel, size=d.size, md5=d.md5, sha256=d.sha256)
-                    for rel, d in checksums.digest_tree(str(root), workers=workers).items()}
+        expected = expected_of(root, workers)
         nbytes = sum(p.stat().st_size for p in files)
-        t_direct, cpu_direct = timed_verify(root, files, workers, None, expected=expected)
-        t_buffered, cpu_buffered = timed_verify(root, files, workers, False, expected=expected)
+        t_direct, cpu_direct = timed_verify(root, files, workers, None, frozenset(), expected)
+        t_buffered, cpu_buffered = timed_verify(root, files, workers, False, frozenset(), expected)
         out.append({"name": name, "files": len(files), "bytes": nbytes,
                     "direct_mb_s": nbytes / 1e6 / t_direct, "buffered_mb_s": nbytes / 1e6 / t_buffered,
                     "direct_cpu_s_per_gb": cpu_direct, "buffered_cpu_s_per_gb": cpu_buffered,
