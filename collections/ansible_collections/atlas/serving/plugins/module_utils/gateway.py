@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 import re
 import time
-import urllib.error
-import urllib.request
+
+from ansible_collections.atlas.serving.plugins.module_utils.health import request
 
 SERVER_RE = re.compile(r"^\s*server\s+(?P<address>\S+):(?P<port>\d+)(?P<params>[^;]*);", re.M)
 
@@ -78,15 +78,8 @@ def read_backends(branch_dir):
 
 def http_health(backend, timeout):
     """(healthy, detail) of ``GET http://<backend>/health``: healthy only on 200."""
-    url = f"http://{backend.address}:{backend.port}/health"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (http to a backend)
-            return response.status == 200, f"HTTP {response.status}"
-    except urllib.error.HTTPError as exc:
-        return False, f"HTTP {exc.code}"
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return False, str(reason) or type(exc).__name__
+    status, _, detail = request("GET", f"http://{backend.address}:{backend.port}/health", timeout=timeout)
+    return status == 200, detail
 
 
 def takes_traffic(backends, node):

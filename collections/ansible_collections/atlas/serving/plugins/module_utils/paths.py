@@ -1,9 +1,14 @@
 # Copyright: (c) 2025, atlas.serving contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Directories and symbolic links of a stage, brought to their state in one module call.
+"""Directories, files and symbolic links of a stage, brought to their state in one module call.
 
-A stage that needs N directories and M links would otherwise run ``ansible.builtin.file`` N + M
-times, one round trip to the node each. :func:`plan` compares what is on disk with what is
+A stage that needs N directories, F files and M links would otherwise run ``ansible.builtin.file``
+N + M times and ``template``/``copy`` F times (two round trips each when the file is unchanged: a
+stat, then ``file`` for its attributes), one round trip to the node each. Files are rendered on
+the controller and their content passed in; :func:`plan_files` compares it with what is on disk
+and :func:`apply_files` writes what differs atomically (a temporary file in the same directory,
+mode and owner set, fsynced, renamed over the old one; created in place, it gets the SELinux
+context of its directory as ``template`` does). :func:`plan` compares what is on disk with what is
 wanted and lists the actions; :func:`apply` carries them out, in order (missing parents first,
 with the same mode and owner, as ``ansible.builtin.file`` with ``state: directory`` does).
 A link is replaced atomically (a new link beside it, renamed over it), as
@@ -100,3 +105,106 @@ def describe(actions):
     """One line per action, for the diff and the result."""
     return [f"{verb} {path} ({detail})" if verb != "link" else f"link {path} -> {detail}"
             for verb, path, detail in actions]
+
+
+def plan_files(files):
+    """The actions that bring files to their content, mode and owner, as (verb, path, detail):
+    ``write`` (detail: the content on disk before, or None), ``chmod``, ``chown``.
+    ``files``: (dest, content bytes, mode, uid, gid) tuples."""
+    actions = []
+    for dest, content, mode, uid, gid in files:
+        try:
+            st = os.lstat(dest)
+        except FileNotFoundError:
+            actions.append(("write", dest, None))
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            actions.append(("write", dest, None))  # the link is replaced by the file, as template does
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise PathError(f"{dest} is not a regular file; a file is wanted there: move it away, then run again")
+        with open(dest, "rb") as fh:
+            before = fh.read()
+        if before != content:
+            actions.append(("write", dest, before))
+            continue
+        if stat.S_IMODE(st.st_mode) != mode:
+            actions.append(("chmod", dest, f"{oct(stat.S_IMODE(st.st_mode))} -> {oct(mode)}"))
+        if (st.st_uid, st.st_gid) != (uid, gid):
+            actions.append(("chown", dest, f"{st.st_uid}:{st.st_gid} -> {uid}:{gid}"))
+    return actions
+
+
+def apply_files(actions, files):
+    """Carry out plan_files' actions (``files`` as given to it)."""
+    wanted = {dest: (content, mode, uid, gid) for dest, content, mode, uid, gid in files}
+    for verb, path, _detail in actions:
+        content, mode, uid, gid = wanted[path]
+        if verb == "write":
+            tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.atlas-tmp.{os.getpid()}")
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(content)
+                    os.fchown(fh.fileno(), uid, gid)
+                    os.fchmod(fh.fileno(), mode)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.lexists(tmp):
+                    os.unlink(tmp)
+                raise
+        elif verb == "chmod":
+            os.chmod(path, mode)
+        elif verb == "chown":
+            os.chown(path, uid, gid)
+
+
+def converge(directories, files, links, mode, uid, gid, check=False):
+    """Plan, and unless ``check``, apply: directories first, then files, then links (a link can
+    point at a file written in the same call). Returns (directory, file, link) actions."""
+    actions = plan(directories, links, mode, uid, gid)
+    dir_actions = [a for a in actions if a[0] != "link"]
+    link_actions = [a for a in actions if a[0] == "link"]
+    file_actions = plan_files(files)
+    if not check:
+        apply(dir_actions, mode, uid, gid)
+        apply_files(file_actions, files)
+        apply(link_actions, mode, uid, gid)
+    return dir_actions, file_actions, link_actions
+
+
+def inspect(paths):
+    """{path: {"exists": bool, "link": target or None}} (lstat: a link is not followed)."""
+    out = {}
+    for path in paths:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            out[path] = {"exists": False, "link": None}
+            continue
+        out[path] = {"exists": True, "link": os.readlink(path) if stat.S_ISLNK(st.st_mode) else None}
+    return out
+
+
+def describe_files(actions):
+    return [f"{verb} {path}" if verb == "write" else f"{verb} {path} ({detail})" for verb, path, detail in actions]
+
+
+def file_diffs(actions, files):
+    """One before/after diff per written file (``--diff``)."""
+    after = {dest: content for dest, content, _m, _u, _g in files}
+
+    def text(data):
+        if data is None:
+            return ""
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return "(binary content)\n"
+
+    return [{"before": text(detail), "after": text(after[path]), "before_header": path, "after_header": path}
+            for verb, path, detail in actions if verb == "write"]

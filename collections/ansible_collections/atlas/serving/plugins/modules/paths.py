@@ -7,18 +7,35 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: paths
-short_description: Directories and symbolic links of a stage in one call
+short_description: Directories, files and symbolic links of a stage in one call
 version_added: "0.1.0"
 description:
   - Brings every directory of I(directories) to exist with I(mode), I(owner) and I(group), in order
-    (list parents first), and every link of I(links) to point at its target, replacing a link that
-    points elsewhere (or a regular file) atomically.
-  - One round trip to the node instead of one C(ansible.builtin.file) task per path.
+    (list parents first), then every file of I(files) to its content, mode and owner (written
+    atomically, only when it differs), then every link of I(links) to point at its target, replacing
+    a link that points elsewhere (or a regular file) atomically.
+  - One round trip to the node instead of one C(ansible.builtin.file) task per path and two per
+    unchanged C(template) or C(copy). Render templates on the controller (C(lookup('template', ...)))
+    and pass the content. A task that writes secrets sets C(no_log), as it would for C(template).
   - Fails, naming the path and the fix, where a directory is wanted and something else is there, or a
     link is wanted where a directory is.
 options:
   directories:
     description: Directories, parents before children.
+    type: list
+    elements: path
+    default: []
+  files:
+    description:
+      - Files, as C(dest), C(content) (text), C(mode) (octal string, default C(0644)), C(owner) and
+        C(group) (default C(root)). Their directories must exist (list them in I(directories)).
+    type: list
+    elements: dict
+    default: []
+  inspect:
+    description:
+      - Paths to read before any change (a link's target, not followed), returned as I(inspected);
+        what a stage needs to know about paths it does not manage, in the same round trip.
     type: list
     elements: path
     default: []
@@ -62,15 +79,26 @@ actions:
   returned: always
   type: list
   elements: str
+inspected:
+  description: For each path of I(inspect), C(exists) and C(link) (its target, or null when it is not a link).
+  returned: always
+  type: dict
+written:
+  description: The files of I(files) whose content was (or, in check mode, would be) written.
+  returned: always
+  type: list
+  elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.atlas.serving.plugins.module_utils.paths import (  # noqa: E402
     PathError,
-    apply,
+    converge,
     describe,
+    describe_files,
+    file_diffs,
     ids,
-    plan,
+    inspect,
 )
 
 
@@ -78,6 +106,8 @@ def main():
     module = AnsibleModule(
         argument_spec={
             "directories": {"type": "list", "elements": "path", "default": []},
+            "files": {"type": "list", "elements": "dict", "default": []},
+            "inspect": {"type": "list", "elements": "path", "default": []},
             "links": {"type": "list", "elements": "dict", "default": []},
             "mode": {"type": "str", "default": "0755"},
             "owner": {"type": "str", "default": "root"},
@@ -96,17 +126,36 @@ def main():
             module.fail_json(msg=f"each link needs dest and src (strings), got {entry!r}")
         links.append((entry["dest"], entry["src"]))
     try:
+        inspected = inspect(p["inspect"])
         uid, gid = ids(p["owner"], p["group"])
-        actions = plan(p["directories"], links, mode, uid, gid)
-        if actions and not module.check_mode:
-            apply(actions, mode, uid, gid)
+        files = []
+        for entry in p["files"]:
+            if not isinstance(entry.get("dest"), str) or not isinstance(entry.get("content"), str):
+                module.fail_json(msg="each file needs dest and content (strings), got dest "
+                                     f"{entry.get('dest')!r}")
+            raw = entry.get("mode", "0644")
+            try:
+                fmode = raw if isinstance(raw, int) else int(str(raw), 8)  # an int: YAML read 0644 already
+            except ValueError:
+                module.fail_json(msg=f"{entry['dest']}: mode {raw!r} is not an octal mode such as '0644'")
+            try:
+                fuid, fgid = ids(entry.get("owner", "root"), entry.get("group", "root"))
+            except PathError:
+                if not module.check_mode:
+                    raise
+                fuid, fgid = -1, -1  # check mode on a bare node: the account is created by an earlier task
+            files.append((entry["dest"], entry["content"].encode("utf-8"), fmode, fuid, fgid))
+        dir_actions, file_actions, link_actions = converge(p["directories"], files, links, mode, uid, gid,
+                                                           check=module.check_mode)
     except (PathError, OSError) as exc:
         module.fail_json(msg=str(exc))
-    lines = describe(actions)
-    result = {"changed": bool(actions), "actions": lines}
-    if module._diff and actions:
-        result["diff"] = {"before": "", "after": "\n".join(lines) + "\n",
-                          "before_header": "paths", "after_header": "paths"}
+    lines = describe(dir_actions) + describe_files(file_actions) + describe(link_actions)
+    written = [path for verb, path, _ in file_actions if verb == "write"]
+    result = {"changed": bool(lines), "actions": lines, "written": written, "inspected": inspected}
+    if module._diff and lines:
+        diffs = [{"before": "", "after": "\n".join(describe(dir_actions + link_actions)) + "\n",
+                  "before_header": "paths", "after_header": "paths"}] if dir_actions or link_actions else []
+        result["diff"] = diffs + file_diffs(file_actions, files)
     module.exit_json(**result)
 
 

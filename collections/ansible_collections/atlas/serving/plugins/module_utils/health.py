@@ -1,0 +1,150 @@
+# Copyright: (c) 2025, atlas.serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The health probe of a serving node, in one module call.
+
+What the probe proves, in order (each step names the node's state and the fix when it fails):
+
+1. the service record the serving stage wrote can be read (engine, release, port, model);
+2. the systemd unit is active;
+3. ``GET /health`` answers 200 within the timeout, polled on the node itself (a poll is a
+   local HTTP request, not a round trip from the controller); a unit that fails or stops while
+   it is awaited ends the wait at once, instead of at the timeout;
+4. ``GET /v1/models`` lists the served model name;
+5. ``POST /v1/completions`` returns one choice with text and ``usage.completion_tokens >= 1``.
+
+Both engines answer these endpoints with these shapes (vLLM's OpenAI server and SGLang's
+``sglang.launch_server``; docs/engines.md). Requests never go through a proxy: the probe asks
+the node's own engine. Standard library only: this file is shipped to managed nodes by Ansible.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+# The probe asks the engine directly: proxy variables of the node's environment never apply.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class ProbeError(Exception):
+    """The node is not healthy; the message names what failed and where to look."""
+
+
+def request(method, url, headers=None, body=None, timeout=10.0):
+    """(status, body bytes, detail) of one HTTP request; status is None when no answer came
+    (refused, timed out, reset), with the reason in detail."""
+    data = None if body is None else json.dumps(body).encode()
+    hdrs = dict(headers or {})
+    if data is not None:
+        hdrs.setdefault("Content-Type", "application/json")
+    req = urllib.request.Request(url, data=data, headers=hdrs, method=method)
+    try:
+        with _OPENER.open(req, timeout=timeout) as response:
+            return response.status, response.read(), f"HTTP {response.status}"
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read() if exc.fp else b"", f"HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return None, b"", str(reason) or type(exc).__name__
+
+
+def read_record(path):
+    """The service record as a dict, or None when the file does not exist."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            record = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ProbeError(f"{path} cannot be read ({exc}): run the serving stage (playbooks/serving.yml) "
+                         "to write it again") from None
+    missing = [k for k in ("port", "served_model_name", "release_id") if k not in record]
+    if not isinstance(record, dict) or missing:
+        raise ProbeError(f"{path} is not a service record (missing {', '.join(missing) or 'everything'}): "
+                         "run the serving stage (playbooks/serving.yml) to write it again")
+    return record
+
+
+def _json(data):
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def wait_health(url, service, unit_state, timeout_s, poll_s, clock=time.monotonic, sleep=time.sleep,
+                get=request):
+    """Poll ``url/health`` until it answers 200. Returns (status, seconds waited). Raises
+    ProbeError at the deadline, or as soon as the unit is failed or inactive (nothing restarts it)."""
+    start = clock()
+    deadline = start + timeout_s
+    while True:
+        status, _, detail = get("GET", f"{url}/health", timeout=min(10.0, max(timeout_s, 1.0)))
+        if status == 200:
+            return status, round(clock() - start, 1)
+        state = unit_state()
+        if state.get("ActiveState") in ("failed", "inactive"):
+            raise ProbeError(f"{service} is {state.get('ActiveState')} ({state.get('SubState', '?')}) while "
+                             f"{url}/health was awaited (last answer: {detail}). "
+                             f"See `journalctl -u {service}`.")
+        now = clock()
+        if now >= deadline:
+            raise ProbeError(f"{url}/health did not answer 200 within {timeout_s:g} s (last answer: {detail}); "
+                             f"{service} is {state.get('ActiveState', '?')} ({state.get('SubState', '?')}). "
+                             f"See `journalctl -u {service}`; an engine that loads large weights needs a longer "
+                             "health_timeout_s.")
+        sleep(min(poll_s, deadline - now))
+
+
+def check_models(url, model, headers, get=request):
+    """The ids /v1/models lists; raises unless it answers 200 and lists ``model``."""
+    status, data, detail = get("GET", f"{url}/v1/models", headers=headers, timeout=30)
+    if status != 200:
+        hint = " (the API key was refused: check serving_api_keys)" if status == 401 else ""
+        raise ProbeError(f"{url}/v1/models answered {detail}{hint}")
+    ids = [m.get("id") for m in ((_json(data) or {}).get("data") or []) if isinstance(m, dict)]
+    if model not in ids:
+        raise ProbeError(f"{url}/v1/models does not list the served model name {model!r} (it lists {ids}): "
+                         "the engine serves another name than serving_served_model_name")
+    return ids
+
+
+def check_completion(url, model, headers, prompt, max_tokens, get=request):
+    """completion_tokens of one completion; raises unless it has the shape both engines return."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    status, data, detail = get("POST", f"{url}/v1/completions", headers=headers, body=body, timeout=120)
+    if status != 200:
+        raise ProbeError(f"{url}/v1/completions answered {detail}: {data[:300].decode(errors='replace')}")
+    out = _json(data) or {}
+    choices = out.get("choices") if isinstance(out.get("choices"), list) else []
+    tokens = (out.get("usage") or {}).get("completion_tokens") if isinstance(out.get("usage"), dict) else None
+    if len(choices) != 1 or not isinstance(choices[0], dict) or not isinstance(choices[0].get("text"), str):
+        shown = data[:300].decode(errors="replace")
+        raise ProbeError(f"{url}/v1/completions did not return one choice with text: {shown}")
+    if not isinstance(tokens, int) or tokens < 1:
+        raise ProbeError(f"{url}/v1/completions reported completion_tokens {tokens!r}, not at least 1")
+    return tokens
+
+
+def probe(record, url, model, service, unit_state, api_key, timeout_s, poll_s, prompt, max_tokens,
+          get=request, clock=time.monotonic, sleep=time.sleep):
+    """Steps 2-5 of the module docstring; returns the result (without the record)."""
+    url = (url or f"http://127.0.0.1:{int(record['port'])}").rstrip("/")
+    model = model or record["served_model_name"]
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    unit = unit_state()
+    if unit.get("ActiveState") != "active":
+        raise ProbeError(f"{service} is {unit.get('ActiveState', '?')} ({unit.get('SubState', '?')}). "
+                         f"See `journalctl -u {service}`.")
+    status, waited = wait_health(url, service, unit_state, timeout_s, poll_s, clock=clock, sleep=sleep, get=get)
+    ids = check_models(url, model, headers, get=get)
+    tokens = check_completion(url, model, headers, prompt, max_tokens, get=get)
+    return {"url": url, "model": model, "unit": unit, "health": status, "waited_s": waited, "models": ids,
+            "completion_tokens": tokens}
+
+
+def parse_show(text):
+    """``systemctl show -p A -p B`` output as a dict."""
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)

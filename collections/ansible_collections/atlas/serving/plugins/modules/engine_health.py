@@ -1,0 +1,160 @@
+#!/usr/bin/python
+# Copyright: (c) 2025, atlas.serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: engine_health
+short_description: Health probe of a serving node in one call (record, unit, /health, /v1/models, a completion, NPUs)
+version_added: "0.1.0"
+description:
+  - Reads the service record the serving stage wrote, requires the systemd unit to be active, waits
+    on the node for C(/health) to answer 200, requires C(/v1/models) to list the served model name and
+    one completion to come back with text and C(usage.completion_tokens) of at least 1, then reads the
+    NPU state (as M(atlas.serving.npu_facts)).
+  - One round trip to the node where the tasks it replaces made six, and the wait for C(/health)
+    polls on the node, not from the controller. A unit that fails or stops during the wait ends it at
+    once, naming the unit's state.
+  - Read-only. In check mode a node without a service record (a bare node) is not an error - the
+    result has C(record=null); outside check mode it fails, naming the stage to run.
+options:
+  service:
+    description: The systemd unit.
+    type: str
+    default: atlas-serving
+  record:
+    description: The service record (JSON) the serving stage wrote.
+    type: path
+    required: true
+  url:
+    description: Base URL as seen from the node; empty for C(http://127.0.0.1:<recorded port>).
+    type: str
+  served_model_name:
+    description: Name C(/v1/models) must list; empty for the recorded one.
+    type: str
+  api_key:
+    description: Bearer key the engine requires; empty for none. Never returned or logged.
+    type: str
+    default: ""
+  timeout_s:
+    description: Seconds to wait for C(/health) to answer 200.
+    type: float
+    default: 600
+  poll_s:
+    description: Seconds between polls of C(/health).
+    type: float
+    default: 5
+  prompt:
+    description: Prompt of the one completion.
+    type: str
+    default: Hello
+  max_tokens:
+    description: C(max_tokens) of the completion.
+    type: int
+    default: 8
+  npu_smi_path:
+    description: npu-smi to read the NPU state with; empty to find it on PATH.
+    type: path
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+author:
+  - atlas-serving contributors
+"""
+
+EXAMPLES = r"""
+- name: Health of the engine after a restart
+  atlas.serving.engine_health:
+    record: /etc/atlas/serving/atlas-serving.json
+    timeout_s: 300
+    poll_s: 1
+  register: health_probe
+"""
+
+RETURN = r"""
+record:
+  description: The service record (null in check mode on a node without one).
+  returned: always
+  type: dict
+url:
+  description: Base URL probed.
+  returned: when the record exists
+  type: str
+unit:
+  description: C(ActiveState) and C(SubState) of the unit.
+  returned: when the record exists
+  type: dict
+health:
+  description: Status of C(/health) (200).
+  returned: when the record exists
+  type: int
+waited_s:
+  description: Seconds until C(/health) answered 200.
+  returned: when the record exists
+  type: float
+completion_tokens:
+  description: C(usage.completion_tokens) of the completion.
+  returned: when the record exists
+  type: int
+"""
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible_collections.atlas.serving.plugins.module_utils.health import (  # noqa: E402
+    ProbeError,
+    parse_show,
+    probe,
+    read_record,
+)
+from ansible_collections.atlas.serving.plugins.module_utils.npu_smi import gather  # noqa: E402
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "service": {"type": "str", "default": "atlas-serving"},
+            "record": {"type": "path", "required": True},
+            "url": {"type": "str"},
+            "served_model_name": {"type": "str"},
+            "api_key": {"type": "str", "default": "", "no_log": True},
+            "timeout_s": {"type": "float", "default": 600},
+            "poll_s": {"type": "float", "default": 5},
+            "prompt": {"type": "str", "default": "Hello"},
+            "max_tokens": {"type": "int", "default": 8},
+            "npu_smi_path": {"type": "path"},
+        },
+        supports_check_mode=True,
+    )
+    module.run_command_environ_update = {"LANG": "C", "LC_ALL": "C"}
+    p = module.params
+    try:
+        record = read_record(p["record"])
+    except ProbeError as exc:
+        module.fail_json(msg=str(exc))
+    if record is None:
+        if module.check_mode:
+            module.exit_json(changed=False, record=None)
+        module.fail_json(msg=f"{p['record']} does not exist: the serving stage has not run on this node. "
+                             "Run site.yml (or playbooks/serving.yml) first.")
+
+    def unit_state():
+        rc, out, err = module.run_command(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "--",
+                                           p["service"]])
+        if rc != 0:
+            return {"ActiveState": "unknown", "SubState": (err or out).strip()}
+        return parse_show(out)
+
+    try:
+        result = probe(record, p["url"], p["served_model_name"], p["service"], unit_state, p["api_key"],
+                       p["timeout_s"], p["poll_s"], p["prompt"], p["max_tokens"])
+    except ProbeError as exc:
+        module.fail_json(msg=str(exc), record=record)
+    npu = gather(lambda argv: module.run_command(argv, handle_exceptions=False), p["npu_smi_path"])
+    module.exit_json(changed=False, record=record, ansible_facts={"npu": npu}, **result)
+
+
+if __name__ == "__main__":
+    main()
