@@ -97,3 +97,76 @@ def test_missing_parents_are_created_with_the_same_mode(tmp_path: Path) -> None:
     assert [p for _, p, _ in actions] == [str(tmp_path / "x"), str(tmp_path / "x" / "y"), str(deep)]
     paths.apply(actions, 0o750, *paths.ids(*ME))
     assert all((p.stat().st_mode & 0o777) == 0o750 for p in (tmp_path / "x", tmp_path / "x" / "y", deep))
+
+
+def _files(*entries):
+    uid, gid = paths.ids(*ME)
+    return [(str(dest), content, mode, uid, gid) for dest, content, mode in entries]
+
+
+def test_files_are_written_only_when_content_mode_or_owner_differ(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.env", tmp_path / "b.args"
+    files = _files((a, b"A=1\n", 0o600), (b, b"--x\n", 0o640))
+    actions = paths.plan_files(files)
+    assert [(v, p, d) for v, p, d in actions] == [("write", str(a), None), ("write", str(b), None)]
+    paths.apply_files(actions, files)
+    assert a.read_bytes() == b"A=1\n" and (a.stat().st_mode & 0o777) == 0o600 and (b.stat().st_mode & 0o777) == 0o640
+    assert paths.plan_files(files) == []
+    b.chmod(0o644)
+    changed = _files((a, b"A=2\n", 0o600), (b, b"--x\n", 0o640))
+    actions = paths.plan_files(changed)
+    assert [(v, p) for v, p, _ in actions] == [("write", str(a)), ("chmod", str(b))]
+    assert actions[0][2] == b"A=1\n", "the content before, for the diff"
+    assert paths.file_diffs(actions, changed) == [{"before": "A=1\n", "after": "A=2\n", "before_header": str(a),
+                                                   "after_header": str(a)}]
+    paths.apply_files(actions, changed)
+    assert a.read_bytes() == b"A=2\n" and (b.stat().st_mode & 0o777) == 0o640
+    assert not [p for p in tmp_path.iterdir() if ".atlas-tmp." in p.name], "no temporary file left"
+
+
+def test_a_link_where_a_file_is_wanted_is_replaced_and_a_directory_is_named(tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    target.write_bytes(b"same\n")
+    link = tmp_path / "f"
+    link.symlink_to(target)
+    files = _files((link, b"same\n", 0o644))
+    paths.apply_files(paths.plan_files(files), files)
+    assert not link.is_symlink() and link.read_bytes() == b"same\n" and target.read_bytes() == b"same\n"
+    (tmp_path / "d").mkdir()
+    with pytest.raises(paths.PathError, match=r"d is not a regular file; a file is wanted there: move it away"):
+        paths.plan_files(_files((tmp_path / "d", b"x", 0o644)))
+
+
+def test_converge_orders_directories_files_links_and_inspect_reads_first(tmp_path: Path) -> None:
+    rel = tmp_path / "releases" / "r1"
+    files = _files((rel / "x.json", b"{}\n", 0o644))
+    uid, gid = paths.ids(*ME)
+    (tmp_path / "model").symlink_to("versions/abc")
+    assert paths.inspect([str(tmp_path / "model"), str(tmp_path / "current")]) == {
+        str(tmp_path / "model"): {"exists": True, "link": "versions/abc"},
+        str(tmp_path / "current"): {"exists": False, "link": None}}
+    links = [(str(tmp_path / "current"), "releases/r1"), (str(tmp_path / "x.json"), "current/x.json")]
+    d, f, lk = paths.converge([str(tmp_path / "releases"), str(rel)], files, links, 0o755, uid, gid, check=True)
+    assert (len(d), len(f), len(lk)) == (2, 1, 2) and not rel.exists(), "check mode plans and writes nothing"
+    paths.converge([str(tmp_path / "releases"), str(rel)], files, links, 0o755, uid, gid)
+    assert json.loads((tmp_path / "x.json").read_text()) == {}
+    assert paths.converge([str(rel)], files, links, 0o755, uid, gid) == ([], [], [])
+
+
+def test_module_files_check_diff_then_write_then_unchanged(tmp_path: Path) -> None:
+    dest = tmp_path / "etc" / "unit.service"
+    args = {"directories": [str(tmp_path / "etc")], "owner": ME[0], "group": ME[1],
+            "files": [{"dest": str(dest), "content": "[Unit]\n", "mode": "0644", "owner": ME[0], "group": ME[1]}],
+            "inspect": [str(dest)]}
+    status, check = _module(tmp_path, args, "--check", "--diff")
+    assert "CHANGED" in status and check["written"] == [str(dest)] and not dest.exists(), check
+    assert check["inspected"] == {str(dest): {"exists": False, "link": None}}
+    status, first = _module(tmp_path, args)
+    assert "CHANGED" in status and dest.read_text() == "[Unit]\n"
+    status, again = _module(tmp_path, args)
+    assert "SUCCESS" in status and again["written"] == [] and again["changed"] is False
+    bad = {**args, "files": [{**args["files"][0], "owner": "no-such-user-x"}]}
+    status, failed = _module(tmp_path, bad)
+    assert "FAILED" in status and "owner 'no-such-user-x' does not exist" in failed["msg"]
+    status, planned = _module(tmp_path, bad, "--check")
+    assert "CHANGED" in status, "check mode on a bare node: the account comes from an earlier task"
