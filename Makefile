@@ -27,7 +27,7 @@ test: host-deps venv
 	( $(MAKE) --no-print-directory lint; l=$$?; $(VENV)/bin/pytest -ra -m "not lab" tests --ignore=tests/drills; \
 	  u=$$?; echo "lint exit $$l, unit tests exit $$u"; [ $$l -eq 0 ] && [ $$u -eq 0 ] ) \
 	  > artifacts/lint-and-unit.log 2>&1 & unit=$$!; \
-	lab=0; $(VENV)/bin/pytest -ra -m lab tests --ignore=tests/drills || lab=$$?; \
+	lab=0; $(VENV)/bin/pytest -ra --durations=20 -m lab tests --ignore=tests/drills || lab=$$?; \
 	rc=0; wait $$unit || rc=$$?; \
 	echo "--- lint and unit tests (run beside the lab tests; artifacts/lint-and-unit.log)"; \
 	cat artifacts/lint-and-unit.log; \
