@@ -136,7 +136,9 @@ def _stop_all(timeout: float = 30.0) -> list[str]:
 
 
 def _cleanup(bridge: str, inventory_path: Path | None) -> list[str]:
-    removed = _stop_all()
+    # Everything is removed next: a node gets 10 s to power off cleanly (an engine's own stop can
+    # take a minute, TimeoutStopSec), then its processes are killed.
+    removed = _stop_all(timeout=10.0)
     for point in _lab_mounts():
         if run(["umount", point], check=False).returncode != 0:
             run(["umount", "-l", point], check=False)
