@@ -22,9 +22,10 @@ demo: host-deps venv
 
 # Lint, then the unit tests, run beside the lab tests (the lab mostly waits on its nodes);
 # all three must pass. Their output: artifacts/lint-and-unit.log, printed at the end.
+# They run niced: the lab tests are the longer job, and the CPU they need goes to them first.
 test: host-deps venv
 	@mkdir -p artifacts; \
-	( $(MAKE) --no-print-directory lint; l=$$?; $(VENV)/bin/pytest -ra -m "not lab" tests --ignore=tests/drills; \
+	( nice -n 15 $(MAKE) --no-print-directory lint; l=$$?; nice -n 15 $(VENV)/bin/pytest -ra -m "not lab" tests --ignore=tests/drills; \
 	  u=$$?; echo "lint exit $$l, unit tests exit $$u"; [ $$l -eq 0 ] && [ $$u -eq 0 ] ) \
 	  > artifacts/lint-and-unit.log 2>&1 & unit=$$!; \
 	lab=0; $(VENV)/bin/pytest -ra --durations=20 -m lab tests --ignore=tests/drills || lab=$$?; \
