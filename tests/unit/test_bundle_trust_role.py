@@ -33,12 +33,17 @@ PLAYBOOK = """
         dest: "{{ atlas_bundle_dir }}/manifest.json"
         mode: "0644"
       when: swap | default(false) | bool
-    - name: What the cann, driver, engines and models roles run before using the manifest
+    - name: A stage reads the manifest
+      ansible.builtin.slurp:
+        src: "{{ atlas_bundle_dir }}/manifest.json"
+      register: read
+    - name: What the cann, driver and models roles run before using what they read
       ansible.builtin.include_role:
         name: bundle_trust
         tasks_from: node
       vars:
         bundle_trust_manifest: "{{ atlas_bundle_dir }}/manifest.json"
+        bundle_trust_content: "{{ read.content }}"
 """
 
 

@@ -95,3 +95,18 @@ def test_api_keys_current_first_and_clear_errors():
                        (["has space"], "without spaces")):
         with pytest.raises(AnsibleFilterError, match=words):
             api_keys(bad)
+
+
+def test_trusted_manifest_problem_checks_the_bytes_read():
+    import base64
+    import hashlib
+
+    data = b'{"format": 1, "files": []}\n'
+    content = base64.b64encode(data).decode()
+    verified = hashlib.sha256(data).hexdigest()
+    assert serving.trusted_manifest_problem(content, verified, "/b/manifest.json") == ""
+    swapped = base64.b64encode(data + b" ").decode()
+    assert "is not the manifest whose signature was verified" in serving.trusted_manifest_problem(
+        swapped, verified, "/b/manifest.json")
+    assert "not verified in this run" in serving.trusted_manifest_problem(content, "", "/b/manifest.json")
+    assert "not base64" in serving.trusted_manifest_problem("not base64!", verified, "/b/manifest.json")

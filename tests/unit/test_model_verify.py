@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from atlasctl import bundle
 from atlasctl.cli import main as atlasctl_main
 from atlasctl.collection import collections_dir, module_utils
 
@@ -94,6 +96,27 @@ def test_module_bad_manifest_fails_with_the_path(tmp_path: Path) -> None:
     bad.write_text('{"files": [{"path": "/abs", "md5": "x"}]}')
     rc, result = _ansible(f"path={root} manifest={bad}")
     assert rc != 0 and str(bad) in result["msg"] and "absolute path" in result["msg"]
+
+
+@pytest.mark.skipif(not ANSIBLE.exists(), reason="ansible is not installed in this virtualenv")
+def test_module_refuses_a_manifest_that_is_not_the_verified_one(tmp_path: Path) -> None:
+    """manifest_sha256: the manifest's bytes as the module reads them must be the verified ones
+    (what the engines and models stages pass: atlas_bundle_manifest_sha256)."""
+    root = _model(tmp_path / "m")
+    bundle.write_manifest(root, "t")
+    manifest = root / "manifest.json"
+    verified = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    args = {"path": str(root), "manifest": str(manifest), "stamps": False}
+    rc, result = _ansible(json.dumps(args | {"manifest_sha256": verified}))
+    assert rc == 0 and result["ok"] and result["totals"]["ok"] == result["totals"]["files"] > 0, result
+    rc, result = _ansible(json.dumps(args | {"manifest_sha256": "0" * 64}))
+    assert rc != 0 and "is not the manifest whose signature was verified" in result["msg"], result
+    assert str(manifest) in result["msg"] and "files" not in result, "nothing was verified against it"
+    rc, result = _ansible(json.dumps(args | {"manifest_sha256": ""}))
+    assert rc != 0 and "signature was not verified in this run" in result["msg"], result
+    rc, result = _ansible(json.dumps({"path": str(root), "checksum_files": [str(root / "md5sums.txt")],
+                                      "manifest_sha256": verified}))
+    assert rc != 0 and "manifest_sha256 is set but manifest is not" in result["msg"], result
 
 
 # --- atlasctl models -------------------------------------------------------------------------

@@ -6,12 +6,15 @@
 ``fleet_table``  play hosts + hostvars -> the fleet health table (list of lines)
 ``manifest_problems`` looped stat results + manifest sha256 map -> what does not match
 ``manifest_sha256``   a bundle's manifest.json (parsed) -> {path: sha256}; a zip's members as ``<zip>!<member>``
-``trusted_manifest_problem``  a node manifest's sha256, the verified one, its path -> '' or the refusal
+``trusted_manifest_problem``  a manifest slurped from a node, the verified sha256, its path -> '' or the refusal
 ``api_keys``     serving_api_keys (list, current first) or serving_api_key (one) -> the keys, current first
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import re
 
 from ansible.errors import AnsibleFilterError
@@ -89,9 +92,14 @@ def manifest_sha256(manifest: dict) -> dict[str, str]:
     return index
 
 
-def trusted_manifest_problem(actual: str, expected: str, path: str) -> str:
-    """'' when a node's manifest (its sha256) is the one whose signature was verified, else why not."""
-    return check_trusted_sha256(str(actual), str(expected or ""), str(path))
+def trusted_manifest_problem(content: str, expected: str, path: str) -> str:
+    """'' when a manifest read from a node (``slurp`` content, base64) is the one whose signature
+    was verified, else why not. The check is on the very bytes the stage then parses."""
+    try:
+        data = base64.b64decode(str(content), validate=True)
+    except (binascii.Error, ValueError):
+        return f"{path}: the content read from the node is not base64 (not a slurp result)"
+    return check_trusted_sha256(hashlib.sha256(data).hexdigest(), str(expected or ""), str(path))
 
 
 def manifest_problems(stat_results: list, manifest_sha256: dict, root: str) -> list[str]:

@@ -15,11 +15,14 @@ Standard library only: this file is shipped to managed nodes by Ansible.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import posixpath
 import re
 from dataclasses import dataclass
+
+from ansible_collections.atlas.serving.plugins.module_utils.signature import check_trusted_sha256
 
 ALGORITHMS = ("md5", "sha256")
 HEX_LENGTHS = {"md5": 32, "sha256": 64}
@@ -279,20 +282,21 @@ def merge_expected(
     return {rel: Expected(path=rel, **fields) for rel, fields in sorted(merged.items())}
 
 
-def load_expected(paths: list[str], prefix: str = "") -> dict[str, Expected]:
+def load_expected(paths: list[str], prefix: str = "", trusted: dict[str, str] | None = None) -> dict[str, Expected]:
     """Load any mix of manifest.json and md5sum/sha256sum files, auto-detected by content.
 
     ``prefix`` selects entries of JSON manifests (which describe a whole bundle); md5sum/sha256sum
-    lists are read as relative to the verified directory, as ``md5sum -c`` would.
+    lists are read as relative to the verified directory, as ``md5sum -c`` would. ``trusted``
+    ({path: sha256}): those files must be exactly the bytes whose signature was verified.
     """
     if not paths:
         raise ManifestError("no checksum source given; pass a manifest.json or md5sums.txt/sha256sums.txt")
     manifests: list[dict[str, Expected]] = []
     digest_maps: dict[str, dict[str, str]] = {}
     for path in paths:
-        text = read_text(path)
+        text = read_text(path, (trusted or {}).get(path))
         if text.lstrip().startswith(("{", "[")):
-            manifests.append(load_manifest(path, prefix))
+            manifests.append(parse_manifest(parse_json(text, path), prefix=prefix, source=path))
             continue
         alg = guess_algorithm(path, text)
         parsed = parse_sums(text, alg, source=path)
@@ -326,10 +330,17 @@ def render_manifest(entries: list[dict], name: str | None = None) -> str:
     return json.dumps(doc, indent=2, sort_keys=False) + "\n"
 
 
-def read_text(path: str) -> str:
+def read_text(path: str, trusted_sha256: str | None = None) -> str:
+    """The file as text. With ``trusted_sha256``, the bytes read must have that sha256 (the
+    manifest whose signature was verified): the check is on the very bytes then parsed."""
     try:
-        with open(path, encoding="utf-8", newline="") as handle:
-            return handle.read()
+        with open(path, "rb") as handle:
+            data = handle.read()
+        if trusted_sha256 is not None:
+            problem = check_trusted_sha256(hashlib.sha256(data).hexdigest(), trusted_sha256, path)
+            if problem:
+                raise ManifestError(problem)
+        return data.decode("utf-8")
     except FileNotFoundError as exc:
         raise ManifestError(f"{path}: checksum file not found") from exc
     except IsADirectoryError as exc:

@@ -72,6 +72,13 @@ options:
   workers:
     description: Hashing threads. Default is the number of usable cores (at most 8).
     type: int
+  manifest_sha256:
+    description:
+      - The sha256 of the O(manifest) whose signature was verified (C(atlas_bundle_manifest_sha256)).
+        The manifest's bytes are hashed as they are read, and a manifest that is not those bytes
+        fails the task before any file is verified against it. An empty value fails the task too
+        (the signature was not verified in this run).
+    type: str
 notes:
   - Check mode verifies (reads) but writes no stamps; C(changed) then says whether stamps would be written.
   - C(changed) is true only when the stamp file was written.
@@ -186,6 +193,7 @@ def run_module():
             stamps=dict(type="bool", default=True),
             stamp_file=dict(type="path", aliases=["stamp_path"]),
             workers=dict(type="int"),
+            manifest_sha256=dict(type="str"),
         ),
         supports_check_mode=True,
     )
@@ -201,8 +209,11 @@ def run_module():
         )
     if p["workers"] is not None and p["workers"] < 1:
         module.fail_json(msg=f"workers must be at least 1, got {p['workers']}")
+    if p["manifest_sha256"] is not None and not p["manifest"]:
+        module.fail_json(msg="manifest_sha256 is set but manifest is not: name the manifest it vouches for")
+    trusted = {p["manifest"]: p["manifest_sha256"]} if p["manifest_sha256"] is not None else None
     try:
-        expected = load_expected(lists, prefix=p["prefix"])
+        expected = load_expected(lists, prefix=p["prefix"], trusted=trusted)
     except ManifestError as exc:
         module.fail_json(msg=str(exc))
     stamp_path = None
