@@ -40,6 +40,31 @@ def ids(owner, group):
     return uid, gid
 
 
+def _attributes(path, st, mode, uid, gid):
+    """``chmod`` and ``chown`` actions for an existing path whose mode or owner differ."""
+    actions = []
+    if stat.S_IMODE(st.st_mode) != mode:
+        actions.append(("chmod", path, f"{oct(stat.S_IMODE(st.st_mode))} -> {oct(mode)}"))
+    if (st.st_uid, st.st_gid) != (uid, gid):
+        actions.append(("chown", path, f"{st.st_uid}:{st.st_gid} -> {uid}:{gid}"))
+    return actions
+
+
+def _beside(path, tag):
+    """A temporary name in ``path``'s directory, free (what an interrupted run left is removed)."""
+    tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.atlas-{tag}.{os.getpid()}")
+    if os.path.lexists(tmp):
+        os.unlink(tmp)
+    return tmp
+
+
+def _set_attributes(verb, path, mode, uid, gid):
+    if verb == "chmod":
+        os.chmod(path, mode)
+    elif verb == "chown":
+        os.chown(path, uid, gid)
+
+
 def plan(directories, links, mode, uid, gid):
     """The actions that bring the paths to their wanted state, as (verb, path, detail) tuples:
     ``mkdir``, ``chmod``, ``chown`` for directories; ``link`` for links (detail: the target)."""
@@ -63,10 +88,7 @@ def plan(directories, links, mode, uid, gid):
         if not stat.S_ISDIR(st.st_mode):
             kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
             raise PathError(f"{path} is {kind}; a directory is wanted there: move it away, then run again")
-        if stat.S_IMODE(st.st_mode) != mode:
-            actions.append(("chmod", path, f"{oct(stat.S_IMODE(st.st_mode))} -> {oct(mode)}"))
-        if (st.st_uid, st.st_gid) != (uid, gid):
-            actions.append(("chown", path, f"{st.st_uid}:{st.st_gid} -> {uid}:{gid}"))
+        actions += _attributes(path, st, mode, uid, gid)
     for dest, src in links:
         try:
             st = os.lstat(dest)
@@ -89,16 +111,12 @@ def apply(actions, mode, uid, gid):
             os.mkdir(path, mode)
             os.chmod(path, mode)  # mkdir's mode passes through the umask
             os.chown(path, uid, gid)
-        elif verb == "chmod":
-            os.chmod(path, mode)
-        elif verb == "chown":
-            os.chown(path, uid, gid)
         elif verb == "link":
-            tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.atlas-link.{os.getpid()}")
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
+            tmp = _beside(path, "link")
             os.symlink(detail, tmp)
             os.replace(tmp, path)
+        else:
+            _set_attributes(verb, path, mode, uid, gid)
 
 
 def describe(actions):
@@ -128,10 +146,7 @@ def plan_files(files):
         if before != content:
             actions.append(("write", dest, before))
             continue
-        if stat.S_IMODE(st.st_mode) != mode:
-            actions.append(("chmod", dest, f"{oct(stat.S_IMODE(st.st_mode))} -> {oct(mode)}"))
-        if (st.st_uid, st.st_gid) != (uid, gid):
-            actions.append(("chown", dest, f"{st.st_uid}:{st.st_gid} -> {uid}:{gid}"))
+        actions += _attributes(dest, st, mode, uid, gid)
     return actions
 
 
@@ -141,9 +156,7 @@ def apply_files(actions, files):
     for verb, path, _detail in actions:
         content, mode, uid, gid = wanted[path]
         if verb == "write":
-            tmp = os.path.join(os.path.dirname(path) or ".", f".{os.path.basename(path)}.atlas-tmp.{os.getpid()}")
-            if os.path.lexists(tmp):
-                os.unlink(tmp)
+            tmp = _beside(path, "tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 with os.fdopen(fd, "wb") as fh:
@@ -157,10 +170,8 @@ def apply_files(actions, files):
                 if os.path.lexists(tmp):
                     os.unlink(tmp)
                 raise
-        elif verb == "chmod":
-            os.chmod(path, mode)
-        elif verb == "chown":
-            os.chown(path, uid, gid)
+        else:
+            _set_attributes(verb, path, mode, uid, gid)
 
 
 def converge(directories, files, links, mode, uid, gid, check=False):
