@@ -44,13 +44,6 @@ def test_env_lines_sorted_quoted_and_checked():
         serving.env_lines({"X": "a\nb"})
 
 
-def test_df_avail_gib_maps_paths_in_order():
-    out = "     Avail\n 10737418240\n  2147483648\n"
-    assert serving.df_avail_gib(out, ["/opt", "/var/lib"]) == {"/opt": 10.0, "/var/lib": 2.0}
-    with pytest.raises(AnsibleFilterError, match="1 value"):
-        serving.df_avail_gib("Avail\n1\n", ["/a", "/b"])
-
-
 def test_fleet_table_lists_every_host_even_without_report():
     hostvars = {
         "n1": {"health_report": {"host": "n1", "service": "active", "health": "200", "model": "m"}},

@@ -2,7 +2,6 @@
 
 ``engine_argv``  a profile's flag dict -> the engine's argv list
 ``env_lines``    an environment dict -> sorted ``KEY=value`` lines for a systemd EnvironmentFile
-``df_avail_gib`` ``df --output=avail`` output -> free GiB per path
 ``fleet_table``  play hosts + hostvars -> the fleet health table (list of lines)
 ``manifest_problems`` looped stat results + manifest sha256 map -> what does not match
 ``manifest_sha256``   a bundle's manifest.json (parsed) -> {path: sha256}; a zip's members as ``<zip>!<member>``
@@ -73,14 +72,6 @@ def env_lines(env: dict) -> list[str]:
             text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
         lines.append(f"{key}={text}")
     return lines
-
-
-def df_avail_gib(stdout: str, paths: list) -> dict:
-    """Parse ``df -B1 --output=avail PATH...`` into {path: free GiB} (df keeps argument order)."""
-    lines = [line.strip() for line in (stdout or "").splitlines()[1:] if line.strip()]
-    if len(lines) != len(paths):
-        raise AnsibleFilterError(f"df printed {len(lines)} value(s) for {len(paths)} path(s): {stdout!r}")
-    return {path: round(int(value) / 2**30, 2) for path, value in zip(paths, lines, strict=True)}
 
 
 def manifest_sha256(manifest: dict) -> dict[str, str]:
@@ -177,7 +168,6 @@ class FilterModule:
         return {
             "engine_argv": engine_argv,
             "env_lines": env_lines,
-            "df_avail_gib": df_avail_gib,
             "fleet_table": fleet_table,
             "manifest_problems": manifest_problems,
             "manifest_sha256": manifest_sha256,

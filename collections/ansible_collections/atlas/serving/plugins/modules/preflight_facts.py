@@ -1,0 +1,121 @@
+#!/usr/bin/python
+# Copyright: (c) 2025, atlas.serving contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: preflight_facts
+short_description: Everything preflight reads from a node, in one call
+description:
+  - One round trip for what would otherwise be five (C(setup) with C(gather_subset=min), C(df),
+    M(atlas.serving.npu_facts), M(atlas.serving.cann_facts), C(stat)). Changes nothing.
+  - Sets C(ansible_facts.architecture), C(ansible_facts.python_version) and
+    C(ansible_facts.service_mgr) with Ansible's own fact collectors (the values C(setup) gives),
+    C(ansible_facts.npu) as M(atlas.serving.npu_facts) does and C(ansible_facts.cann) as
+    M(atlas.serving.cann_facts) does.
+  - Measures the free space of O(free_space) (statvfs, as C(df) does) and whether the files of
+    O(readable) can be read.
+version_added: 0.2.0
+author:
+  - atlas.serving contributors
+options:
+  npu_smi_path:
+    description: Path of C(npu-smi) (default as M(atlas.serving.npu_facts)).
+    type: path
+  install_path:
+    description: Root of the Ascend installation (as M(atlas.serving.cann_facts)).
+    type: path
+    default: /usr/local/Ascend
+  free_space:
+    description: Paths whose filesystem's free space is measured.
+    type: list
+    elements: path
+    default: []
+  readable:
+    description: Files whose readability is checked.
+    type: list
+    elements: path
+    default: []
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  facts:
+    support: full
+"""
+
+EXAMPLES = r"""
+- name: Preflight | read the node
+  atlas.serving.preflight_facts:
+    free_space: [/opt, /var/lib]
+    readable: [/srv/atlas-bundle/manifest.json]
+  register: node
+
+- name: Preflight | room under /opt
+  ansible.builtin.assert:
+    that: node.free_gib['/opt'] >= 8
+"""
+
+RETURN = r"""
+ansible_facts:
+  description: architecture, python_version, service_mgr, npu and cann (see the modules named above).
+  returned: always
+  type: dict
+free_gib:
+  description: Free GiB per path of O(free_space) that could be measured.
+  returned: always
+  type: dict
+  sample: {/opt: 120.5, /var/lib: 120.5}
+free_errors:
+  description: Why a path of O(free_space) could not be measured.
+  returned: always
+  type: dict
+  sample: {/data: /data does not exist on the node}
+readable:
+  description: For each file of O(readable), whether it is a regular file that can be read.
+  returned: always
+  type: dict
+"""
+
+import platform  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.facts.system.platform import PlatformFactCollector  # noqa: E402
+from ansible.module_utils.facts.system.service_mgr import ServiceMgrFactCollector  # noqa: E402
+from ansible_collections.atlas.serving.plugins.module_utils.cann import DEFAULT_INSTALL_PATH  # noqa: E402
+from ansible_collections.atlas.serving.plugins.module_utils.cann import gather as cann_gather  # noqa: E402
+from ansible_collections.atlas.serving.plugins.module_utils.node_facts import free_gib, readable  # noqa: E402
+from ansible_collections.atlas.serving.plugins.module_utils.npu_smi import gather as npu_gather  # noqa: E402
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            npu_smi_path=dict(type="path"),
+            install_path=dict(type="path", default=DEFAULT_INSTALL_PATH),
+            free_space=dict(type="list", elements="path", default=[]),
+            readable=dict(type="list", elements="path", default=[]),
+        ),
+        supports_check_mode=True,
+    )
+    p = module.params
+    module.run_command_environ_update = dict(LANG="C", LC_ALL="C")
+    plat = PlatformFactCollector().collect(module=module)
+    svc = ServiceMgrFactCollector().collect(module=module, collected_facts={"ansible_system": plat.get("system")})
+    facts = dict(
+        architecture=plat.get("architecture") or platform.machine(),
+        python_version=plat.get("python_version") or platform.python_version(),
+        service_mgr=svc.get("service_mgr"),
+        npu=npu_gather(lambda argv: module.run_command(argv, handle_exceptions=False), p["npu_smi_path"]),
+        cann=cann_gather(p["install_path"]),
+    )
+    free, errors = free_gib(p["free_space"])
+    module.exit_json(changed=False, ansible_facts=facts, free_gib=free, free_errors=errors,
+                     readable=readable(p["readable"]))
+
+
+if __name__ == "__main__":
+    main()
