@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
+import urllib.error
 import urllib.request
 
 import pytest
-from labtools import atlasctl, changed_tasks, playbook, recap
+from labtools import GATEWAYS, atlasctl, changed_tasks, playbook, recap
 from labtools import model_service as _service
 from labtools import new_model_version as _new_model_version
 
@@ -104,6 +106,46 @@ def test_every_service_answers(site_runs):
                                               "temperature": 0})
         assert out["usage"]["completion_tokens"] >= 1, (host, out)
         assert isinstance(out["choices"][0]["text"], str)
+
+
+# A backend that answers every request with 500 (an engine's internal error).
+FAULT_500 = """
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.send_response(500)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    do_GET = do_POST
+http.server.HTTPServer(("127.0.0.1", 18500), H).serve_forever()
+"""
+
+
+def test_gateway_retries_a_backend_that_answers_500(site_runs):
+    """A backend's 500 never reaches the client: nginx retries the request on the next backend
+    (completions have no side effects) and takes the failing one out for its fail_timeout."""
+    gateway, conf = "atlas-gw-west", "/etc/nginx/atlas-backends/west/zz-fault500.conf"
+    on = lambda cmd: atlasctl("lab", "ssh", gateway, cmd, timeout=60)  # noqa: E731
+    on(f"systemd-run --unit atlas-fault500 python3 -c {shlex.quote(FAULT_500)}")
+    try:
+        on(f"echo 'server 127.0.0.1:18500 max_fails=1 fail_timeout=10s;' > {conf}"
+           " && nginx -t -q && systemctl reload nginx")
+        body = json.dumps({"model": "atlas-tiny-llama", "prompt": "Hello", "max_tokens": 2}).encode()
+        seen, failed = [], []
+        for _ in range(12):
+            req = urllib.request.Request(f"{GATEWAYS['west']}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (lab address)
+                    seen.append(resp.headers.get("X-Atlas-Backend", ""))
+            except urllib.error.HTTPError as exc:
+                failed.append(f"{exc.code} {exc.headers.get('X-Atlas-Backend', '')}")
+            if any("127.0.0.1:18500" in b for b in seen):
+                break
+        assert failed == [], failed
+        assert any("127.0.0.1:18500" in b for b in seen), f"the failing backend was never tried: {seen}"
+    finally:
+        on(f"rm -f {conf}; nginx -t -q && systemctl reload nginx; systemctl stop atlas-fault500 || true")
 
 
 def test_streaming_chat_with_usage(site_runs):
