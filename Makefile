@@ -22,11 +22,16 @@ demo: host-deps venv
 
 # Lint, then the unit tests, run beside the lab tests (the lab mostly waits on its nodes);
 # all three must pass. Their output: artifacts/lint-and-unit.log, printed at the end.
-# They run niced: the lab tests are the longer job, and the CPU they need goes to them first.
+# They run in the background: the lab tests are the longer job, and the CPU they need goes to
+# them first. `nice` alone does not do that here: with the kernel's autogroup scheduling (on by
+# default), CPU is shared between sessions first and nice only orders processes inside one, and
+# every lab node and each of its services is a session of its own. So lint and unit tests get a
+# session of their own (setsid) whose autogroup is set to nice 19 (proc(5), /proc/PID/autogroup).
 test: host-deps venv
 	@mkdir -p artifacts; \
-	( nice -n 15 $(MAKE) --no-print-directory lint; l=$$?; nice -n 15 $(VENV)/bin/pytest -ra -m "not lab" tests --ignore=tests/drills; \
-	  u=$$?; echo "lint exit $$l, unit tests exit $$u"; [ $$l -eq 0 ] && [ $$u -eq 0 ] ) \
+	setsid -w sh -c 'echo 19 > /proc/self/autogroup 2>/dev/null; \
+	  nice -n 15 $(MAKE) --no-print-directory lint; l=$$?; nice -n 15 $(VENV)/bin/pytest -ra -m "not lab" tests --ignore=tests/drills; \
+	  u=$$?; echo "lint exit $$l, unit tests exit $$u"; [ $$l -eq 0 ] && [ $$u -eq 0 ]' \
 	  > artifacts/lint-and-unit.log 2>&1 & unit=$$!; \
 	lab=0; $(VENV)/bin/pytest -ra --durations=20 -m lab tests --ignore=tests/drills || lab=$$?; \
 	rc=0; wait $$unit || rc=$$?; \
