@@ -7,7 +7,7 @@
 2. Overhead: the highest request rate the client sustains on this machine against a zero-delay server
    (closed loop at rising concurrency; then Poisson arrivals at 80 % of it), with the client's own CPU
    time per request.
-3. `vllm bench serve` (when a vLLM venv with it exists, default /tmp/vllm-lab-venv) against the same
+3. `vllm bench serve` (when a vLLM venv with it exists, default vllm-bench-venv in the cache directory) against the same
    server in the same run: the ratio of both tools' figures.
 
 Traffic goes to loopback only. Prints a table; ``--json FILE`` keeps the figures.
@@ -28,9 +28,10 @@ from pathlib import Path
 
 from atlasctl.bench import BenchConfig, run_bench
 from atlasctl.bench.prompts import customer_service
-from atlasctl.paths import repo_root
+from atlasctl.paths import cache_dir, repo_root
 
-VLLM_VENV = Path(os.environ.get("ATLAS_VLLM_BENCH_VENV", "/tmp/vllm-lab-venv"))
+# Not a fixed path under /tmp: a venv planted there by another user would run as root.
+VLLM_VENV = Path(os.environ.get("ATLAS_VLLM_BENCH_VENV") or cache_dir() / "vllm-bench-venv")
 
 
 def _refserver():

@@ -41,9 +41,11 @@ import json
 import os
 import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -63,9 +65,11 @@ DEFAULT_SIZES = (4, 8, 16, 24)
 NOOP_NODES = 8
 WAVE_TARGET = 1.5
 NOOP_TARGET_S = 60.0
-# Our own SSH multiplexing sockets: the scale nodes reuse the lab's addresses (10.77.0.11...), and a
-# master left by an earlier lab (ControlPersist) at the same address would be a dead connection.
-CONTROL_PATH_DIR = "/tmp/.atlas-bench-cp"
+# Our own SSH multiplexing sockets, in a fresh private directory per run (tempfile.mkdtemp: 0700, a name
+# nobody can predict, so no other user can plant a socket there): the scale nodes reuse the lab's
+# addresses (10.77.0.11...), and a master left by an earlier lab (ControlPersist) at the same address
+# would be a dead connection.
+CONTROL_PATH_PREFIX = "atlas-bench-cp-"
 # Each node's systemd takes ~11 inotify instances, all owned by root on the host; the kernel's default
 # limit of 128 per user stops a lab at ~11 nodes ("Failed to create control group inotify object: Too many
 # open files" in the node's console).
@@ -559,7 +563,7 @@ def ensure_inotify(nodes: int, path: Path = INOTIFY_INSTANCES) -> tuple[int, int
     return before, wanted
 
 
-def close_masters(directory: Path = Path(CONTROL_PATH_DIR)) -> int:
+def close_masters(directory: Path) -> int:
     """Ask the SSH masters of our own control directory to exit (a lab brought down leaves them dead)."""
     closed = 0
     for sock in sorted(directory.glob("*")) if directory.is_dir() else []:
@@ -636,7 +640,8 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
                              "sizes": sizes, "per_branch": per_branch, "logs": str(logdir)}
     stamp = time.strftime("%m%d%H%M%S")
     extra["code"] = code_version(root)
-    os.environ["ANSIBLE_SSH_CONTROL_PATH_DIR"] = CONTROL_PATH_DIR  # ansible-playbook and ansible-runner read it
+    control_dir = Path(tempfile.mkdtemp(prefix=CONTROL_PATH_PREFIX))
+    os.environ["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(control_dir)  # ansible-playbook and ansible-runner read it
     # ansible-runner looks ansible-playbook up on PATH: this venv's, also when run as .venv/bin/python
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     raw: dict[str, Any] = {"k": k, "extra": extra, "sized": {}}
@@ -644,7 +649,6 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
     with lab_lock():
         log("lab lock held; bringing any lab down")
         atlasctl(["lab", "down"], logdir, "lab-down-before", timeout=600)
-        close_masters()
         try:
             extra["inotify_instances"] = ensure_inotify(serving + serving // per_branch)
             fleet_path.write_text(render_fleet(fleet(serving, per_branch, lab_settings(root))))
@@ -691,7 +695,8 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
                 log("bringing the scale lab down")
                 with contextlib.suppress(BenchError, subprocess.TimeoutExpired):
                     atlasctl(["lab", "down"], logdir, "lab-down-after", timeout=600)
-                close_masters()
+                close_masters(control_dir)
+                shutil.rmtree(control_dir, ignore_errors=True)
                 fleet_path.unlink(missing_ok=True)
             extra["code_end"] = code_version(root)
             (logdir / "raw.json").write_text(json.dumps(raw, indent=1, default=str) + "\n")
