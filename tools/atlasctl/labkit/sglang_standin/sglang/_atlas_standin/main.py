@@ -70,10 +70,13 @@ def _install_sigterm(server: StandinHTTPServer, state: State) -> None:
     signal.signal(signal.SIGINT, stop)
 
 
-def _announce_ready(state: State, delay: float) -> None:
-    time.sleep(max(0.0, delay))
+def _announce_ready(state: State) -> None:
+    """Like SGLang: the server reports itself ready, then answers /health with 200 (never the other way
+    round: a client that sees 200 finds the line in the log)."""
+    time.sleep(max(0.0, state.ready_at - time.monotonic()))
     if not state.shutting_down:
         logger.info("The server is fired up and ready to roll!")
+        state.ready = True
 
 
 def main(argv: list[str]) -> int:
@@ -115,7 +118,7 @@ def main(argv: list[str]) -> int:
     uvicorn.info("Waiting for application startup.")
     uvicorn.info("Application startup complete.")
     uvicorn.info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", args["host"], server.server_address[1])
-    threading.Thread(target=_announce_ready, args=(state, knobs.startup_seconds), daemon=True).start()
+    threading.Thread(target=_announce_ready, args=(state,), daemon=True).start()
     server.serve_forever(poll_interval=0.2)
     server.server_close()
     uvicorn.info("Finished server process [%d]", os.getpid())

@@ -31,9 +31,10 @@ class State:
         self.fail_health_file = fail_health_file
         self.served_model_name: str = args["served_model_name"]
         self.shutting_down = False
+        self.ready = False  # set once the ready line is logged, at ready_at (main._announce_ready)
 
     def healthy(self) -> bool:
-        if self.shutting_down or time.monotonic() < self.ready_at:
+        if self.shutting_down or not self.ready:
             return False
         return not (self.fail_health_file and os.path.exists(self.fail_health_file))
 
