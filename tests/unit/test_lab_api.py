@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,15 @@ def test_boot_failure_names_the_node_and_shows_its_console() -> None:
     assert "atlas-n2" in text and "within 120s" in text
     assert "sshd: fatal: no host key" in text and "line 10\n" not in text
     assert "atlasctl lab down" in text
+
+
+def test_down_moves_the_nodes_roots_aside_and_deletes_them_in_the_background(tmp_path: Path) -> None:
+    tree = tmp_path / "nodes"
+    (tree / "atlas-n1" / "upper" / "opt").mkdir(parents=True)
+    (tree / "atlas-n1" / "upper" / "opt" / "f").write_text("x")
+    api._discard(tree)
+    assert not tree.exists()  # gone at once: the next lab can be built beside the deletion
+    deadline = time.monotonic() + 30
+    while any(tmp_path.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(tmp_path.iterdir()), "the background deletion left files behind"
