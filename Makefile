@@ -6,6 +6,7 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 ATLASCTL := $(VENV)/bin/atlasctl
+LAB := $(VENV)/bin/atlas-lab
 HOST_PACKAGES := debootstrap systemd-container nftables zstd openssh-client iproute2 rsync curl gnupg gpgv
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -15,8 +16,8 @@ export PYTHONUNBUFFERED := 1
 	bench-rollout clean
 
 demo: host-deps venv
-	$(ATLASCTL) lab up
-	$(ATLASCTL) bundle build --spec inventory/lab/bundle.yml
+	$(LAB) up
+	$(LAB) bundle
 	$(VENV)/bin/ansible-playbook -i inventory/lab site.yml
 	$(ATLASCTL) health -i inventory/lab
 
@@ -54,6 +55,7 @@ lint: venv
 	$(VENV)/bin/ruff check tools tests collections
 	$(VENV)/bin/yamllint -s .
 	$(VENV)/bin/ansible-lint --offline -q
+	$(VENV)/bin/lint-imports --no-cache
 
 host-deps:
 	@missing=""; for p in $(HOST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -64,33 +66,33 @@ host-deps:
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: requirements.txt pyproject.toml
+$(VENV)/.installed: requirements.txt pyproject.toml tools/atlas-lab/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
-	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e . -e tools/atlas-lab
 	touch $@
 
 lab-up: host-deps venv
-	$(ATLASCTL) lab up
+	$(LAB) up
 
 lab-down: venv
-	$(ATLASCTL) lab down
+	$(LAB) down
 
 bundle: venv
-	$(ATLASCTL) bundle build --spec inventory/lab/bundle.yml
+	$(LAB) bundle
 
 site: venv
 	$(VENV)/bin/ansible-playbook -i inventory/lab site.yml
 
 # Benchmarks print figures; they are not timed tests.
 bench-verify: venv
-	$(PY) -m atlasctl.verify_bench
+	$(PY) -m atlaslab.benchmarks.verify
 
 bench-client: venv
-	$(PY) -m atlasctl.bench_accuracy --json artifacts/bench/accuracy.json
+	$(PY) -m atlaslab.benchmarks.accuracy --json artifacts/bench/accuracy.json
 
 bench-rollout: host-deps venv
-	$(PY) -m atlasctl.rollout_bench --sizes 4,8,16,24 --json artifacts/bench/rollout.json
+	$(PY) -m atlaslab.benchmarks.rollout --sizes 4,8,16,24 --json artifacts/bench/rollout.json
 
 clean: lab-down
 	rm -rf $(VENV)

@@ -38,6 +38,7 @@ from labtools import (
     cann_versions,
     doctor,
     grep_tree,
+    lab,
     lab_hosts,
     model_service,
     new_model_version,
@@ -117,7 +118,7 @@ class Expect:
 
 def sh(host: str, command: str, *, check: bool = True, timeout: int = 120) -> str:
     """A shell command on a lab node (one string: `lab ssh` hands it to the remote shell)."""
-    return atlasctl("lab", "ssh", host, command, check=check, timeout=timeout).stdout
+    return lab("ssh", host, command, check=check, timeout=timeout).stdout
 
 
 def one_line(text: str, limit: int = 240) -> str:
@@ -355,8 +356,8 @@ def corrupted_shard() -> Outcome:
 
 def tampered_cann() -> Outcome:
     from atlasctl.bundle import write_manifest
-    from atlasctl.lab.paths import bundle_dir
-    from atlasctl.lab.signing import sign_bundle
+    from atlaslab.paths import bundle_dir
+    from atlaslab.signing import sign_bundle
 
     expect, node = Expect(), SCRATCH
     before = cann_versions(node)
@@ -406,12 +407,12 @@ def install_killed() -> Outcome:
                           "playbooks/cann.yml", "--limit", node, "-e", f"cann_version={OTHER_CANN}"])
         started = wait_until(lambda: bool(sh(node, marker, check=False).strip()), 180, poll=1)
         expect(started, f"the {OTHER_CANN} toolkit installer started")
-        atlasctl("lab", "power", node, "off", timeout=120)
+        lab("power", node, "off", timeout=120)
         rc_killed, out_killed, _ = job.wait(600)
         expect(rc_killed != 0, "the interrupted run fails")
         notes.append(f"powered off during the toolkit installer: run exit {rc_killed} "
                      f"({one_line(failure_message(out_killed, node), 120) or 'unreachable'})")
-        atlasctl("lab", "power", node, "on", timeout=300)
+        lab("power", node, "on", timeout=300)
         sh(node, "rm -f /etc/atlas-lab/cann-install-delay")
         mid = cann_versions(node)
         time.sleep(8)  # the engine starts at boot: give it a start or two
@@ -530,7 +531,7 @@ def power_off_mid_wave() -> Outcome:
         job = rollout_in_background(release, "-e", LENIENT_SLO)
         drained = wait_until(lambda: backend_states()[victim] == "down" or not job.running(), 900)
         expect(drained and job.running(), f"the rollout reached {victim} (drained at its gateway)")
-        atlasctl("lab", "power", victim, "off", timeout=120)
+        lab("power", victim, "off", timeout=120)
         phases.mark("power-off to the rollout's stop")
         rc, out, _ = job.wait()
         phases.mark("node off, then powered on")
@@ -544,7 +545,7 @@ def power_off_mid_wave() -> Outcome:
         notes.append(f"{victim} powered off once drained: rollout exit {rc}, failed at {failure.get('host')} "
                      f"(wave {failure.get('wave')}, gate {failure.get('gate')}), waves done {report.get('completed')}, "
                      f"releases {stopped}, gateway states {backend_states()}")
-        atlasctl("lab", "power", victim, "on", timeout=300)  # back on SSH; resumed at once, as an operator would
+        lab("power", victim, "on", timeout=300)  # back on SSH; resumed at once, as an operator would
         notes.append(f"powered on (/health {http_status(node_url(victim, '/health'), timeout=5) or 'no answer yet'})")
         phases.mark("--resume")
         rc2, resumed = rollout("--release", release, "--resume", "-e", LENIENT_SLO)
@@ -575,7 +576,7 @@ def gateway_restart() -> Outcome:
         drained = wait_until(lambda: backend_states()["atlas-n1"] == "down" or not job.running(), 900)
         expect(drained and job.running(), "the rollout reached the east wave")
         phases.mark("restart and 5 s after")
-        restarted = atlasctl("lab", "ssh", GATEWAY_HOSTS["east"], "systemctl restart nginx", check=False,
+        restarted = lab("ssh", GATEWAY_HOSTS["east"], "systemctl restart nginx", check=False,
                              timeout=120)
         notes.append(f"`systemctl restart nginx` on atlas-gw-east while atlas-n1 was drained: exit "
                      f"{restarted.returncode}")

@@ -15,7 +15,7 @@ import os
 import subprocess
 
 import pytest
-from labtools import atlasctl, fresh_lab_session, lab_hosts, lab_lock, lab_prerequisites, playbook
+from labtools import fresh_lab_session, lab, lab_hosts, lab_lock, lab_prerequisites, playbook
 
 
 @dataclasses.dataclass
@@ -65,7 +65,7 @@ def converged_lab():
         hosts = lab_hosts()
         bare = playbook("site.yml", "--check", "--diff")
         leftovers = {
-            host: atlasctl("lab", "ssh", host, "ls -d /opt/atlas /etc/atlas /var/lib/atlas"
+            host: lab("ssh", host, "ls -d /opt/atlas /etc/atlas /var/lib/atlas"
                            " /etc/systemd/system/atlas-serving.service 2>/dev/null", check=False,
                            timeout=60).stdout.split()
             for host in hosts

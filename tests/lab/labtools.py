@@ -19,6 +19,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 ATLASCTL = [sys.executable, "-m", "atlasctl"]
+LAB = [sys.executable, "-m", "atlaslab"]
 ENV = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PYTHONUNBUFFERED": "1",
        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
 
@@ -36,6 +37,14 @@ def atlasctl(*args: str, timeout: int = 900, check: bool = True) -> subprocess.C
     proc = subprocess.run([*ATLASCTL, *args], cwd=ROOT, env=ENV, text=True, capture_output=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"atlasctl {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def lab(*args: str, timeout: int = 900, check: bool = True) -> subprocess.CompletedProcess:
+    """`atlas-lab ARGS`: the lab's own command (up, down, ssh, power, npu, bundle)."""
+    proc = subprocess.run([*LAB, *args], cwd=ROOT, env=ENV, text=True, capture_output=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"atlas-lab {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 
@@ -99,14 +108,14 @@ def lab_lock():
 def fresh_lab_session(*, bundle: bool):
     """A lab brought up from scratch (and its bundle built), always brought down after."""
     with lab_lock():
-        atlasctl("lab", "down", check=False)
+        lab("down", check=False)
         try:
-            atlasctl("lab", "up")
+            lab("up")
             if bundle:
-                atlasctl("bundle", "build", "--spec", "inventory/lab/bundle.yml", timeout=1800)
+                lab("bundle", timeout=1800)
             yield
         finally:
-            atlasctl("lab", "down", check=False)
+            lab("down", check=False)
 
 
 # --- shared by the lab tests and the fault drills (tests/drills) ----------------------------------
@@ -170,7 +179,7 @@ def releases(hosts: list[str] | None = None) -> dict[str, str]:
     """release_id of each serving node's service record."""
     out = {}
     for host in hosts or SERVING:
-        record = atlasctl("lab", "ssh", host, "cat", "/etc/atlas/serving/atlas-serving.json", timeout=60)
+        record = lab("ssh", host, "cat", "/etc/atlas/serving/atlas-serving.json", timeout=60)
         out[host] = json.loads(record.stdout)["release_id"]
     return out
 
@@ -183,14 +192,14 @@ def rollout(*args: str) -> tuple[int, dict]:
 
 def node_path(host: str, path: str) -> Path:
     """A path inside a lab node's root, as the controller sees it (its overlay's merged tree)."""
-    from atlasctl.lab import paths
+    from atlaslab import paths
 
     return paths.node_dir(host) / "merged" / path.lstrip("/")
 
 
 def model_service(host: str) -> tuple[str, str, str]:
     """(ActiveState, MainPID, current model version) of the serving unit on a node."""
-    out = atlasctl("lab", "ssh", host,
+    out = lab("ssh", host,
                    "systemctl show -p ActiveState -p MainPID atlas-serving;"
                    f" readlink /var/lib/atlas/models/{MODEL}/current", timeout=60).stdout.split()
     props = dict(line.split("=", 1) for line in out if "=" in line)
@@ -209,8 +218,8 @@ def new_model_version(host: str, *, corrupt: bool, on_node: str = "/var/lib/atla
     version whose staging has a whole shard to copy, not only hard links)."""
     from atlasctl import bundle
     from atlasctl.cli import main as atlasctl_main
-    from atlasctl.lab.paths import bundle_dir
-    from atlasctl.lab.signing import sign_bundle
+    from atlaslab.paths import bundle_dir
+    from atlaslab.signing import sign_bundle
 
     root = node_path(host, on_node)
     shutil.rmtree(root, ignore_errors=True)

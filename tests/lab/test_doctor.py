@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labtools import ENV, ROOT, atlasctl, doctor, lab_hosts, playbook
+from labtools import ENV, ROOT, atlasctl, doctor, lab, lab_hosts, playbook
 from labtools import grep_tree as _grep_tree
 
 pytestmark = pytest.mark.lab
@@ -38,7 +38,7 @@ def errors(doc: dict, host: str = NODE) -> list[dict]:
 
 
 def on_node(command: str) -> str:
-    return atlasctl("lab", "ssh", NODE, command, timeout=120).stdout
+    return lab("ssh", NODE, command, timeout=120).stdout
 
 
 def node_url(path: str) -> str:
@@ -77,15 +77,15 @@ def test_converged_fleet_is_healthy(converged):
 
 @contextlib.contextmanager
 def npu_state(*flags: str) -> Iterator[None]:
-    before = json.loads(atlasctl("lab", "npu", NODE, "--json").stdout)
-    atlasctl("lab", "npu", NODE, *flags)
+    before = json.loads(lab("npu", NODE, "--json").stdout)
+    lab("npu", NODE, *flags)
     try:
         yield
     finally:
         for dev in before["devices"]:
-            atlasctl("lab", "npu", NODE, "--device", str(dev["id"]), "--health", dev["health"],
+            lab("npu", NODE, "--device", str(dev["id"]), "--health", dev["health"],
                      "--hbm-used-mb", str(dev["hbm_used_mb"]))
-        atlasctl("lab", "npu", NODE, "--driver", "loaded" if before.get("driver_loaded", True) else "unloaded")
+        lab("npu", NODE, "--driver", "loaded" if before.get("driver_loaded", True) else "unloaded")
 
 
 @contextlib.contextmanager
@@ -205,7 +205,7 @@ def test_api_key_enforced_and_never_written_down(converged):
         seen = on_node("runuser -u nobody -- ps -eo pid,args")
         assert "sglang.launch_server" in seen and "--config" in seen, seen
         assert key not in seen, "the API key is in the process list"
-        denied = atlasctl("lab", "ssh", NODE, "runuser -u nobody -- cat /etc/atlas/serving/releases/*/"
+        denied = lab("ssh", NODE, "runuser -u nobody -- cat /etc/atlas/serving/releases/*/"
                           "atlas-serving.keys.yaml", check=False, timeout=60)
         assert "Permission denied" in denied.stdout + denied.stderr and key not in denied.stdout + denied.stderr
         rc, doc, out = doctor("-l", NODE)

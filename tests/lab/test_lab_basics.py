@@ -1,6 +1,6 @@
 """The lab itself: nodes boot, are isolated from each other and from the world, and come and go cleanly.
 
-Runs `atlasctl lab up|ssh|power|down` end to end (root, debootstrap, systemd-nspawn). The lab is always
+Runs `atlas-lab up|ssh|power|down` end to end (root, debootstrap, systemd-nspawn). The lab is always
 brought down in the fixture's teardown, even when a test fails.
 """
 
@@ -11,22 +11,23 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from atlasctl.lab import api, net, node, paths
-from labtools import atlasctl, fresh_lab_session, lab_prerequisites
+from labtools import fresh_lab_session, lab, lab_prerequisites
+
+from atlaslab import api, net, node, paths
 
 pytestmark = pytest.mark.lab
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def on(name: str, *command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = atlasctl("lab", "ssh", name, *command, check=False, timeout=60)
+    proc = lab("ssh", name, *command, check=False, timeout=60)
     if check and proc.returncode != 0:
         raise AssertionError(f"{name}: {' '.join(command)} exited {proc.returncode}\n{proc.stdout}{proc.stderr}")
     return proc
 
 
 @pytest.fixture(scope="module")
-def lab():
+def fleet():
     reason = lab_prerequisites()
     if reason:
         pytest.skip(reason)
@@ -34,16 +35,16 @@ def lab():
         yield api.load_config()
 
 
-def test_up_is_a_noop_when_healthy(lab) -> None:
-    out = atlasctl("lab", "up").stdout
+def test_up_is_a_noop_when_healthy(fleet) -> None:
+    out = lab("up").stdout
     assert "already up" in out
-    status = json.loads(atlasctl("lab", "status", "--json").stdout)
-    assert [n["name"] for n in status["nodes"]] == [n.name for n in lab.nodes]
+    status = json.loads(lab("status", "--json").stdout)
+    assert [n["name"] for n in status["nodes"]] == [n.name for n in fleet.nodes]
     assert all(n["state"] == "running" and n["ssh"] for n in status["nodes"])
 
 
-def test_ssh_uses_strict_host_key_checking(lab, tmp_path: Path) -> None:
-    first = lab.nodes[0]
+def test_ssh_uses_strict_host_key_checking(fleet, tmp_path: Path) -> None:
+    first = fleet.nodes[0]
     assert on(first.name, "hostname").stdout.strip() == first.name
     # the same connection with an empty known_hosts file must be refused, not silently trusted
     argv = api.ssh_argv(first.name, ["true"])
@@ -54,8 +55,8 @@ def test_ssh_uses_strict_host_key_checking(lab, tmp_path: Path) -> None:
     assert proc.returncode == 255 and "Host key verification failed" in proc.stderr
 
 
-def test_nodes_have_their_own_identity_and_no_default_route(lab) -> None:
-    a, b = lab.nodes[0], lab.nodes[1]
+def test_nodes_have_their_own_identity_and_no_default_route(fleet) -> None:
+    a, b = fleet.nodes[0], fleet.nodes[1]
     facts = {}
     for spec in (a, b):
         out = on(spec.name, "cat /etc/machine-id; hostname; ip -4 -o addr show dev eth0; ip route").stdout
@@ -66,8 +67,8 @@ def test_nodes_have_their_own_identity_and_no_default_route(lab) -> None:
     assert facts[a.name][1] == a.name and facts[b.name][1] == b.name
 
 
-def test_nodes_reach_each_other_but_nothing_outside_the_lab(lab) -> None:
-    a, b = lab.nodes[0], lab.nodes[1]
+def test_nodes_reach_each_other_but_nothing_outside_the_lab(fleet) -> None:
+    a, b = fleet.nodes[0], fleet.nodes[1]
     assert on(a.name, f"ping -c1 -W2 {b.ip} >/dev/null 2>&1 || curl -s -m 3 telnet://{b.ip}:22 </dev/null | "
                       f"head -c 3").returncode == 0
     probe = "curl -sS -m 3 -o /dev/null http://{0}/ ; echo rc=$?"
@@ -75,55 +76,55 @@ def test_nodes_reach_each_other_but_nothing_outside_the_lab(lab) -> None:
         out = on(a.name, probe.format(target), check=False).stdout
         assert "rc=0" not in out, f"{a.name} reached {target}"
     # even with a route added by a compromised node, the host must not forward lab traffic
-    out = on(a.name, f"ip route add default via {lab.controller_ip}; " + probe.format("192.0.2.1")
-             + f"; ip route del default via {lab.controller_ip}", check=False).stdout
+    out = on(a.name, f"ip route add default via {fleet.controller_ip}; " + probe.format("192.0.2.1")
+             + f"; ip route del default via {fleet.controller_ip}", check=False).stdout
     assert "rc=0" not in out
 
 
-def test_npu_smi_shows_the_nodes_npus(lab) -> None:
-    for spec in lab.nodes[:2]:
+def test_npu_smi_shows_the_nodes_npus(fleet) -> None:
+    for spec in fleet.nodes[:2]:
         out = on(spec.name, "npu-smi", "info").stdout
         rows = [line for line in out.splitlines() if line.startswith("| ") and spec.npu.model in line]
         assert len(rows) == spec.npu.count
         assert f"/ {spec.npu.hbm_mb}" in out
-        assert f"Version={lab.driver_version}" in on(spec.name, "cat /usr/local/Ascend/driver/version.info").stdout
+        assert f"Version={fleet.driver_version}" in on(spec.name, "cat /usr/local/Ascend/driver/version.info").stdout
 
 
-def test_npu_fault_injection(lab) -> None:
-    spec = lab.nodes[0]
-    atlasctl("lab", "npu", spec.name, "--device", "1", "--health", "Critical")
+def test_npu_fault_injection(fleet) -> None:
+    spec = fleet.nodes[0]
+    lab("npu", spec.name, "--device", "1", "--health", "Critical")
     assert "Critical" in on(spec.name, "npu-smi info -t health -i 1").stdout
-    atlasctl("lab", "npu", spec.name, "--driver", "unloaded")
+    lab("npu", spec.name, "--driver", "unloaded")
     proc = on(spec.name, "npu-smi", "info", check=False)
     assert proc.returncode != 0 and "dcmi module initialize failed" in proc.stdout
-    atlasctl("lab", "npu", spec.name, "--driver", "loaded", "--health", "OK")
+    lab("npu", spec.name, "--driver", "loaded", "--health", "OK")
     assert on(spec.name, "npu-smi", "info").returncode == 0
 
 
-def test_bundle_share_is_mounted_read_only(lab) -> None:
-    out = on(lab.nodes[0].name, "touch /srv/atlas-bundle/x 2>&1; echo rc=$?", check=False).stdout
+def test_bundle_share_is_mounted_read_only(fleet) -> None:
+    out = on(fleet.nodes[0].name, "touch /srv/atlas-bundle/x 2>&1; echo rc=$?", check=False).stdout
     assert "Read-only file system" in out
 
 
-def test_power_off_and_on(lab) -> None:
-    spec = lab.nodes[-1]
-    atlasctl("lab", "power", spec.name, "off")
-    status = {n["name"]: n for n in json.loads(atlasctl("lab", "status", "--json", check=False).stdout)["nodes"]}
+def test_power_off_and_on(fleet) -> None:
+    spec = fleet.nodes[-1]
+    lab("power", spec.name, "off")
+    status = {n["name"]: n for n in json.loads(lab("status", "--json", check=False).stdout)["nodes"]}
     assert status[spec.name]["state"] == "stopped" and not status[spec.name]["ssh"]
     assert on(spec.name, "true", check=False).returncode != 0
-    atlasctl("lab", "power", spec.name, "on")
+    lab("power", spec.name, "on")
     assert on(spec.name, "hostname").stdout.strip() == spec.name
 
 
-def test_down_removes_everything_but_keeps_the_blackhole(lab) -> None:
-    atlasctl("lab", "down")
+def test_down_removes_everything_but_keeps_the_blackhole(fleet) -> None:
+    lab("down")
     assert not api.lab_is_up()
     assert net.netns_list() == [] and net.lab_links() == []
-    assert not net.link_exists(lab.bridge)
+    assert not net.link_exists(fleet.bridge)
     assert str(paths.lab_dir()) + "/" not in Path("/proc/self/mountinfo").read_text()
-    assert not lab.inventory_path.exists()
-    assert not any(node.cgroup_dirs(n.name)[0].exists() for n in lab.nodes)
-    assert net.blackhole_present(lab.subnet)
-    proc = atlasctl("lab", "ssh", lab.nodes[0].name, "true", check=False)
+    assert not fleet.inventory_path.exists()
+    assert not any(node.cgroup_dirs(n.name)[0].exists() for n in fleet.nodes)
+    assert net.blackhole_present(fleet.subnet)
+    proc = lab("ssh", fleet.nodes[0].name, "true", check=False)
     assert proc.returncode == 3 and "not up" in proc.stderr
-    assert "already down" in atlasctl("lab", "down").stdout
+    assert "already down" in lab("down").stdout

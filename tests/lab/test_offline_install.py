@@ -14,9 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+from labtools import ENV, ROOT, atlasctl, cann_versions, lab, playbook
+
 from atlasctl.bundle import write_manifest
-from atlasctl.lab.signing import sign_bundle
-from labtools import ENV, ROOT, atlasctl, cann_versions, playbook
+from atlaslab.paths import bundle_dir
+from atlaslab.signing import sign_bundle
 
 pytestmark = pytest.mark.lab
 
@@ -38,7 +40,7 @@ def recap(output: str) -> dict[str, dict[str, int]]:
 
 def run_on(host: str, *cmd: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess:
     """Run argv on a node (quoted once: `lab ssh` hands its words to the remote shell)."""
-    return atlasctl("lab", "ssh", host, shlex.join(cmd), check=check, timeout=timeout)
+    return lab("ssh", host, shlex.join(cmd), check=check, timeout=timeout)
 
 
 def ssh(host: str, *cmd: str, check: bool = True, timeout: int = 120) -> str:
@@ -76,7 +78,8 @@ def test_no_route_out_and_offline_install_converges(fresh_lab):
     probe = "import socket; socket.create_connection(('192.0.2.1', 80), 3)"
     out = run_on(NODE, "python3", "-c", probe, check=False, timeout=60)
     assert out.returncode != 0 and "unreachable" in (out.stdout + out.stderr).lower()
-    assert atlasctl("bundle", "verify").returncode == 0
+    # the lab's bundle, against the key the lab's generated inventory pins
+    assert atlasctl("bundle", "verify", str(bundle_dir()), "-i", "inventory/lab").returncode == 0
     stages = ("playbooks/preflight.yml", "playbooks/cann.yml", "playbooks/engines.yml")
     t0 = time.monotonic()
     first = playbook(*stages, "--limit", NODE)
@@ -169,10 +172,10 @@ def test_power_off_during_toolkit_install_recovers(fresh_lab):
     else:
         proc.kill()
         pytest.fail("the toolkit installer never started")
-    atlasctl("lab", "power", host, "off", timeout=120)
+    lab("power", host, "off", timeout=120)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode != 0, "the play should fail when its node powers off"
-    atlasctl("lab", "power", host, "on", timeout=300)
+    lab("power", host, "on", timeout=300)
     ssh(host, "rm", "-f", "/etc/atlas-lab/cann-install-delay")
     run = playbook("playbooks/cann.yml", "--limit", host)
     assert run.returncode == 0, run.stdout[-5000:]

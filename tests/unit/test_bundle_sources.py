@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from atlasctl import bundle, bundle_push, bundle_sources
 from atlasctl.errors import UsageError
 

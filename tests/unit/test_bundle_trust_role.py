@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from atlasctl import bundle
 from atlasctl.bundle_sources import sign_manifest
 
@@ -104,3 +105,19 @@ def test_unsigned_is_refused_unless_opted_in_loudly_in_check_mode_too(signer, tm
     assert rc != 0 and "manifest.json.asc is missing" in out and "NOT signed" in out, out[-3000:]
     rc, out = play(tmp_path, trust | {"bundle_allow_unsigned": True}, "--check")
     assert rc == 0 and "!!! UNSIGNED BUNDLE" in out and "changed=0" in out, out[-3000:]
+
+
+def test_lab_doubles_are_refused_unless_the_inventory_is_the_lab(signer, tmp_path: Path) -> None:
+    home, fpr, keyring = signer
+    root = tmp_path / "bundle"
+    (root / "cann").mkdir(parents=True)
+    (root / "cann" / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run").write_text("#!/bin/sh\n")
+    bundle.write_manifest(root, "t", sources=[("cann/*_8.5.0_*", "lab-double")])
+    sign_manifest(root, fpr, home)
+    trust = {"atlas_bundle_dir": str(root), "atlas_bundle_keyring": str(keyring),
+             "atlas_bundle_trusted_fingerprints": [fpr]}
+    rc, out = play(tmp_path, trust)
+    assert rc != 0 and "lists 1 lab double(s)" in out and "Ascend-cann-toolkit_8.5.0_linux-x86_64.run" in out, \
+        out[-3000:]
+    rc, out = play(tmp_path, trust | {"atlas_lab": True})
+    assert rc == 0 and f"signed by {fpr}" in out, out[-3000:]

@@ -6,8 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
+
 from atlasctl.collection import module_utils
-from atlasctl.labkit import cann_run
+from atlaslab.doubles import cann_run
 
 cann = module_utils("cann")
 

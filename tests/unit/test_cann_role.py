@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from atlasctl.bundle import write_manifest
-from atlasctl.labkit.cann_run import build_cann_packages
+from atlaslab.doubles.cann_run import build_cann_packages
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")

@@ -7,7 +7,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from atlasctl.labkit.cann_run import (
+
+from atlaslab.doubles.cann_run import (
     CannBuildError,
     build_cann_packages,
     package_files,

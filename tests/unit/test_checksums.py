@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from atlasctl.collection import module_utils
 
 checksums = module_utils("checksums")

@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from atlasctl.collection import module_utils
 
 manifest = module_utils("manifest")

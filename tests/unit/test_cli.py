@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from atlasctl import bundle, cli, exitcodes
 from atlasctl.commands import command_names
 from atlasctl.commands.health import render_table, rows_from
@@ -14,7 +15,7 @@ from atlasctl.runner import HostResult, RunResult
 
 
 def test_every_product_subcommand_is_registered():
-    assert {"lab", "bundle", "models", "health"} <= set(command_names())
+    assert {"bundle", "models", "health"} <= set(command_names()) and "lab" not in command_names()
     with pytest.raises(SystemExit) as exc:
         cli.main(["--help"])
     assert exc.value.code == 0

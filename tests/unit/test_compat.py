@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from atlasctl.collection import ensure_on_path
 
 ensure_on_path()

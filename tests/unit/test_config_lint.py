@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from atlasctl import planner
 from atlasctl.collection import module_utils
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from atlasctl import planner
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from atlasctl.doctor import checks
 from atlasctl.doctor.model import ERROR, INFO, WARNING, Evidence, Finding, Section, redact
-from atlasctl.labkit import npu_smi as npu_sim
+from atlaslab.doubles import npu_smi as npu_sim
 
 STARTED = 1796021984
 MODEL_DIR = "/var/lib/atlas/models/tiny/versions/abc123"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from atlasctl import exitcodes
 from atlasctl.doctor import checks, gather, inventory, report
 from atlasctl.doctor.model import ERROR, WARNING, Evidence, Finding, Section

@@ -1,4 +1,4 @@
-"""The driver role against localhost on a fake node root (the lab's NPU layer written by atlasctl.lab.npu):
+"""The driver role against localhost on a fake node root (the lab's NPU layer written by atlaslab.npu):
 plan and order, manifest check before anything runs, reboot refused unless allowed, found again on the next
 run, nothing to do after the boot, check mode, going back refused."""
 
@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from atlasctl.lab import config, npu
-from atlasctl.labkit.hdk_run import build_hdk_packages
 from test_cann_role import ok, recap
+
+from atlaslab import config, npu
+from atlaslab.doubles.hdk_run import build_hdk_packages
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")

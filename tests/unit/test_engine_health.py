@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from atlasctl.collection import module_utils
 
 health = module_utils("health")

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from atlasctl.engine_schema import refresh
 from atlasctl.engine_schema import vllm as extract
 

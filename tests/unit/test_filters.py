@@ -6,6 +6,7 @@ import importlib
 
 import pytest
 from ansible.errors import AnsibleFilterError
+
 from atlasctl.collection import ensure_on_path
 
 ensure_on_path()

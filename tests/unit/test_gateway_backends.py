@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from atlasctl.collection import module_utils
 
 gateway = module_utils("gateway")

@@ -10,12 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from atlasctl.bundle import BundleSpec, _kind_and_version
 from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
-from atlasctl.labkit import lab_driver
-from atlasctl.labkit.cann_run import CannBuildError
-from atlasctl.labkit.hdk_run import build_hdk_packages, hdk_package_files
+from atlaslab.doubles import lab_driver
+from atlaslab.doubles.cann_run import CannBuildError
+from atlaslab.doubles.hdk_run import build_hdk_packages, hdk_package_files
 
 hdk = module_utils("hdk")
 DRV, FW = "hdk/drv.run", "hdk/fw.run"
@@ -73,7 +74,7 @@ def test_package_names() -> None:
 def test_bundle_spec_and_manifest_kinds(tmp_path: Path) -> None:
     spec = tmp_path / "b.yml"
     spec.write_text("name: x\nhdk:\n  - {driver: 25.5.0, firmware: 7.8.0.2.212}\n")
-    assert BundleSpec.load(spec).hdk == ({"driver": "25.5.0", "firmware": "7.8.0.2.212"},)
+    assert BundleSpec.load(spec).extra["hdk"] == [{"driver": "25.5.0", "firmware": "7.8.0.2.212"}]
     spec.write_text("name: x\nhdk:\n  - 25.5.0\n")
     with pytest.raises(UsageError, match="driver and firmware"):
         BundleSpec.load(spec)

@@ -13,11 +13,12 @@ import pytest
 import yaml
 
 hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
 from atlasctl.bundle import _KEYS, BundleSpec, plan_build  # noqa: E402
 from atlasctl.collection import module_utils  # noqa: E402
 from atlasctl.errors import UsageError  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 manifest = module_utils("manifest")
 lint = module_utils("engine_lint")
@@ -114,7 +115,8 @@ SPEC_VALUES = JSONISH | st.lists(NAMES | st.sampled_from(["8.5.0", "7.0.RC1", "v
     st.lists(st.dictionaries(st.sampled_from(["name", "generator", "path", "seed", "set", "requirements", "targets",
                                               "driver", "firmware"]), JSONISH | st.just("tiny-llama"), max_size=4),
              max_size=3)
-SPEC = st.dictionaries(st.sampled_from(_KEYS), SPEC_VALUES, max_size=6) | JSONISH
+SPEC_KEYS = sorted(set(_KEYS) | {"cann", "hdk", "wheelsets"})  # the product's keys and the lab's (atlaslab)
+SPEC = st.dictionaries(st.sampled_from(SPEC_KEYS), SPEC_VALUES, max_size=6) | JSONISH
 
 
 @FAST

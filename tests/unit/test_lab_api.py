@@ -6,9 +6,10 @@ import time
 from pathlib import Path
 
 import pytest
-from atlasctl import cli, exitcodes
+
+from atlasctl import exitcodes
 from atlasctl.errors import EnvironmentProblem
-from atlasctl.lab import api, node, paths, ssh
+from atlaslab import api, cli, node, paths, ssh
 
 
 @pytest.fixture(autouse=True)
@@ -21,12 +22,12 @@ def test_lab_is_not_up_without_recorded_state() -> None:
     assert api.lab_is_up() is False
     with pytest.raises(EnvironmentProblem, match="not up") as err:
         api.require_lab_up()
-    assert "atlasctl lab up" in (err.value.fix or "")
+    assert "atlas-lab up" in (err.value.fix or "")
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["lab", "ssh", "atlas-n1", "true"], ["lab", "status"], ["lab", "npu", "atlas-n1", "--health", "Alarm"]],
+    [["ssh", "atlas-n1", "true"], ["status"], ["npu", "atlas-n1", "--health", "Alarm"]],
 )
 def test_cli_refuses_to_reach_nodes_of_a_lab_that_is_down(argv: list[str], capsys: pytest.CaptureFixture) -> None:
     assert cli.main(argv) == exitcodes.ENVIRONMENT
@@ -35,10 +36,10 @@ def test_cli_refuses_to_reach_nodes_of_a_lab_that_is_down(argv: list[str], capsy
 
 def test_cli_rejects_bad_arguments() -> None:
     with pytest.raises(SystemExit) as err:
-        cli.main(["lab", "power", "atlas-n1", "reboot"])
+        cli.main(["power", "atlas-n1", "reboot"])
     assert err.value.code == exitcodes.USAGE
     with pytest.raises(SystemExit):
-        cli.main(["lab", "npu", "atlas-n1", "--health", "Fine"])
+        cli.main(["npu", "atlas-n1", "--health", "Fine"])
 
 
 def test_ssh_argv_pins_key_and_known_hosts() -> None:
@@ -77,7 +78,7 @@ def test_boot_failure_names_the_node_and_shows_its_console() -> None:
     text = err.render()
     assert "atlas-n2" in text and "within 120s" in text
     assert "sshd: fatal: no host key" in text and "line 10\n" not in text
-    assert "atlasctl lab down" in text
+    assert "atlas-lab down" in text
 
 
 def test_down_moves_the_nodes_roots_aside_and_deletes_them_in_the_background(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from atlasctl.lab import base, net
+
+from atlaslab import base, net
 
 
 def test_hash_covers_packages_and_recipe() -> None:

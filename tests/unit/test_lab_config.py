@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from atlasctl.errors import UsageError
-from atlasctl.lab import config, paths
+from atlaslab import config, paths
 
 REPO_LAB_YML = paths.repo_root() / "inventory" / "lab" / "lab.yml"
 GOOD = {

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from atlasctl.errors import UsageError
-from atlasctl.lab import config, inventory
+from atlaslab import config, inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 

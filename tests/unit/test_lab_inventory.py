@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from atlasctl.lab import config, inventory
+
+from atlaslab import config, inventory
 
 GOOD = {
     "lab_name": "atlas", "bridge": "atlasbr0", "subnet": "10.77.0.0/24",

@@ -9,9 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from atlasctl.errors import UsageError
-from atlasctl.lab import config, npu
-from atlasctl.labkit import npu_smi
+from atlaslab import config, npu
+from atlaslab.doubles import npu_smi
 
 LAB = {
     "lab_name": "atlas", "bridge": "atlasbr0", "subnet": "10.77.0.0/24",

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from atlasctl import bundle, cli, exitcodes
-from atlasctl.lab import config, inventory, signing
+from atlaslab import cli as lab_cli
+from atlaslab import config, inventory, signing
 
 pytestmark = pytest.mark.skipif(not shutil.which("gpg"), reason="gpg is not installed (apt-get install gnupg gpgv)")
 
@@ -37,14 +39,16 @@ def test_building_the_labs_bundle_signs_it_and_verify_trusts_the_lab_key(lab_env
     (model / "config.json").write_text("{}")
     spec = lab_env / "bundle.yml"
     spec.write_text(f"name: lab\nmodels:\n  - {{name: m, path: {model}}}\n")
-    assert cli.main(["bundle", "build", "--spec", str(spec)]) == exitcodes.OK  # no --out: the lab's bundle
+    assert lab_cli.main(["bundle", "--spec", str(spec)]) == exitcodes.OK  # the lab's bundle directory
     root = lab_env / "lab" / "bundle"
     assert (root / bundle.SIGNATURE).is_file()
     trust = signing.trust_vars()
     verdict = bundle.verify_signature(root, keyring=trust["atlas_bundle_keyring"],
                                       fingerprints=trust["atlas_bundle_trusted_fingerprints"])
     assert verdict.signed and verdict.primary_fingerprint == signing.ensure_key()
-    assert cli.main(["bundle", "verify"]) == exitcodes.OK  # the lab's bundle against the lab's key
+    argv = ["bundle", "verify", str(root), "--keyring", trust["atlas_bundle_keyring"],
+            "--fingerprint", signing.ensure_key()]
+    assert cli.main(argv) == exitcodes.OK  # the lab's bundle against the lab's key
     assert "signed by" in capsys.readouterr().out
 
 

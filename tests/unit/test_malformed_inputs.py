@@ -8,6 +8,7 @@ import struct
 from pathlib import Path
 
 import pytest
+
 from atlasctl import cli, exitcodes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,4 +169,4 @@ def test_the_example_bundle_spec_still_loads():
     from atlasctl.bundle import BundleSpec
 
     spec = BundleSpec.load(REPO / "inventory/lab/bundle.yml")
-    assert spec.models[0]["name"] == "atlas-tiny-llama" and spec.cann == ("7.0.RC1", "8.3.RC2", "8.5.0")
+    assert spec.models[0]["name"] == "atlas-tiny-llama" and spec.extra["cann"] == ["7.0.RC1", "8.3.RC2", "8.5.0"]

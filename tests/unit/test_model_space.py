@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from atlasctl.collection import module_utils
 
 space = module_utils("model_space")

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from atlasctl import bundle
 from atlasctl.cli import main as atlasctl_main
 from atlasctl.collection import collections_dir, module_utils

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from atlasctl.collection import collections_dir, module_utils
-from atlasctl.labkit import npu_smi as simulator
+from atlaslab.doubles import npu_smi as simulator
 
 npu_smi = module_utils("npu_smi")
 

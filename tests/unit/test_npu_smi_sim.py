@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from atlasctl.labkit import npu_smi
+
+from atlaslab.doubles import npu_smi
 
 # Verbatim lines of a real `npu-smi info` (8 x 910B3 64 GB), NPUs 0 and 1 and the process section of NPU 0.
 REAL_HEAD = """\

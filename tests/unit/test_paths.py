@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from atlasctl.collection import module_utils
 
 paths = module_utils("paths")

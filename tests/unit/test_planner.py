@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from atlasctl import planner
 from atlasctl.collection import module_utils
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from atlasctl.collection import collections_dir, module_utils
 
 node_facts = module_utils("node_facts")

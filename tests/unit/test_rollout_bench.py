@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from atlasctl import rollout_bench as rb
 from atlasctl.collection import ensure_on_path
-from atlasctl.lab import config, inventory
+from atlaslab import config, inventory
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = dt.datetime(2026, 11, 30, 8, 0, 0, tzinfo=dt.UTC)

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from atlasctl import rollout
 from atlasctl.errors import UsageError
 from atlasctl.runner import RunResult
@@ -111,6 +112,7 @@ def test_limit_keeps_the_plan_play_and_vars_files_go_by_path(inv, tmp_path):
 
 def test_runner_keeps_no_variables_between_runs_and_passes_files_by_path(tmp_path, monkeypatch):
     import ansible_runner
+
     from atlasctl import runner
 
     (tmp_path / "playbooks").mkdir()

@@ -8,8 +8,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from atlasctl.engine_schema.sglang import PINNED_VERSION, extract_sglang_schema, load_schema, schema_path
 from atlasctl.errors import AtlasError
-from atlasctl.labkit.sglang_schema import PINNED_VERSION, extract_sglang_schema, load_schema, schema_path
 
 FICTION = ["--max-batch-size", "--enable-prefix-caching", "--rope-scaling", "--sglang-stream-num",
            "--enable-cann-optimize"]

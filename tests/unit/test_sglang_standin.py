@@ -20,8 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from atlasctl.labkit.sglang_schema import load_schema
-from atlasctl.labkit.sglang_standin import LOCK_NAME, SCHEMA_MEMBER, build_standin_wheel, wheel_name
+
+from atlasctl.engine_schema.sglang import load_schema
+from atlaslab.doubles.sglang_standin import LOCK_NAME, SCHEMA_MEMBER, build_standin_wheel, wheel_name
 
 API_KEY = "sk-lab-123"
 FAST = {"ATLAS_STANDIN_TTFT_MS": "5", "ATLAS_STANDIN_ITL_MS": "1", "ATLAS_STANDIN_STARTUP_SECONDS": "0"}

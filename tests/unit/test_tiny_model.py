@@ -9,11 +9,12 @@ from pathlib import Path
 import jinja2
 import numpy as np
 import pytest
-from atlasctl.errors import UsageError
-from atlasctl.labkit import tiny_model
-from atlasctl.labkit.tiny_model import SHARD_NAMES, create_tiny_llama
 from safetensors import deserialize
 from tokenizers import Tokenizer
+
+from atlasctl.errors import UsageError
+from atlaslab.doubles import tiny_model
+from atlaslab.doubles.tiny_model import SHARD_NAMES, create_tiny_llama
 
 EXPECTED_FILES = {
     "config.json",

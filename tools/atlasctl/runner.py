@@ -47,7 +47,7 @@ def resolve_inventory(path: str | Path) -> Path:
         inv = (Path.cwd() / inv) if (Path.cwd() / inv).exists() else repo_root() / inv
     if not inv.exists():
         raise UsageError(f"inventory {path} does not exist",
-                         fix="pass -i inventory/<site> (for the lab: `atlasctl lab up` writes inventory/lab/hosts.yml)")
+                         fix="pass -i inventory/<site> (for the lab: `atlas-lab up` writes inventory/lab/hosts.yml)")
     return inv.resolve()
 
 

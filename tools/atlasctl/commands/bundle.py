@@ -9,7 +9,7 @@ from pathlib import Path
 
 from atlasctl import bundle, bundle_push, bundle_trust, exitcodes
 from atlasctl.collection import module_utils
-from atlasctl.paths import cache_dir, lab_dir
+from atlasctl.paths import cache_dir
 from atlasctl.runner import resolve_inventory
 
 
@@ -29,12 +29,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     bsub = parser.add_subparsers(dest="bundle_command", metavar="ACTION", required=True)
 
     build = bsub.add_parser("build", help="build or refresh a bundle from a spec (incremental)")
-    build.add_argument("--spec", type=Path, default=Path("inventory/lab/bundle.yml"),
-                       help="bundle spec (default: %(default)s)")
-    build.add_argument("--out", type=Path, default=None,
-                       help="bundle directory (default: the lab's, $ATLAS_LAB_DIR/bundle)")
-    build.add_argument("--sign-key", default="", help="GPG key that signs manifest.json (default: the spec's sign; "
-                                                      "the lab's own key for the lab's bundle)")
+    build.add_argument("--spec", type=Path, required=True, help="bundle spec (bundle.yml)")
+    build.add_argument("--out", type=Path, required=True, help="bundle directory (built or refreshed in place)")
+    build.add_argument("--sign-key", default="", help="GPG key that signs manifest.json (default: the spec's sign)")
     build.add_argument("--sign-home", type=Path, default=None, help="gpg homedir of --sign-key")
     build.add_argument("--json", action="store_true", help="print the summary as JSON")
     build.set_defaults(func=_build)
@@ -46,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     sign.set_defaults(func=_sign)
 
     verify = bsub.add_parser("verify", help="check the signature, then every file of a bundle against its manifest")
-    verify.add_argument("dir", type=Path, nargs="?", default=None, help="bundle directory (default: the lab's)")
+    verify.add_argument("dir", type=Path, help="bundle directory")
     verify.add_argument("-i", "--inventory", default=None,
                         help="read atlas_bundle_keyring / atlas_bundle_trusted_fingerprints from this inventory")
     _trust_options(verify)
@@ -55,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     push = bsub.add_parser("push", help="copy a bundle to nodes (resumable, delta) and verify it there")
     push.add_argument("-i", "--inventory", required=True, help="inventory (hosts of group atlas_nodes)")
-    push.add_argument("--src", type=Path, default=None, help="bundle directory (default: the lab's)")
+    push.add_argument("--src", type=Path, required=True, help="bundle directory")
     push.add_argument("--dest", default=bundle_push.DEFAULT_DEST, help="path on the nodes (default: %(default)s)")
     push.add_argument("--limit", default=None, help="Ansible host pattern narrowing atlas_nodes")
     push.add_argument("--no-verify", action="store_true", help="skip the verification on the nodes")
@@ -71,13 +68,9 @@ def _progress(text: str) -> None:
 
 def _build(args: argparse.Namespace) -> int:
     spec = bundle.BundleSpec.load(args.spec)
-    out = args.out or lab_dir() / "bundle"
-    key, home = args.sign_key, args.sign_home
-    if not key and not spec.sign and args.out is None:
-        from atlasctl.lab import signing  # the lab's bundle: the lab's own key (lab/signing.py)
-
-        key, home = signing.ensure_key(), signing.homedir()
-    manifest = bundle.build_bundle(spec, out, cache_dir(), progress=_progress, sign_key=key, sign_home=home)
+    out = args.out
+    manifest = bundle.build_bundle(spec, out, cache_dir(), progress=_progress, sign_key=args.sign_key,
+                                   sign_home=args.sign_home)
     summary = [{"kind": k, "files": n, "bytes": b} for k, n, b in bundle.iter_summary(manifest)]
     if args.json:
         print(json.dumps({"bundle": str(out), "name": manifest["name"], "kinds": summary}, indent=2))
@@ -90,14 +83,9 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _trust(args: argparse.Namespace, inventory: Path | None) -> bundle_trust.Trust:
-    """--keyring/--fingerprint/--allow-unsigned, the rest from the inventory's variables (the lab's
-    bundle with neither: the lab's own key, lab/signing.py)."""
+    """--keyring/--fingerprint/--allow-unsigned, the rest from the inventory's variables."""
     if inventory and not (args.keyring and args.fingerprint):
         base = bundle_trust.from_inventory(inventory)
-    elif getattr(args, "dir", "") is None and not (args.keyring or args.fingerprint):
-        from atlasctl.lab import signing
-
-        base = bundle_trust.Trust(str(signing.keyring()), (signing.ensure_key(),), False)
     else:
         base = bundle_trust.Trust("", (), False)
     return bundle_trust.Trust(str(args.keyring or base.keyring), tuple(args.fingerprint or base.fingerprints),
@@ -118,7 +106,7 @@ def _check_signature(root: Path, trust: bundle_trust.Trust) -> tuple[dict, str]:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    root = args.dir or lab_dir() / "bundle"
+    root = args.dir
     bundle.read_manifest(root)  # not a bundle: a usage error naming the path
     inventory = resolve_inventory(args.inventory) if args.inventory else None
     signature, refused = _check_signature(root, _trust(args, inventory))
@@ -162,7 +150,7 @@ def _sign(args: argparse.Namespace) -> int:
 
 
 def _push(args: argparse.Namespace) -> int:
-    src = args.src or lab_dir() / "bundle"
+    src = args.src
     inventory = resolve_inventory(args.inventory)
     _signature, refused = _check_signature(src, _trust(args, inventory))
     if refused:

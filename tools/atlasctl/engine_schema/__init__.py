@@ -4,5 +4,5 @@
               variables of ``vllm/envs.py`` and the rest of the package, read with :mod:`ast`/regex only
 ``refresh``   ``pip download --no-deps`` the pinned wheels, extract, write the committed JSON schemas
 
-SGLang's schema comes from :mod:`atlasctl.labkit.sglang_schema` (same document shape).
+SGLang's schema comes from :mod:`atlasctl.engine_schema.sglang` (same document shape).
 """

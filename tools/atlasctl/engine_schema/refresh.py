@@ -124,7 +124,7 @@ def refresh(names: list[str] | None = None, out_dir: Path = SCHEMA_DIR,
         wheels_at = wheel_dir or Path(tmp) / "wheels"
         for name in names:
             if name in SGLANG_RELEASES:
-                from atlasctl.labkit import sglang_schema
+                from atlasctl.engine_schema import sglang as sglang_schema
 
                 written.append(sglang_schema.refresh_sglang_schema(SGLANG_RELEASES[name], out_dir / f"{name}.json"))
                 continue

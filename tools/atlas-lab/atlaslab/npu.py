@@ -8,15 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from atlasctl.errors import UsageError
-from atlasctl.lab.config import LabConfig, NodeSpec
+from atlaslab.config import LabConfig, NodeSpec
 
 STATE_REL = Path("etc/atlas-lab/npu.json")
 NPU_SMI_REL = Path("usr/local/bin/npu-smi")
 DRIVER_INFO_REL = Path("usr/local/Ascend/driver/version.info")
 FIRMWARE_INFO_REL = Path("usr/local/Ascend/firmware/version.info")
 INSTALL_INFO_REL = Path("etc/ascend_install.info")
-SIMULATOR = Path(__file__).resolve().parent.parent / "labkit" / "npu_smi.py"
-LAB_DRIVER = Path(__file__).resolve().parent.parent / "labkit" / "lab_driver.py"
+SIMULATOR = Path(__file__).resolve().parent / "doubles" / "npu_smi.py"
+LAB_DRIVER = Path(__file__).resolve().parent / "doubles" / "lab_driver.py"
 LAB_DRIVER_REL = Path("usr/local/sbin/atlas-lab-driver")
 BOOT_UNIT_REL = Path("etc/systemd/system/atlas-lab-npu-boot.service")
 BOOT_UNIT_LINK_REL = Path("etc/systemd/system/multi-user.target.wants/atlas-lab-npu-boot.service")

@@ -1,6 +1,6 @@
 """Builder of Ascend HDK (NPU driver and firmware) installer test doubles.
 
-Like the CANN doubles (:mod:`atlasctl.labkit.cann_run`, whose makeself header they share),
+Like the CANN doubles (:mod:`atlaslab.doubles.cann_run`, whose makeself header they share),
 they carry Huawei's file names and options and check their payload before they run; the
 install logic is ``hdk_installer/install.sh``:
 
@@ -11,7 +11,7 @@ install logic is ``hdk_installer/install.sh``:
 * exit status 2 when the new version takes effect only after a reboot (an upgrade of a
   loaded driver, any new firmware), as Huawei's installers do.
 
-In the lab the node's simulated NPU layer (:mod:`atlasctl.lab.npu`) keeps the running
+In the lab the node's simulated NPU layer (:mod:`atlaslab.npu`) keeps the running
 versions apart from the installed ones, and loads the installed ones when the node boots.
 """
 
@@ -22,7 +22,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from atlasctl.labkit.cann_run import ARCHES, COMMON_SH, SOCS, CannBuildError, make_run, write_if_changed
+from atlaslab.doubles.cann_run import ARCHES, COMMON_SH, SOCS, CannBuildError, make_run, write_if_changed
 
 INSTALLER = Path(__file__).with_name("hdk_installer") / "install.sh"
 _DRIVER_VERSION = re.compile(r"^\d+\.\d+\.(?:rc\d+|RC\d+|\d+)(?:\.\d+)*$")

@@ -1,4 +1,7 @@
-"""`atlasctl lab up|down|status|ssh|power|npu`: the simulated Atlas fleet (systemd-nspawn nodes)."""
+"""`atlas-lab up|down|status|ssh|power|npu|bundle`: the simulated Atlas fleet (systemd-nspawn nodes).
+
+The lab's own command, apart from the product's `atlasctl`: the product never imports the lab.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +9,21 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
-from atlasctl import exitcodes
-from atlasctl.lab import api, npu
+from atlasctl import bundle, exitcodes
+from atlasctl.cli import configure_logging
+from atlasctl.errors import AtlasError
+from atlasctl.paths import cache_dir
+from atlaslab import api, npu, paths, signing
+
+DEFAULT_SPEC = Path("inventory/lab/bundle.yml")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("lab", help="bring the simulated Atlas fleet up or down and reach its nodes")
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="atlas-lab", description="The simulated Atlas fleet of the test lab: "
+                                     "bring it up or down, reach its nodes, inject faults, build its bundle.")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     lsub = parser.add_subparsers(dest="lab_command", metavar="ACTION", required=True)
 
     up = lsub.add_parser("up", help="build the base (once, cached) and boot every node of lab.yml")
@@ -47,6 +58,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     npu_p.add_argument("--driver", choices=("loaded", "unloaded"), default=None)
     npu_p.add_argument("--json", action="store_true", help="print the resulting npu.json")
     npu_p.set_defaults(func=_npu)
+
+    build = lsub.add_parser("bundle", help="build the lab's bundle (doubles of Huawei's packages, the real engine "
+                            "wheels, a tiny model) into the lab's bundle directory, signed with the lab's key")
+    build.add_argument("--spec", type=Path, default=DEFAULT_SPEC, help=f"bundle spec (default: {DEFAULT_SPEC})")
+    build.add_argument("--out", type=Path, default=None, help="bundle directory (default: the lab's)")
+    build.set_defaults(func=_bundle)
+    return parser
 
 
 def _print_table(state: api.LabState) -> None:
@@ -107,3 +125,30 @@ def _npu(args: argparse.Namespace) -> int:
         print(f"{args.node}: driver {'loaded' if state['driver_loaded'] else 'unloaded'}; "
               + ", ".join(f"npu{d['id']} {d['health']} {d['hbm_used_mb']}MB" for d in state["devices"]))
     return exitcodes.OK
+
+
+def _bundle(args: argparse.Namespace) -> int:
+    spec = bundle.BundleSpec.load(args.spec)
+    out = args.out or paths.bundle_dir()
+    manifest = bundle.build_bundle(spec, out, cache_dir(), sign_key=signing.ensure_key(), sign_home=signing.homedir())
+    print(f"lab bundle {manifest['name']} at {out} (signed with the lab's key {signing.ensure_key()})")
+    for kind, files, size in bundle.iter_summary(manifest):
+        print(f"  {kind:<8} {files:>5} files {size / 2**20:>10.1f} MiB")
+    return exitcodes.OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.verbose)
+    try:
+        return int(args.func(args) or exitcodes.OK)
+    except AtlasError as exc:
+        print(f"atlas-lab: error: {exc.render()}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("atlas-lab: interrupted", file=sys.stderr)
+        return exitcodes.INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -11,10 +11,12 @@ import time
 import uuid
 from pathlib import Path
 
+import atlasctl
+import atlaslab
 from atlasctl.errors import EnvironmentProblem
-from atlasctl.lab import net, npu, paths, supervisor
-from atlasctl.lab.config import LabConfig, NodeSpec
-from atlasctl.lab.proc import run
+from atlaslab import net, npu, paths, supervisor
+from atlaslab.config import LabConfig, NodeSpec
+from atlaslab.proc import run
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +99,12 @@ def prepare(cfg: LabConfig, node: NodeSpec) -> None:
     write_identity(root, cfg, node)
 
 
+def _import_path() -> str:
+    """PYTHONPATH for the supervisor: where atlaslab and atlasctl are (installed or from the checkout)."""
+    roots = dict.fromkeys(str(Path(pkg.__file__).resolve().parents[1]) for pkg in (atlaslab, atlasctl))
+    return os.pathsep.join(roots)
+
+
 def nspawn_argv(node: NodeSpec) -> list[str]:
     return [
         "systemd-nspawn", "-D", str(merged(node.name)), "-M", node.name, f"--hostname={node.name}",
@@ -116,7 +124,7 @@ def _read_pid(path: Path) -> int | None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
-    if stat.rsplit(")", 1)[1].split()[0] == "Z" or b"atlasctl.lab.supervisor" not in cmdline:
+    if stat.rsplit(")", 1)[1].split()[0] == "Z" or b"atlaslab.supervisor" not in cmdline:
         return None  # dead, or the pid was reused by something that is not ours
     return pid
 
@@ -136,11 +144,11 @@ def start(node: NodeSpec) -> None:
     ndir = paths.node_dir(node.name)
     (ndir / supervisor.SUPERVISOR_PID).unlink(missing_ok=True)
     cgroups = ",".join(str(d) for d in cgroup_dirs(node.name))
-    argv = ["setsid", "-f", sys.executable, "-m", "atlasctl.lab.supervisor", str(ndir), cgroups, "--",
+    argv = ["setsid", "-f", sys.executable, "-m", "atlaslab.supervisor", str(ndir), cgroups, "--",
             *nspawn_argv(node)]
     with open(ndir / CONSOLE_LOG, "ab") as console:
         subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=console, stderr=console, check=True,
-                       env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])))
+                       env=dict(os.environ, PYTHONPATH=_import_path()))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if is_running(node.name):

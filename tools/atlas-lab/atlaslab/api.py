@@ -1,4 +1,4 @@
-"""The lab's public API: what `atlasctl lab` and the lab tests call.
+"""The lab's public API: what `atlas-lab` and the lab tests call.
 
     up(config_path=None, timeout=120.0) -> LabState
     down() -> list[str]
@@ -25,9 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from atlasctl.errors import AtlasError, EnvironmentProblem, UsageError
-from atlasctl.lab import base, config, inventory, net, node, npu, paths, signing, ssh
-from atlasctl.lab.config import LabConfig, NodeSpec
-from atlasctl.lab.proc import require_tools, run
+from atlaslab import base, config, inventory, net, node, npu, paths, signing, ssh
+from atlaslab.config import LabConfig, NodeSpec
+from atlaslab.proc import require_tools, run
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ def lab_is_up() -> bool:
 def require_lab_up() -> LabConfig:
     """Return the running lab's config, or raise: nothing may connect to nodes of a lab that is down."""
     if not lab_is_up():
-        raise EnvironmentProblem("the lab is not up", fix="run `atlasctl lab up` first")
+        raise EnvironmentProblem("the lab is not up", fix="run `atlas-lab up` first")
     return config.load(Path(_read_state()["config"]))
 
 
@@ -102,7 +102,7 @@ def _locked() -> Iterator[None]:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            log.warning("another atlasctl lab command holds %s; waiting", paths.lab_dir() / "lock")
+            log.warning("another atlas-lab command holds %s; waiting", paths.lab_dir() / "lock")
             fcntl.flock(handle, fcntl.LOCK_EX)
         yield
 
@@ -223,7 +223,7 @@ def _boot_failure(names: list[str], timeout: float) -> AtlasError:
     parts = [f"lab node(s) did not answer SSH within {timeout:.0f}s: {', '.join(names)}"]
     for name in names:
         parts.append(f"--- {name}: tail of {paths.node_dir(name) / node.CONSOLE_LOG}\n{node.console_tail(name)}")
-    return AtlasError("\n".join(parts), fix="read the console logs above, then `atlasctl lab down` and retry")
+    return AtlasError("\n".join(parts), fix="read the console logs above, then `atlas-lab down` and retry")
 
 
 def _write_known_hosts(cfg: LabConfig) -> None:
@@ -265,7 +265,7 @@ def _resume(cfg: LabConfig, timeout: float, started: float) -> LabState:
     if recorded.get("config") != str(cfg.path) or recorded.get("nodes") != [n.name for n in cfg.nodes]:
         raise UsageError(
             f"the lab is up from {recorded.get('config')}, not {cfg.path}",
-            fix="run `atlasctl lab down` first, then `atlasctl lab up` with the new config",
+            fix="run `atlas-lab down` first, then `atlas-lab up` with the new config",
         )
     net.ensure_safety(cfg)
     stopped = [s for s in cfg.nodes if not node.is_running(s.name)]
@@ -326,7 +326,7 @@ def set_npu(name: str, **changes: object) -> dict:
                          fix=f"use a serving node: {', '.join(n.name for n in cfg.serving_nodes)}")
     root = node.merged(spec.name)
     if not os.path.ismount(root):
-        raise EnvironmentProblem(f"lab node {name} has no mounted root at {root}", fix="run `atlasctl lab up`")
+        raise EnvironmentProblem(f"lab node {name} has no mounted root at {root}", fix="run `atlas-lab up`")
     return npu.update_file(root, **changes)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Sequence
 
-from atlasctl.lab import paths
-from atlasctl.lab.config import NodeSpec
+from atlaslab import paths
+from atlaslab.config import NodeSpec
 
 
 def ssh_options(connect_timeout: int = 5) -> list[str]:

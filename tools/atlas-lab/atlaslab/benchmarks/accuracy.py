@@ -1,4 +1,4 @@
-"""Accuracy and overhead of `atlasctl bench` (``make bench-client``; ``python -m atlasctl.bench_accuracy``).
+"""Accuracy and overhead of `atlasctl bench` (``make bench-client``; ``python -m atlaslab.benchmarks.accuracy``).
 
 1. Accuracy: the reference server (tests/fixtures/refserver.py, its own process) streams with injected
    TTFT and inter-token delays; the benchmark's median TTFT, ITL and TPOT must lie within 1 ms of them at
@@ -105,7 +105,7 @@ def vllm_comparison(requests: int, in_len: int, out: int, ttft_ms: float, itl_ms
     if not exe.exists():
         return {"skipped": f"{exe} not found: no vLLM with `vllm bench serve` on this machine "
                            "(set ATLAS_VLLM_BENCH_VENV to a venv that has it)"}
-    from atlasctl.labkit.tiny_model import create_tiny_llama
+    from atlaslab.doubles.tiny_model import create_tiny_llama
 
     ref = _refserver()
     with tempfile.TemporaryDirectory() as tmp, ref.RefServerProcess(ttft_ms=ttft_ms, itl_ms=itl_ms) as srv:

@@ -5,10 +5,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from atlasctl.paths import cache_dir, lab_dir, repo_root
+from atlasctl.paths import cache_dir, repo_root
 
 DEFAULT_CONFIG = Path("inventory/lab/lab.yml")
+DEFAULT_LAB_DIR = "/var/lib/atlas-lab"
 __all__ = ["cache_dir", "lab_dir", "repo_root"]
+
+
+def lab_dir() -> Path:
+    return Path(os.environ.get("ATLAS_LAB_DIR") or DEFAULT_LAB_DIR)
 
 
 def base_dir() -> Path:

@@ -139,7 +139,7 @@ def _shim_files(shim: MetadataShim) -> tuple[str, dict[str, bytes]]:
     metadata += [f"Requires-Dist: {req}" for req in shim.requires]
     wheel = [
         "Wheel-Version: 1.0",
-        "Generator: atlasctl.labkit.wheelhouse",
+        "Generator: atlaslab.doubles.wheelhouse",
         "Root-Is-Purelib: true",
         "Tag: py3-none-any",
     ]

@@ -1,9 +1,9 @@
 """A lab node's supervisor: joins the node's cgroups, runs systemd-nspawn, restarts it on reboot (exit 133).
 
-Started fully detached by :func:`atlasctl.lab.node.start`; SIGTERM is forwarded to nspawn, which powers the
+Started fully detached by :func:`atlaslab.node.start`; SIGTERM is forwarded to nspawn, which powers the
 node off cleanly, and the loop ends. Usage::
 
-    python -m atlasctl.lab.supervisor NODE_DIR CGROUP_DIR[,CGROUP_DIR...] -- systemd-nspawn ARGS...
+    python -m atlaslab.supervisor NODE_DIR CGROUP_DIR[,CGROUP_DIR...] -- systemd-nspawn ARGS...
 """
 
 from __future__ import annotations

@@ -34,13 +34,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from atlasctl.collection import collections_dir
 from atlasctl.errors import AtlasError, EnvironmentProblem
 
 ENGINE = "sglang"
 PINNED_VERSION = "0.5.6"
 SERVER_ARGS_FILE = "sglang/srt/server_args.py"
 LAUNCH = "python -m sglang.launch_server"
-SCHEMA_DIR = Path(__file__).resolve().parents[3] / "collections/ansible_collections/atlas/serving/schemas"
+SCHEMA_DIR = collections_dir() / "ansible_collections/atlas/serving/schemas"
 
 _ENV_NAME = re.compile(r"^SGLANG_[A-Z0-9_]+$")
 _ENV_READERS = {"getenv", "get", "get_bool_env_var", "get_int_env_var", "get_float_env_var", "pop"}
@@ -184,7 +185,7 @@ def _find_class(module: ast.Module, name: str) -> ast.ClassDef:
         if isinstance(stmt, ast.ClassDef) and stmt.name == name:
             return stmt
     raise AtlasError(f"class {name} not found in {SERVER_ARGS_FILE}",
-                     fix="the SGLang release changed its layout; adapt atlasctl.labkit.sglang_schema")
+                     fix="the SGLang release changed its layout; adapt atlasctl.engine_schema.sglang")
 
 
 def _field_defaults(cls: ast.ClassDef) -> dict[str, ast.expr | None]:
@@ -206,7 +207,7 @@ def _add_cli_args(cls: ast.ClassDef) -> ast.FunctionDef:
         if isinstance(stmt, ast.FunctionDef) and stmt.name == "add_cli_args":
             return stmt
     raise AtlasError(f"ServerArgs.add_cli_args not found in {SERVER_ARGS_FILE}",
-                     fix="the SGLang release changed its layout; adapt atlasctl.labkit.sglang_schema")
+                     fix="the SGLang release changed its layout; adapt atlasctl.engine_schema.sglang")
 
 
 def _add_argument_calls(func: ast.FunctionDef) -> Iterator[ast.Call]:
@@ -429,7 +430,7 @@ def refresh_sglang_schema(version: str, out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m atlasctl.labkit.sglang_schema [VERSION [OUT]]``: refresh a committed schema."""
+    """``python -m atlasctl.engine_schema.sglang [VERSION [OUT]]``: refresh a committed schema."""
     args = list(sys.argv[1:] if argv is None else argv)
     version = args[0] if args else PINNED_VERSION
     out = Path(args[1]) if len(args) > 1 else schema_path(version)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atlasctl.errors import EnvironmentProblem
-from atlasctl.lab import paths
-from atlasctl.lab.proc import require_tools, run
+from atlaslab import paths
+from atlaslab.proc import require_tools, run
 
 log = logging.getLogger(__name__)
 
@@ -168,14 +168,14 @@ def ensure_unpacked(image: BaseImage) -> Path:
     staging.mkdir(parents=True)
     run(
         ["sh", "-c", f'zstd -q -d -c "{image.tarball}" | tar -C "{staging}" --numeric-owner --xattrs -xf -'],
-        fix=f"remove the cache file {image.tarball} and run `atlasctl lab up` again to rebuild it",
+        fix=f"remove the cache file {image.tarball} and run `atlas-lab up` again to rebuild it",
     )
     (staging / MARKER).write_text(image.hash + "\n")
     if base.exists():
         if any(p.name == "merged" for p in paths.nodes_dir().glob("*/merged") if os.path.ismount(p)):
             raise EnvironmentProblem(
                 f"{base} is in use by running lab nodes and must be replaced (new base {image.hash})",
-                fix="run `atlasctl lab down` first",
+                fix="run `atlas-lab down` first",
             )
         shutil.rmtree(base)
     os.replace(staging, base)

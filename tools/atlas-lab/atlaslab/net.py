@@ -11,8 +11,8 @@ import logging
 from pathlib import Path
 
 from atlasctl.errors import EnvironmentProblem
-from atlasctl.lab.config import LabConfig, NodeSpec
-from atlasctl.lab.proc import run
+from atlaslab.config import LabConfig, NodeSpec
+from atlaslab.proc import run
 
 log = logging.getLogger(__name__)
 

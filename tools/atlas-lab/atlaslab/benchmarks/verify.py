@@ -1,6 +1,6 @@
 """Benchmark: `md5sum` then `sha256sum` versus the one-pass verifier, against this machine's limit.
 
-    python -m atlasctl.verify_bench [--size-gib 4] [--dir D] [--workers N] [--keep] [--json]
+    python -m atlaslab.benchmarks.verify [--size-gib 4] [--dir D] [--workers N] [--keep] [--json]
 
 In one run it
   1. creates a model-like directory (shards of 0.5-1 GiB, random but cheap: one random block
@@ -446,7 +446,7 @@ def default_dir() -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m atlasctl.verify_bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m atlaslab.benchmarks.verify", description=__doc__.split("\n")[0])
     parser.add_argument("--size-gib", type=float, default=4.0, help="total model size (default 4 GiB)")
     parser.add_argument("--dir", type=Path, default=None, help=f"work directory (default {default_dir()})")
     parser.add_argument("--workers", type=int, default=None, help="verifier threads (default: usable cores)")

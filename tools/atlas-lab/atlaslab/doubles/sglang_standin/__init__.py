@@ -18,8 +18,8 @@ import hashlib
 import zipfile
 from pathlib import Path
 
+from atlasctl.engine_schema.sglang import PINNED_VERSION, schema_path
 from atlasctl.errors import AtlasError
-from atlasctl.labkit.sglang_schema import PINNED_VERSION, schema_path
 
 DIST_NAME = "atlas_sglang_standin"
 PROJECT_NAME = "atlas-sglang-standin"
@@ -73,7 +73,7 @@ def build_standin_wheel(out_dir: Path, schema: Path | None = None) -> Path:
     schema = Path(schema) if schema else schema_path(VERSION)
     if not schema.is_file():
         raise AtlasError(f"SGLang schema {schema} is missing",
-                         fix=f"run python -m atlasctl.labkit.sglang_schema {VERSION}")
+                         fix=f"run python -m atlasctl.engine_schema.sglang {VERSION}")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     dist_info = f"{DIST_NAME}-{VERSION}.dist-info"

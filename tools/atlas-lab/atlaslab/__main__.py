@@ -1,0 +1,5 @@
+import sys
+
+from atlaslab.cli import main
+
+sys.exit(main())

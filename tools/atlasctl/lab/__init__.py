@@ -1,4 +1,0 @@
-"""The lab behind `atlasctl lab`: systemd-nspawn nodes on a private bridge, built from inventory/lab/lab.yml.
-
-Public entry points live in :mod:`atlasctl.lab.api`.
-"""
