@@ -198,7 +198,7 @@ def test_npu_telemetry_from_the_npu_smi_simulator(tmp_path, monkeypatch):
                           "aicore_pct": 60 + 20 * i} for i in range(2)]}
     (tmp_path / "npu.json").write_text(json.dumps(state))
     monkeypatch.setenv("NPU_SMI_STATE", str(tmp_path / "npu.json"))
-    sim = ROOT / "tools" / "atlasctl" / "labkit" / "npu_smi.py"
+    sim = ROOT / "tools" / "atlas-lab" / "atlaslab" / "doubles" / "npu_smi.py"
     with RefServer(ttft_ms=20, itl_ms=10) as srv:
         r = run_bench(BenchConfig(url=srv.url, concurrency=2, num_requests=12, output_len=10, warmup_requests=0,
                                   npu_smi=f"{sys.executable} {sim} info", npu_interval_s=0.2))

@@ -23,7 +23,7 @@ CONFIG_DIR = "/etc/atlas/serving"
 ENV_FILE = f"{CONFIG_DIR}/{SERVICE}.env"
 ARGS_FILE = f"{CONFIG_DIR}/{SERVICE}.args"
 STAMP_DIR = "/var/lib/atlas/stamps"
-# set_env.sh of the CANN toolkit exports both (ascend-facts.md §4; labkit cann_installer mirrors it).
+# set_env.sh of the CANN toolkit exports both (ascend-facts.md §4; the lab's CANN double mirrors it).
 CANN_ENV_MARKERS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
 TP_FLAGS = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
 # (flag, default when absent): the fraction of each NPU's HBM the engine may take.

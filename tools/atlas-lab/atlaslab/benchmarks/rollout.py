@@ -477,10 +477,11 @@ def _run(argv: Sequence[str], logfile: Path, timeout: float,
     return proc, seconds
 
 
-def atlasctl(args: Sequence[str], logdir: Path, name: str, timeout: float = 1800) -> float:
-    proc, seconds = _run([sys.executable, "-m", "atlasctl", *args], logdir / f"{name}.log", timeout)
+def lab(args: Sequence[str], logdir: Path, name: str, timeout: float = 1800) -> float:
+    """`atlas-lab ARGS`, logged; the seconds it took."""
+    proc, seconds = _run([sys.executable, "-m", "atlaslab", *args], logdir / f"{name}.log", timeout)
     if proc.returncode != 0:
-        raise BenchError(f"atlasctl {' '.join(args)} exited {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"
+        raise BenchError(f"atlas-lab {' '.join(args)} exited {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"
                          f"\n(log: {logdir / f'{name}.log'})")
     return seconds
 
@@ -534,7 +535,8 @@ class Meter:
                 "other_cpu_s": round(max(self.busy - self.ctrl - self.nodes, 0.0), 1), "busy_pct": round(self.pct, 1)}
 
 
-CODE_PATHS = ("site.yml", "playbooks", "roles", "collections", "inventory", "ansible.cfg", "tools/atlasctl")
+CODE_PATHS = ("site.yml", "playbooks", "roles", "collections", "inventory", "ansible.cfg", "tools/atlasctl",
+              "tools/atlas-lab")
 
 
 def code_version(root: Path) -> str:
@@ -648,17 +650,17 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
     sized: dict[int, dict] = {}
     with lab_lock():
         log("lab lock held; bringing any lab down")
-        atlasctl(["lab", "down"], logdir, "lab-down-before", timeout=600)
+        lab(["down"], logdir, "lab-down-before", timeout=600)
         try:
             extra["inotify_instances"] = ensure_inotify(serving + serving // per_branch)
             fleet_path.write_text(render_fleet(fleet(serving, per_branch, lab_settings(root))))
             log(f"lab up: {extra['fleet']} ({fleet_path.relative_to(root)})")
-            extra["lab_up_s"] = atlasctl(["lab", "up", "--config", str(fleet_path), "--timeout", "300"], logdir,
+            extra["lab_up_s"] = lab(["up", "--config", str(fleet_path), "--timeout", "300"], logdir,
                                          "lab-up", timeout=1800)
             if (root / "inventory/lab/hosts.yml").exists():
                 raise BenchError("inventory/lab/hosts.yml exists while the scale lab is up; it would point at it")
             log("bundle build (cached)")
-            extra["bundle_s"] = atlasctl(["bundle", "build", "--spec", str(root / BUNDLE_SPEC)], logdir, "bundle",
+            extra["bundle_s"] = lab(["bundle", "--spec", str(root / BUNDLE_SPEC)], logdir, "bundle",
                                          timeout=3600)
             log(f"site.yml over the whole fleet (converge; {serving + serving // per_branch} hosts)")
             converge = raw["converge"] = site(inventory, logdir, "site-converge")
@@ -694,7 +696,7 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
             else:
                 log("bringing the scale lab down")
                 with contextlib.suppress(BenchError, subprocess.TimeoutExpired):
-                    atlasctl(["lab", "down"], logdir, "lab-down-after", timeout=600)
+                    lab(["down"], logdir, "lab-down-after", timeout=600)
                 close_masters(control_dir)
                 shutil.rmtree(control_dir, ignore_errors=True)
                 fleet_path.unlink(missing_ok=True)
