@@ -86,19 +86,19 @@ def test_pip_refuses_a_target_without_wheels(tmp_path):
     links = tmp_path / "links"
     links.mkdir()
     _wheel(links, "fakenpu", "1.0", "cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64")
-    _, step = bundle_sources.pip_step({"set": "s", "requirements": ["fakenpu==1.0"], "no_index": True,
+    step = bundle_sources.pip_step({"set": "s", "requirements": ["fakenpu==1.0"], "no_index": True,
                                        "find_links": [str(links)],
                                        "targets": [{"platform": "manylinux2014_aarch64", "python": "3.11"}]})
     with pytest.raises(UsageError, match="manylinux2014_aarch64 / Python 3.11"):
-        step(tmp_path / "out")
+        step.run(tmp_path / "out")
 
 
 def test_vendor_side_file_mismatch_is_refused(tmp_path, huawei_dir):
     pkg = huawei_dir / "Ascend-cann-toolkit_8.3.RC2_linux-aarch64.run"
     pkg.write_bytes(pkg.read_bytes()[:-1])
-    _, step = bundle_sources.huawei_step(huawei_dir, pkg.name)
+    step = bundle_sources.huawei_step(huawei_dir, pkg.name)
     with pytest.raises(UsageError, match=r"sha256 .* does not match the vendor's .*\.sha256"):
-        step(tmp_path / "out")
+        step.run(tmp_path / "out")
     with pytest.raises(UsageError, match="Ascend-cann-\\* or Ascend-hdk-\\*"):
         bundle_sources.huawei_step(huawei_dir, "random.bin")
 

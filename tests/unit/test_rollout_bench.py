@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from atlasctl import rollout_bench as rb
 from atlasctl.collection import ensure_on_path
 from atlaslab import config, inventory
+from atlaslab.benchmarks import rollout as rb
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = dt.datetime(2026, 11, 30, 8, 0, 0, tzinfo=dt.UTC)

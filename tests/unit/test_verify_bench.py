@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from atlasctl import verify_bench
+from atlaslab.benchmarks import verify as verify_bench
 
 
 def test_bench_measures_every_shape_with_both_readers(tmp_path: Path, monkeypatch, capsys) -> None:
