@@ -30,18 +30,22 @@ def configure_logging(verbosity: int) -> None:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    """Parse, configure logging once, dispatch, map errors to exit codes (atlasctl's and atlas-lab's)."""
     args = parser.parse_args(argv)
     configure_logging(args.verbose)
     try:
         return int(args.func(args) or exitcodes.OK)
     except AtlasError as exc:
-        print(f"atlasctl: error: {exc.render()}", file=sys.stderr)
+        print(f"{parser.prog}: error: {exc.render()}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("atlasctl: interrupted", file=sys.stderr)
+        print(f"{parser.prog}: interrupted", file=sys.stderr)
         return exitcodes.INTERRUPTED
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser(), argv)
 
 
 if __name__ == "__main__":

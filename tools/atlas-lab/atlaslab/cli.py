@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 
 from atlasctl import bundle, exitcodes
-from atlasctl.cli import configure_logging
-from atlasctl.errors import AtlasError
+from atlasctl.cli import run
 from atlasctl.paths import cache_dir
 from atlaslab import api, npu, paths, signing
 
@@ -138,16 +137,7 @@ def _bundle(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    configure_logging(args.verbose)
-    try:
-        return int(args.func(args) or exitcodes.OK)
-    except AtlasError as exc:
-        print(f"atlas-lab: error: {exc.render()}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print("atlas-lab: interrupted", file=sys.stderr)
-        return exitcodes.INTERRUPTED
+    return run(build_parser(), argv)
 
 
 if __name__ == "__main__":
