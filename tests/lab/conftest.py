@@ -15,7 +15,7 @@ import os
 import subprocess
 
 import pytest
-from labtools import fresh_lab_session, lab, lab_hosts, lab_lock, lab_prerequisites, playbook
+from labtools import fresh_lab_session, lab, lab_hosts, lab_lock, lab_prerequisites, layout, playbook
 
 
 @dataclasses.dataclass
@@ -66,6 +66,7 @@ def converged_lab():
         bare = playbook("site.yml", "--check", "--diff")
         leftovers = {
             host: lab("ssh", host, "ls -d /opt/atlas /etc/atlas /var/lib/atlas"
+                           f" {layout(host)['serving_config_dir']} {layout(host)['models_root']}"
                            " /etc/systemd/system/atlas-serving.service 2>/dev/null", check=False,
                            timeout=60).stdout.split()
             for host in hosts

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -13,9 +15,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import yaml
+
+from atlasctl import layout as node_layout
 
 ROOT = Path(__file__).resolve().parents[2]
 ATLASCTL = [sys.executable, "-m", "atlasctl"]
@@ -45,6 +51,18 @@ def lab(*args: str, timeout: int = 900, check: bool = True) -> subprocess.Comple
     proc = subprocess.run([*LAB, *args], cwd=ROOT, env=ENV, text=True, capture_output=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"atlas-lab {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def on_node(host: str, command: str | Sequence[str], *, check: bool = True,
+            timeout: int = 120) -> subprocess.CompletedProcess:
+    """Run on a lab node through `atlas-lab ssh`: a shell command line, or an argv (quoted once:
+    `atlas-lab ssh` hands its words to the remote shell). With ``check`` a failure names the node,
+    the command and what it printed."""
+    line = command if isinstance(command, str) else shlex.join(command)
+    proc = lab("ssh", host, line, check=False, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{host}: {line} exited {proc.returncode}\n{proc.stdout}{proc.stderr}")
     return proc
 
 
@@ -175,11 +193,21 @@ class Load:
             t.join(90)
 
 
+@functools.cache
+def layout(host: str) -> dict[str, Any]:
+    """The node layout of ``host``: roles/layout with its lab inventory variables, resolved by the
+    product's own resolver (branch west moves serving_config_dir and models_root)."""
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-inventory"), "-i", "inventory/lab",
+                           "--host", host], cwd=ROOT, env=ENV, text=True, capture_output=True, timeout=120,
+                          check=True)
+    return node_layout.resolve(json.loads(proc.stdout))
+
+
 def releases(hosts: list[str] | None = None) -> dict[str, str]:
     """release_id of each serving node's service record."""
     out = {}
     for host in hosts or SERVING:
-        record = lab("ssh", host, "cat", "/etc/atlas/serving/atlas-serving.json", timeout=60)
+        record = lab("ssh", host, "cat", layout(host)["serving_record"], timeout=60)
         out[host] = json.loads(record.stdout)["release_id"]
     return out
 
@@ -199,9 +227,9 @@ def node_path(host: str, path: str) -> Path:
 
 def model_service(host: str) -> tuple[str, str, str]:
     """(ActiveState, MainPID, current model version) of the serving unit on a node."""
-    out = lab("ssh", host,
-                   "systemctl show -p ActiveState -p MainPID atlas-serving;"
-                   f" readlink /var/lib/atlas/models/{MODEL}/current", timeout=60).stdout.split()
+    where = layout(host)
+    out = lab("ssh", host, f"systemctl show -p ActiveState -p MainPID {where['serving_service_name']};"
+                           f" readlink {where['models_path']}", timeout=60).stdout.split()
     props = dict(line.split("=", 1) for line in out if "=" in line)
     link = [line for line in out if "=" not in line][0]
     return props["ActiveState"], props["MainPID"], link

@@ -17,14 +17,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labtools import ENV, ROOT, atlasctl, doctor, lab, lab_hosts, playbook
+from labtools import ENV, ROOT, atlasctl, doctor, lab, lab_hosts, layout, on_node, playbook
 from labtools import grep_tree as _grep_tree
 
 pytestmark = pytest.mark.lab
 
 NODE = "atlas-n4"
-ENV_FILE = "/etc/atlas/serving/atlas-serving.env"
-MODEL_LINK = "/var/lib/atlas/models/atlas-tiny-llama/current"
+
+
+def _at(name: str) -> str:
+    """A path of NODE's layout (branch west's: its inventory moves the config and model roots)."""
+    return layout(NODE)[name]
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +40,8 @@ def errors(doc: dict, host: str = NODE) -> list[dict]:
     return [f for f in doc["hosts"][host]["findings"] if f["severity"] == "error"]
 
 
-def on_node(command: str) -> str:
-    return lab("ssh", NODE, command, timeout=120).stdout
+def on_doctor_node(command: str) -> str:
+    return on_node(NODE, command).stdout
 
 
 def node_url(path: str) -> str:
@@ -90,31 +93,33 @@ def npu_state(*flags: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def env_lines(*lines: str) -> Iterator[None]:
-    on_node(f"cp -p {ENV_FILE} {ENV_FILE}.doctor-test && printf '%s\\n' {' '.join(lines)} >> {ENV_FILE}")
+    env = _at("serving_env_file")
+    on_doctor_node(f"cp -p {env} {env}.doctor-test && printf '%s\\n' {' '.join(lines)} >> {env}")
     try:
         yield
     finally:
         # Back through the link (the stable name points into the release directory).
-        on_node(f"cat {ENV_FILE}.doctor-test > {ENV_FILE} && rm -f {ENV_FILE}.doctor-test")
+        on_doctor_node(f"cat {env}.doctor-test > {env} && rm -f {env}.doctor-test")
 
 
 @contextlib.contextmanager
 def oom_line() -> Iterator[None]:
     # journalctl -u matches OBJECT_SYSTEMD_UNIT= from root (_UID=0): the line lands in the unit's journal.
-    on_node("printf 'MESSAGE=RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB\\n"
+    on_doctor_node("printf 'MESSAGE=RuntimeError: NPU out of memory. Tried to allocate 2.00 GiB\\n"
             "OBJECT_SYSTEMD_UNIT=atlas-serving.service\\nSYSLOG_IDENTIFIER=atlas-serving-launch\\n' "
             "| logger --journald && sleep 0.3")
     try:
         yield
     finally:
         time.sleep(1.1)  # the journal line and the restart fall in different seconds
-        on_node("systemctl restart atlas-serving.service")
+        on_doctor_node("systemctl restart atlas-serving.service")
         wait_healthy()
 
 
 @contextlib.contextmanager
 def stamp_removed() -> Iterator[None]:
-    on_node(f"rm -f /var/lib/atlas/stamps/model-atlas-tiny-llama-$(basename $(readlink {MODEL_LINK})).json")
+    stamps, link = _at("models_stamp_dir"), _at("models_path")
+    on_doctor_node(f"rm -f {stamps}/model-atlas-tiny-llama-$(basename $(readlink {link})).json")
     try:
         yield
     finally:
@@ -149,18 +154,18 @@ def test_injected_fault_is_found_then_cleared(converged, fault):
 def test_hdk_installed_but_not_running_is_a_pending_reboot(converged):
     # As a driver stage run without driver_allow_reboot leaves a node: the record new, npu-smi old.
     info = "/usr/local/Ascend/driver/version.info"
-    on_node(f"cp -p {info} {info}.doctor-test && sed -i 's/^Version=.*/Version=26.0.rc1/' {info}")
+    on_doctor_node(f"cp -p {info} {info}.doctor-test && sed -i 's/^Version=.*/Version=26.0.rc1/' {info}")
     try:
         rc, doc, out = doctor("-l", NODE)
         found = [f for f in doc["hosts"][NODE]["findings"] if f["check"] == "reboot-pending"]
         assert rc == 0 and found and "driver 26.0.rc1 is installed but 25.5.0 runs" in found[0]["message"], out
         assert "driver_allow_reboot=true" in found[0]["fix"]
     finally:
-        on_node(f"mv -f {info}.doctor-test {info}")
+        on_doctor_node(f"mv -f {info}.doctor-test {info}")
 
 
 def _unit() -> dict[str, str]:
-    out = on_node("systemctl show -p ActiveState -p SubState -p NRestarts -p MainPID -p Result atlas-serving")
+    out = on_doctor_node("systemctl show -p ActiveState -p SubState -p NRestarts -p MainPID -p Result atlas-serving")
     return dict(line.split("=", 1) for line in out.split() if "=" in line)
 
 
@@ -173,7 +178,7 @@ def test_crash_loop_ends_failed_and_the_serving_stage_brings_it_back(converged):
               "p=$(systemctl show -p MainPID --value atlas-serving); "
               "[ \"$p\" != 0 ] && kill -9 \"$p\" 2>/dev/null; sleep 0.2; done; echo still-restarting")
     try:
-        looped = on_node(killer)
+        looped = on_doctor_node(killer)
         assert "ended-failed" in looped, f"the engine was still being restarted after 80 s: {_unit()}"
         time.sleep(7)  # longer than RestartSec: no restart comes any more
         unit = _unit()
@@ -202,10 +207,10 @@ def test_api_key_enforced_and_never_written_down(converged):
         assert status("/v1/models", key) == 200
         # another user on the node sees every process's command line, never the key (SGLang reads it
         # from its 0640 --config file in-process)
-        seen = on_node("runuser -u nobody -- ps -eo pid,args")
+        seen = on_doctor_node("runuser -u nobody -- ps -eo pid,args")
         assert "sglang.launch_server" in seen and "--config" in seen, seen
         assert key not in seen, "the API key is in the process list"
-        denied = lab("ssh", NODE, "runuser -u nobody -- cat /etc/atlas/serving/releases/*/"
+        denied = lab("ssh", NODE, f"runuser -u nobody -- cat {_at('serving_release_dir')}/*/"
                           "atlas-serving.keys.yaml", check=False, timeout=60)
         assert "Permission denied" in denied.stdout + denied.stderr and key not in denied.stdout + denied.stderr
         rc, doc, out = doctor("-l", NODE)

@@ -11,19 +11,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from labtools import fresh_lab_session, lab, lab_prerequisites
+from labtools import fresh_lab_session, lab, lab_prerequisites, on_node
 
 from atlaslab import api, net, node, paths
 
 pytestmark = pytest.mark.lab
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def on(name: str, *command: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = lab("ssh", name, *command, check=False, timeout=60)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{name}: {' '.join(command)} exited {proc.returncode}\n{proc.stdout}{proc.stderr}")
-    return proc
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +38,7 @@ def test_up_is_a_noop_when_healthy(fleet) -> None:
 
 def test_ssh_uses_strict_host_key_checking(fleet, tmp_path: Path) -> None:
     first = fleet.nodes[0]
-    assert on(first.name, "hostname").stdout.strip() == first.name
+    assert on_node(first.name, "hostname").stdout.strip() == first.name
     # the same connection with an empty known_hosts file must be refused, not silently trusted
     argv = api.ssh_argv(first.name, ["true"])
     empty = tmp_path / "known_hosts"
@@ -59,7 +52,7 @@ def test_nodes_have_their_own_identity_and_no_default_route(fleet) -> None:
     a, b = fleet.nodes[0], fleet.nodes[1]
     facts = {}
     for spec in (a, b):
-        out = on(spec.name, "cat /etc/machine-id; hostname; ip -4 -o addr show dev eth0; ip route").stdout
+        out = on_node(spec.name, "cat /etc/machine-id; hostname; ip -4 -o addr show dev eth0; ip route").stdout
         facts[spec.name] = out.splitlines()
         assert f"inet {spec.ip}/" in out
         assert "default" not in out
@@ -69,40 +62,41 @@ def test_nodes_have_their_own_identity_and_no_default_route(fleet) -> None:
 
 def test_nodes_reach_each_other_but_nothing_outside_the_lab(fleet) -> None:
     a, b = fleet.nodes[0], fleet.nodes[1]
-    assert on(a.name, f"ping -c1 -W2 {b.ip} >/dev/null 2>&1 || curl -s -m 3 telnet://{b.ip}:22 </dev/null | "
+    assert on_node(a.name, f"ping -c1 -W2 {b.ip} >/dev/null 2>&1 || curl -s -m 3 telnet://{b.ip}:22 </dev/null | "
                       f"head -c 3").returncode == 0
     probe = "curl -sS -m 3 -o /dev/null http://{0}/ ; echo rc=$?"
     for target in ("192.0.2.1", "1.1.1.1", "10.0.0.1"):
-        out = on(a.name, probe.format(target), check=False).stdout
+        out = on_node(a.name, probe.format(target), check=False).stdout
         assert "rc=0" not in out, f"{a.name} reached {target}"
     # even with a route added by a compromised node, the host must not forward lab traffic
-    out = on(a.name, f"ip route add default via {fleet.controller_ip}; " + probe.format("192.0.2.1")
+    out = on_node(a.name, f"ip route add default via {fleet.controller_ip}; " + probe.format("192.0.2.1")
              + f"; ip route del default via {fleet.controller_ip}", check=False).stdout
     assert "rc=0" not in out
 
 
 def test_npu_smi_shows_the_nodes_npus(fleet) -> None:
     for spec in fleet.nodes[:2]:
-        out = on(spec.name, "npu-smi", "info").stdout
+        out = on_node(spec.name, "npu-smi info").stdout
         rows = [line for line in out.splitlines() if line.startswith("| ") and spec.npu.model in line]
         assert len(rows) == spec.npu.count
         assert f"/ {spec.npu.hbm_mb}" in out
-        assert f"Version={fleet.driver_version}" in on(spec.name, "cat /usr/local/Ascend/driver/version.info").stdout
+        version = on_node(spec.name, "cat /usr/local/Ascend/driver/version.info").stdout
+        assert f"Version={fleet.driver_version}" in version
 
 
 def test_npu_fault_injection(fleet) -> None:
     spec = fleet.nodes[0]
     lab("npu", spec.name, "--device", "1", "--health", "Critical")
-    assert "Critical" in on(spec.name, "npu-smi info -t health -i 1").stdout
+    assert "Critical" in on_node(spec.name, "npu-smi info -t health -i 1").stdout
     lab("npu", spec.name, "--driver", "unloaded")
-    proc = on(spec.name, "npu-smi", "info", check=False)
+    proc = on_node(spec.name, "npu-smi info", check=False)
     assert proc.returncode != 0 and "dcmi module initialize failed" in proc.stdout
     lab("npu", spec.name, "--driver", "loaded", "--health", "OK")
-    assert on(spec.name, "npu-smi", "info").returncode == 0
+    assert on_node(spec.name, "npu-smi info").returncode == 0
 
 
 def test_bundle_share_is_mounted_read_only(fleet) -> None:
-    out = on(fleet.nodes[0].name, "touch /srv/atlas-bundle/x 2>&1; echo rc=$?", check=False).stdout
+    out = on_node(fleet.nodes[0].name, "touch /srv/atlas-bundle/x 2>&1; echo rc=$?", check=False).stdout
     assert "Read-only file system" in out
 
 
@@ -111,9 +105,9 @@ def test_power_off_and_on(fleet) -> None:
     lab("power", spec.name, "off")
     status = {n["name"]: n for n in json.loads(lab("status", "--json", check=False).stdout)["nodes"]}
     assert status[spec.name]["state"] == "stopped" and not status[spec.name]["ssh"]
-    assert on(spec.name, "true", check=False).returncode != 0
+    assert on_node(spec.name, "true", check=False).returncode != 0
     lab("power", spec.name, "on")
-    assert on(spec.name, "hostname").stdout.strip() == spec.name
+    assert on_node(spec.name, "hostname").stdout.strip() == spec.name
 
 
 def test_down_removes_everything_but_keeps_the_blackhole(fleet) -> None:

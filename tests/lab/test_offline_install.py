@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from labtools import ENV, ROOT, atlasctl, cann_versions, lab, playbook
+from labtools import ENV, ROOT, atlasctl, cann_versions, lab, on_node, playbook
 
 from atlasctl.bundle import write_manifest
 from atlaslab.paths import bundle_dir
@@ -38,13 +37,8 @@ def recap(output: str) -> dict[str, dict[str, int]]:
     return stats
 
 
-def run_on(host: str, *cmd: str, check: bool = True, timeout: int = 120) -> subprocess.CompletedProcess:
-    """Run argv on a node (quoted once: `lab ssh` hands its words to the remote shell)."""
-    return lab("ssh", host, shlex.join(cmd), check=check, timeout=timeout)
-
-
-def ssh(host: str, *cmd: str, check: bool = True, timeout: int = 120) -> str:
-    return run_on(host, *cmd, check=check, timeout=timeout).stdout
+def ssh(host: str, *argv: str, check: bool = True, timeout: int = 120) -> str:
+    return on_node(host, argv, check=check, timeout=timeout).stdout
 
 
 def npu_board(host: str) -> dict[str, str]:
@@ -76,7 +70,7 @@ def test_hdk_upgrade_runs_firmware_then_driver_and_reboots_only_when_allowed(fre
 
 def test_no_route_out_and_offline_install_converges(fresh_lab):
     probe = "import socket; socket.create_connection(('192.0.2.1', 80), 3)"
-    out = run_on(NODE, "python3", "-c", probe, check=False, timeout=60)
+    out = on_node(NODE, ["python3", "-c", probe], check=False, timeout=60)
     assert out.returncode != 0 and "unreachable" in (out.stdout + out.stderr).lower()
     # the lab's bundle, against the key the lab's generated inventory pins
     assert atlasctl("bundle", "verify", str(bundle_dir()), "-i", "inventory/lab").returncode == 0
@@ -91,8 +85,8 @@ def test_no_route_out_and_offline_install_converges(fresh_lab):
     print(f"offline install {t1 - t0:.0f}s, second run {time.monotonic() - t1:.0f}s")
     assert cann_versions(NODE) == {"toolkit": "8.5.0", "kernels": "8.5.0", "nnal": "8.5.0"}
     pip = "/opt/atlas/engines/sglang-standin-0.5.6/bin/pip"
-    dl = run_on(NODE, pip, "download", "--no-deps", "--timeout", "5", "--retries", "0",
-                  "-d", "/tmp/dl", "six", check=False, timeout=120)
+    dl = on_node(NODE, [pip, "download", "--no-deps", "--timeout", "5", "--retries", "0", "-d", "/tmp/dl", "six"],
+                 check=False, timeout=120)
     assert dl.returncode != 0, "a node reached a package index"
 
 

@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import pytest
-from labtools import ATLASCTL, ENV, ROOT, SERVING, Load, atlasctl, lab, model_service
+from labtools import ATLASCTL, ENV, ROOT, SERVING, Load, atlasctl, lab, layout, model_service
 from labtools import releases as _releases
 from labtools import rollout as _rollout
 
@@ -77,10 +77,11 @@ def test_engine_that_fails_to_start_is_rolled_back(converged):
     assert (failure["host"], failure["wave"]) == (CANARY, "canary"), failure
     assert failure["gate"] in ("restart", "health"), failure
     assert _releases() == before, "the fleet stays on the old release"
-    args = lab("ssh", CANARY, "cat", "/etc/atlas/serving/atlas-serving.args", timeout=60).stdout
+    where = layout(CANARY)  # branch west's own layout (inventory/lab/group_vars/branch_west.yml)
+    args = lab("ssh", CANARY, "cat", where["serving_args_file"], timeout=60).stdout
     assert "--no-such-flag" not in args, "the canary runs the old configuration again"
-    links = lab("ssh", CANARY, "readlink /etc/atlas/serving/current; ls /etc/atlas/serving/releases",
-                     timeout=60).stdout.split()
+    links = lab("ssh", CANARY, f"readlink {where['serving_config_dir']}/current; ls {where['serving_release_dir']}",
+                timeout=60).stdout.split()
     assert links[0] == f"releases/{before[CANARY]}", "current switched back to the previous release"
     assert "lab-2026.11.4" in links[1:], "the failed release stays side by side (for the post-mortem)"
     assert load.failed == [], load.failed[:5]

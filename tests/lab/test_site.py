@@ -10,9 +10,11 @@ import urllib.error
 import urllib.request
 
 import pytest
-from labtools import GATEWAYS, changed_tasks, lab, playbook, recap
+from labtools import GATEWAYS, changed_tasks, lab, layout, on_node, playbook, recap
 from labtools import model_service as _service
 from labtools import new_model_version as _new_model_version
+
+from atlasctl import layout as node_layout
 
 pytestmark = pytest.mark.lab
 
@@ -40,7 +42,7 @@ def test_check_mode_on_bare_nodes_changes_nothing(bare_check):
 
 
 def _engine(host: str) -> str:
-    record = lab("ssh", host, "cat", "/etc/atlas/serving/atlas-serving.json", timeout=60)
+    record = lab("ssh", host, "cat", layout(host)["serving_record"], timeout=60)
     return json.loads(record.stdout)["engine"]
 
 
@@ -125,11 +127,10 @@ def test_gateway_retries_a_backend_that_answers_500(site_runs):
     """A backend's 500 never reaches the client: nginx retries the request on the next backend
     (completions have no side effects) and takes the failing one out for its fail_timeout."""
     gateway, conf = "atlas-gw-west", "/etc/nginx/atlas-backends/west/zz-fault500.conf"
-    on = lambda cmd: lab("ssh", gateway, cmd, timeout=60)  # noqa: E731
-    on(f"systemd-run --unit atlas-fault500 python3 -c {shlex.quote(FAULT_500)}")
+    on_node(gateway, f"systemd-run --unit atlas-fault500 python3 -c {shlex.quote(FAULT_500)}")
     try:
-        on(f"echo 'server 127.0.0.1:18500 max_fails=1 fail_timeout=10s;' > {conf}"
-           " && nginx -t -q && systemctl reload nginx")
+        on_node(gateway, f"echo 'server 127.0.0.1:18500 max_fails=1 fail_timeout=10s;' > {conf}"
+                         " && nginx -t -q && systemctl reload nginx")
         body = json.dumps({"model": "atlas-tiny-llama", "prompt": "Hello", "max_tokens": 2}).encode()
         seen, failed = [], []
         for _ in range(12):
@@ -145,7 +146,8 @@ def test_gateway_retries_a_backend_that_answers_500(site_runs):
         assert failed == [], failed
         assert any("127.0.0.1:18500" in b for b in seen), f"the failing backend was never tried: {seen}"
     finally:
-        on(f"rm -f {conf}; nginx -t -q && systemctl reload nginx; systemctl stop atlas-fault500 || true")
+        on_node(gateway, f"rm -f {conf}; nginx -t -q && systemctl reload nginx; systemctl stop atlas-fault500 || true",
+                check=False)
 
 
 def test_streaming_chat_with_usage(site_runs):
@@ -189,7 +191,7 @@ def test_env_file_is_private(site_runs):
     hosts, first, _ = site_runs
     assert first.returncode == 0
     for host in hosts:
-        out = lab("ssh", host, "stat -L -c '%a %U' /etc/atlas/serving/atlas-serving.env", timeout=60)
+        out = lab("ssh", host, f"stat -L -c '%a %U' {layout(host)['serving_env_file']}", timeout=60)
         assert out.stdout.split() == ["600", "root"], host
 
 
@@ -197,11 +199,29 @@ def test_release_configuration_behind_current(site_runs):
     hosts, first, _ = site_runs
     assert first.returncode == 0
     for host in hosts:
-        out = lab("ssh", host, "cd /etc/atlas/serving && readlink current atlas-serving.env "
+        out = lab("ssh", host, f"cd {layout(host)['serving_config_dir']} && readlink current atlas-serving.env "
                        "atlas-serving.args atlas-serving.json && ls releases/lab-2026.11.1", timeout=60).stdout.split()
         assert out[:4] == ["releases/lab-2026.11.1", "current/atlas-serving.env", "current/atlas-serving.args",
                            "current/atlas-serving.json"], (host, out)
         assert sorted(out[4:]) == ["atlas-serving.args", "atlas-serving.env", "atlas-serving.json"], (host, out)
+
+
+def test_a_branch_with_its_own_layout_keeps_nothing_at_the_default_paths(site_runs):
+    """Branch west's inventory moves serving_config_dir and models_root (roles/layout): the service,
+    its files and the model live there only, and the unit reads the moved files."""
+    hosts, first, _ = site_runs
+    assert first.returncode == 0
+    moved = [h for h in hosts if layout(h)["serving_config_dir"] != node_layout.DEFAULT.config_dir]
+    assert moved, "the lab inventory gives branch west a layout of its own"
+    for host in moved:
+        where = layout(host)
+        assert where["models_root"] != node_layout.DEFAULT.models_root, host
+        out = lab("ssh", host, "ls -d /etc/atlas/serving /var/lib/atlas/models 2>/dev/null;"
+                               f" test -f {where['serving_record']} && test -L {where['models_path']} && echo placed;"
+                               " systemctl show -p EnvironmentFiles --value atlas-serving", check=False,
+                  timeout=60).stdout.split()
+        assert out[:1] == ["placed"], (host, out)
+        assert out[1] == where["serving_env_file"], (host, out)
 
 
 # --- model integrity: a bad new model version never reaches the engine ---------------------------

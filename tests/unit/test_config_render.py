@@ -40,7 +40,7 @@ def test_golden_files_are_the_shipped_profiles_only():
 def test_rendered_article_profile_carries_the_article_intent_with_real_flags():
     argv = planner.render("vllm-ascend-0.11.0-llama2-70b-chat-8x64g").argv
     assert argv[:3] == ["/opt/atlas/engines/vllm-ascend-0.11.0/bin/vllm", "serve",
-                        "/var/lib/atlas/models/llama-2-70b-chat-hf"]
+                        "/var/lib/atlas/models/llama-2-70b-chat-hf/current"]
     pairs = dict(zip(argv[3::1], argv[4::1], strict=False))
     assert pairs["--tensor-parallel-size"] == "8" and pairs["--block-size"] == "128"
     assert pairs["--gpu-memory-utilization"] == "0.85" and pairs["--dtype"] == "float16"

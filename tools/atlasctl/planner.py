@@ -17,6 +17,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from atlasctl import layout
 from atlasctl.collection import ensure_on_path, module_utils
 from atlasctl.errors import UsageError
 from atlasctl.inputs import read_text
@@ -86,12 +87,15 @@ def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = ""
     """What the serving role renders for profile ``name`` (same filters, same templates)."""
     profile = load_profile(name)
     model = profile.get("model", "model")
+    # The node layout (roles/layout) with this profile's model, as the roles resolve it.
+    paths = layout.resolve({"models_name": model, **(overrides or {})})
     variables: dict[str, Any] = {
         **DEFAULT_VARS,
+        **paths,
         "serving_profile": name,
-        "serving_model_path": f"/var/lib/atlas/models/{model}",
+        "serving_model_path": paths["models_path"],
         "serving_served_model_name": model,
-        "serving_engine_venv": f"/opt/atlas/engines/{ENGINE_VENVS.get(profile['engine_release'], 'engine')}",
+        "serving_engine_venv": f"{paths['engines_root']}/{ENGINE_VENVS.get(profile['engine_release'], 'engine')}",
         "__serving_port": profile["port"],
         "__serving_engine_release": profile["engine_release"],
         "serving_set_env_scripts": profile.get("cann_set_env", []),
@@ -115,7 +119,7 @@ def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = ""
     keys_text = ""
     if api_key:  # as roles/serving (profile.yml, config.yml): a --config keys file, never the command line
         release = variables.get("atlas_release_id") or "unnamed"
-        flags["--config"] = (f"{variables['serving_config_dir']}/releases/{release}/"
+        flags["--config"] = (f"{variables['serving_release_dir']}/{release}/"
                              f"{variables['serving_service_name']}.keys.yaml")
         keys_text = json.dumps({"api-key": [api_key] if profile["engine"] == "vllm" else api_key}) + "\n"
     argv = command + filters.engine_argv(flags)

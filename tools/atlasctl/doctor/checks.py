@@ -18,11 +18,6 @@ from atlasctl.collection import module_utils
 from atlasctl.doctor import parse
 from atlasctl.doctor.model import ERROR, INFO, REDACTED, WARNING, Evidence, Finding
 
-SERVICE = "atlas-serving"
-CONFIG_DIR = "/etc/atlas/serving"
-ENV_FILE = f"{CONFIG_DIR}/{SERVICE}.env"
-ARGS_FILE = f"{CONFIG_DIR}/{SERVICE}.args"
-STAMP_DIR = "/var/lib/atlas/stamps"
 # set_env.sh of the CANN toolkit exports both (ascend-facts.md §4; the lab's CANN double mirrors it).
 CANN_ENV_MARKERS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
 TP_FLAGS = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
@@ -94,7 +89,7 @@ def check_npu_visible(ev: Evidence, ctx: Context) -> list[Finding]:
         return [_f(ev, "npu-visible", ERROR, "npu-smi fails: the NPU driver is not loaded or not answering",
                    f"npu-smi info: {_first_lines(sec.text)} (rc {sec.rc})",
                    "load the driver (reboot after a driver install, or `modprobe drv_davinci_core` per Huawei's "
-                   "guide); check `dmesg` for davinci errors; then restart atlas-serving")]
+                   "guide); check `dmesg` for davinci errors; then restart " + ev.layout.service)]
     if not parse.npu(ev)["devices"]:
         return [_f(ev, "npu-visible", ERROR, "npu-smi lists no NPU",
                    f"npu-smi info: {_first_lines(sec.text)}",
@@ -134,7 +129,7 @@ def check_npu_count(ev: Evidence, ctx: Context) -> list[Finding]:
     where = f" of ASCEND_RT_VISIBLE_DEVICES={env.get('ASCEND_RT_VISIBLE_DEVICES')}" if visible is not None else ""
     return [_f(ev, "npu-count", ERROR,
                f"{len(usable)} usable NPU(s){where} for tensor parallel size {tp}",
-               f"{ARGS_FILE}: {tp_text and 'tp ' + tp_text}; npu-smi info lists {len(devices)} NPU(s)",
+               f"{ev.layout.args_file}: {tp_text and 'tp ' + tp_text}; npu-smi info lists {len(devices)} NPU(s)",
                "choose a profile whose tensor parallel size fits the node's NPUs, or fix "
                "ASCEND_RT_VISIBLE_DEVICES; then " + RERUN_SERVING.format(host=ev.host))]
 
@@ -171,7 +166,7 @@ def check_hbm(ev: Evidence, ctx: Context) -> list[Finding]:
         return []
     listed = ", ".join(f"NPU {d['id']} {d['hbm_used_mb']}/{d['hbm_total_mb']} MB" for d in over)
     return [_f(ev, "hbm", ERROR, f"HBM use above the profile's limit ({fraction:.0%} per NPU): {listed}",
-               f"npu-smi info HBM-Usage(MB): {listed}; limit from {ARGS_FILE} {source}",
+               f"npu-smi info HBM-Usage(MB): {listed}; limit from {ev.layout.args_file} {source}",
                "find the other processes on the NPU (`npu-smi info` process table) and stop them, or lower the "
                "engine's memory fraction in the profile; an engine over its budget ends in NPU out of memory")]
 
@@ -180,38 +175,39 @@ def check_hbm(ev: Evidence, ctx: Context) -> list[Finding]:
 
 
 def check_service(ev: Evidence, ctx: Context) -> list[Finding]:
+    svc = ev.layout.service
     show = parse.key_values(ev.text("service"))
     if ev.section("service") is None:
         return []
     if show.get("LoadState") == "not-found":
-        return [_f(ev, "service", ERROR, f"{SERVICE}.service is not installed",
-                   f"systemctl show {SERVICE}: LoadState=not-found", "run site.yml (or playbooks/serving.yml)")]
+        return [_f(ev, "service", ERROR, f"{svc}.service is not installed",
+                   f"systemctl show {svc}: LoadState=not-found", "run site.yml (or playbooks/serving.yml)")]
     findings = []
     if not ev.ok("service"):
         return [_f(ev, "service", WARNING, "systemd could not be asked about the service",
-                   f"systemctl show {SERVICE}: {_first_lines(ev.text('service'))}", "check systemd runs as PID 1")]
+                   f"systemctl show {svc}: {_first_lines(ev.text('service'))}", "check systemd runs as PID 1")]
     start_limit = show.get("Result") == "start-limit-hit" or "Start request repeated too quickly" in ev.text("journal")
     if show.get("ActiveState") != "active" and start_limit:
         findings.append(_f(
-            ev, "service", ERROR, f"{SERVICE} crashed repeatedly and systemd stopped restarting it (start limit hit)",
-            f"systemctl show {SERVICE}: ActiveState={show.get('ActiveState')} Result={show.get('Result')} "
+            ev, "service", ERROR, f"{svc} crashed repeatedly and systemd stopped restarting it (start limit hit)",
+            f"systemctl show {svc}: ActiveState={show.get('ActiveState')} Result={show.get('Result')} "
             f"NRestarts={show.get('NRestarts')}; journal: Start request repeated too quickly",
-            f"read `journalctl -u {SERVICE} -n 200` for why it crashed and fix that, then "
-            f"`systemctl reset-failed {SERVICE} && systemctl start {SERVICE}` (or re-run the serving stage)"))
+            f"read `journalctl -u {svc} -n 200` for why it crashed and fix that, then "
+            f"`systemctl reset-failed {svc} && systemctl start {svc}` (or re-run the serving stage)"))
     elif show.get("ActiveState") != "active":
         findings.append(_f(
-            ev, "service", ERROR, f"{SERVICE} is {show.get('ActiveState')} ({show.get('SubState')})",
-            f"systemctl show {SERVICE}: ActiveState={show.get('ActiveState')} Result={show.get('Result')} "
+            ev, "service", ERROR, f"{svc} is {show.get('ActiveState')} ({show.get('SubState')})",
+            f"systemctl show {svc}: ActiveState={show.get('ActiveState')} Result={show.get('Result')} "
             f"ExecMainStatus={show.get('ExecMainStatus')} NRestarts={show.get('NRestarts')}",
-            f"read `journalctl -u {SERVICE} -n 100`; fix the cause reported there, then "
-            f"`systemctl restart {SERVICE}`"))
+            f"read `journalctl -u {svc} -n 100`; fix the cause reported there, then "
+            f"`systemctl restart {svc}`"))
     probe = parse.json_section(ev, "probe") or {}
     health = probe.get("/health")
     if show.get("ActiveState") == "active" and health is not None and health != 200:
         said = f"answers {health}" if isinstance(health, int) else f"does not answer ({health})"
         findings.append(_f(ev, "service", ERROR, f"/health {said}, not 200",
                            f"GET http://127.0.0.1:{probe.get('port')}/health on the node: {health}",
-                           f"read `journalctl -u {SERVICE} -n 100` (a starting engine answers 503 until loaded)"))
+                           f"read `journalctl -u {svc} -n 100` (a starting engine answers 503 until loaded)"))
     return findings
 
 
@@ -225,7 +221,7 @@ def check_cann_env(ev: Evidence, ctx: Context) -> list[Finding]:
     if any(environ.get(name) for name in CANN_ENV_MARKERS):
         return []
     return [_f(ev, "cann-env", ERROR,
-               f"CANN {cann} is installed but its environment is not sourced for {SERVICE}",
+               f"CANN {cann} is installed but its environment is not sourced for {ev.layout.service}",
                f"/proc/{show.get('MainPID')}/environ has none of {', '.join(CANN_ENV_MARKERS)} "
                f"(set by CANN's set_env.sh)",
                "the launcher must source set_env.sh (serving_set_env_scripts / cann_set_env_scripts: "
@@ -244,10 +240,10 @@ def check_env_file(ev: Evidence, ctx: Context) -> list[Finding]:
         problems = ctx.lint_env(env, release)
     except Exception as exc:  # noqa: BLE001 - a missing schema is itself a finding
         return [_f(ev, "env-file", WARNING, f"cannot lint the env file against {release}: {exc}",
-                   f"{ENV_FILE}; service record engine_release={release}",
+                   f"{ev.layout.env_file}; service record engine_release={release}",
                    "add the release's schema (atlasctl config schema refresh)")]
     return [_f(ev, "env-file", ERROR, p["message"],
-               f"{ENV_FILE}: {p['subject']}={env.get(p['subject'], '')}",
+               f"{ev.layout.env_file}: {p['subject']}={env.get(p['subject'], '')}",
                f"remove or correct {p['subject']} (it is not from the profile: the serving role refuses it), "
                "then " + RERUN_SERVING.format(host=ev.host)) for p in problems]
 
@@ -260,11 +256,11 @@ def check_file_modes(ev: Evidence, ctx: Context) -> list[Finding]:
         if len(parts) != 4:
             continue
         path, mode, owner, group = parts
-        if path == ENV_FILE and (mode != "600" or owner != "root" or group != "root"):
+        if path == ev.layout.env_file and (mode != "600" or owner != "root" or group != "root"):
             findings.append(_f(ev, "env-file-mode", ERROR, f"{path} is {mode} {owner}:{group}, not 0600 root:root",
                                f"stat {path}: mode {mode} owner {owner}:{group}",
                                f"chmod 0600 {path} && chown root:root {path} (or re-run the serving stage)"))
-        elif path == ARGS_FILE and int(mode, 8) & 0o007:
+        elif path == ev.layout.args_file and int(mode, 8) & 0o007:
             findings.append(_f(ev, "args-file-mode", ERROR, f"{path} is readable by everyone ({mode})",
                                f"stat {path}: mode {mode} owner {owner}:{group}",
                                f"chmod 0640 {path} (it carries SGLang's --api-key)"))
@@ -287,14 +283,15 @@ def check_api_key(ev: Evidence, ctx: Context) -> list[Finding]:
     models = probe.get("/v1/models")
     if not _key_configured(ev):
         return [_f(ev, "api-key", INFO, "the engine has no API key: anyone on the network can use it",
-                   f"{ENV_FILE} has no *_API_KEY and {ARGS_FILE} no --api-key; GET /v1/models without a key: "
-                   f"{models}", "set serving_api_key (vaulted) and re-run the serving stage")]
+                   f"{ev.layout.env_file} has no *_API_KEY and {ev.layout.args_file} no --api-key; "
+                   f"GET /v1/models without a key: {models}",
+                   "set serving_api_key (vaulted) and re-run the serving stage")]
     if models == 200:
         return [_f(ev, "api-key", ERROR, "an API key is configured but a request without it is served",
                    f"GET http://127.0.0.1:{probe.get('port')}/v1/models without a key: 200",
                    "check the engine takes the key (vLLM: VLLM_API_KEY in the env file; SGLang: its --config keys "
                    "file), "
-                   f"then `systemctl restart {SERVICE}`")]
+                   f"then `systemctl restart {ev.layout.service}`")]
     return []
 
 
@@ -319,7 +316,7 @@ def check_oom(ev: Evidence, ctx: Context) -> list[Finding]:
             f"before the last start (NRestarts={show.get('NRestarts', '?')})"
         findings.append(_f(
             ev, "oom", severity, f"{len(found)} out-of-memory message(s) {when}: {', '.join(labels)}",
-            f"journalctl -u {SERVICE}: {found[-1][2][:300]}",
+            f"journalctl -u {ev.layout.service}: {found[-1][2][:300]}",
             "lower the engine's memory use (vLLM --gpu-memory-utilization / --max-num-seqs / --max-model-len; "
             "SGLang --mem-fraction-static / --max-running-requests) or use more NPUs (tensor parallel); "
             "check no other process holds HBM (npu-smi info)"))
@@ -353,12 +350,13 @@ def check_versions(ev: Evidence, ctx: Context) -> list[Finding]:
                                f"/usr/local/Ascend/driver/version.info Version={driver}; {found['cann_file']} "
                                f"version={cann}", "upgrade the driver to the pair of the CANN release "
                                "(firmware first), or confirm the pair in Huawei's compatibility notes"))
-    engine, version = parse.engine_of(parse.argv(ev.text("args")), parse.record(ev))
+    engine, version = parse.engine_of(parse.argv(ev.text("args")), parse.record(ev), ev.layout.engines_root)
     if engine and cann:
         verdict = compat.evaluate({"engine": engine, "engine_version": version, "cann": cann}, ctx.compat_table)
         if not verdict["ok"]:
             findings.append(_f(ev, "versions", ERROR, "; ".join(verdict["problems"]),
-                               f"engine {engine} {version} ({ARGS_FILE} argv[0]); CANN {cann} ({found['cann_file']})",
+                               f"engine {engine} {version} ({ev.layout.args_file} argv[0]); "
+                               f"CANN {cann} ({found['cann_file']})",
                                "; or ".join(verdict["fixes"]) or "align CANN and the engine release"))
     elif engine and not cann and not _is_lab_engine(ctx, engine, version):
         findings.append(_f(ev, "versions", ERROR, f"{engine} {version} runs but no CANN toolkit is installed",
@@ -418,7 +416,7 @@ def check_model(ev: Evidence, ctx: Context) -> list[Finding]:
     if rec.get("model_version") and rec["model_version"] != model["version"]:
         findings.append(_f(ev, "model", WARNING,
                            f"the service was rendered for model version {rec['model_version']}, current is "
-                           f"{model['version']}", f"{CONFIG_DIR}/{SERVICE}.json model_version; readlink {path}",
+                           f"{model['version']}", f"{ev.layout.record} model_version; readlink {path}",
                            RERUN_SERVING.format(host=ev.host) + " (restarts on the current version)"))
     return findings
 

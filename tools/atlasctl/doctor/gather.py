@@ -15,22 +15,25 @@ from concurrent.futures import ThreadPoolExecutor
 
 from atlasctl.doctor.inventory import Target
 from atlasctl.doctor.model import Evidence, Section
+from atlasctl.layout import DEFAULT, Layout
 
 MARK = "@@atlas-doctor@@"
 _SECTION = re.compile(rf"^{re.escape(MARK)} (?P<name>[a-z_]+)$")
 _RC = re.compile(rf"^{re.escape(MARK)}-rc (?P<name>[a-z_]+) (?P<rc>\d+)$")
 
+# Both snippets take the layout's paths as arguments (python3 -c CODE ARG...).
 _MODELS_PY = r"""
-import glob, json, os
+import glob, json, os, sys
+models_root, stamp_dir = sys.argv[1], sys.argv[2]
 out = []
-for link in sorted(glob.glob("/var/lib/atlas/models/*/current")):
+for link in sorted(glob.glob(os.path.join(glob.escape(models_root), "*", "current"))):
     name = os.path.basename(os.path.dirname(link))
     item = {"name": name, "link": link, "target": None}
     if os.path.islink(link):
         target = os.readlink(link)
         vdir = os.path.normpath(os.path.join(os.path.dirname(link), target))
         version = os.path.basename(vdir)
-        stamp_path = "/var/lib/atlas/stamps/model-%s-%s.json" % (name, version)
+        stamp_path = os.path.join(stamp_dir, "model-%s-%s.json" % (name, version))
         item.update(target=target, version=version, version_dir=vdir, stamp_path=stamp_path, stamp=None)
         try:
             with open(stamp_path) as fh:
@@ -50,9 +53,9 @@ print(json.dumps(out))
 """
 
 _PROBE_PY = r"""
-import json, urllib.error, urllib.request
+import json, sys, urllib.error, urllib.request
 try:
-    port = int(json.load(open("/etc/atlas/serving/atlas-serving.json"))["port"])
+    port = int(json.load(open(sys.argv[1]))["port"])
 except (OSError, ValueError, KeyError) as exc:
     print(json.dumps({"error": "no service record: %s" % exc})); raise SystemExit(0)
 out = {"port": port}
@@ -66,31 +69,41 @@ for path in ("/health", "/v1/models"):
 print(json.dumps(out))
 """
 
-SECTIONS: tuple[tuple[str, str], ...] = (
-    ("npu", "PATH=$PATH:/usr/local/bin:/usr/local/sbin:/usr/local/Ascend/driver/tools; "
-            "command -v npu-smi >/dev/null || { echo 'npu-smi: command not found'; exit 127; }; npu-smi info"),
-    ("board", "PATH=$PATH:/usr/local/bin:/usr/local/sbin:/usr/local/Ascend/driver/tools; "
-              "id=$(npu-smi info -l 2>/dev/null | sed -n 's/^ *NPU ID *: *\\([0-9]*\\).*/\\1/p' | head -n 1); "
-              "npu-smi info -t board -i \"${id:-0}\""),
-    ("service", "systemctl show atlas-serving.service --timestamp=unix --no-pager "
-                "-p LoadState,ActiveState,SubState,MainPID,NRestarts,Result,ExecMainStatus,ActiveEnterTimestamp"),
-    ("record", "cat /etc/atlas/serving/atlas-serving.json"),
-    ("modes", "stat -L -c '%n %a %U %G' /etc/atlas/serving/atlas-serving.env /etc/atlas/serving/atlas-serving.args"),
-    ("env", r"sed -E 's/^([A-Z0-9_]*API_KEY=).*/\1<redacted>/' /etc/atlas/serving/atlas-serving.env"),
-    ("args", r"sed -E -e '/^--api-key$/,/^--/{/^--/!s/.*/<redacted>/}' -e 's/^(--api-key=).*/\1<redacted>/' "
-             "/etc/atlas/serving/atlas-serving.args"),
-    ("environ", "pid=$(systemctl show -p MainPID --value atlas-serving.service); "
-                "[ \"${pid:-0}\" != 0 ] || { echo 'atlas-serving has no main process'; exit 3; }; "
-                "e=$(tr '\\0' '\\n' < /proc/$pid/environ) || exit 4; "
-                "printf '%s\\n' \"$e\" | grep -E '^ASCEND_[A-Z0-9_]*=' || true"),
-    ("journal", "journalctl -u atlas-serving.service -n 300 --no-pager -o short-unix"),
-    ("versions", "for f in /usr/local/Ascend/driver/version.info /usr/local/Ascend/firmware/version.info "
-                 "/usr/local/Ascend/cann/*-linux/ascend_toolkit_install.info "
-                 "/usr/local/Ascend/ascend-toolkit/latest/*-linux/ascend_toolkit_install.info; "
-                 "do [ -r \"$f\" ] && { echo \"== $f\"; cat \"$f\"; }; done; true"),
-    ("models", "python3 -c " + shlex.quote(_MODELS_PY)),
-    ("probe", "python3 -c " + shlex.quote(_PROBE_PY)),
-)
+_PATH = "PATH=$PATH:/usr/local/bin:/usr/local/sbin:/usr/local/Ascend/driver/tools; "
+
+
+def snippets(layout: Layout = DEFAULT) -> tuple[tuple[str, str], ...]:
+    """The evidence sections (name, bash snippet) for a node with ``layout``."""
+    q = shlex.quote
+    unit = q(f"{layout.service}.service")
+    return (
+        ("npu", _PATH + "command -v npu-smi >/dev/null || { echo 'npu-smi: command not found'; exit 127; }; "
+                "npu-smi info"),
+        ("board", _PATH + "id=$(npu-smi info -l 2>/dev/null "
+                  "| sed -n 's/^ *NPU ID *: *\\([0-9]*\\).*/\\1/p' | head -n 1); "
+                  "npu-smi info -t board -i \"${id:-0}\""),
+        ("service", f"systemctl show {unit} --timestamp=unix --no-pager "
+                    "-p LoadState,ActiveState,SubState,MainPID,NRestarts,Result,ExecMainStatus,ActiveEnterTimestamp"),
+        ("record", f"cat {q(layout.record)}"),
+        ("modes", f"stat -L -c '%n %a %U %G' {q(layout.env_file)} {q(layout.args_file)}"),
+        ("env", rf"sed -E 's/^([A-Z0-9_]*API_KEY=).*/\1<redacted>/' {q(layout.env_file)}"),
+        ("args", r"sed -E -e '/^--api-key$/,/^--/{/^--/!s/.*/<redacted>/}' -e 's/^(--api-key=).*/\1<redacted>/' "
+                 + q(layout.args_file)),
+        ("environ", f"pid=$(systemctl show -p MainPID --value {unit}); "
+                    f"[ \"${{pid:-0}}\" != 0 ] || {{ echo {q(layout.service + ' has no main process')}; exit 3; }}; "
+                    "e=$(tr '\\0' '\\n' < /proc/$pid/environ) || exit 4; "
+                    "printf '%s\\n' \"$e\" | grep -E '^ASCEND_[A-Z0-9_]*=' || true"),
+        ("journal", f"journalctl -u {unit} -n 300 --no-pager -o short-unix"),
+        ("versions", "for f in /usr/local/Ascend/driver/version.info /usr/local/Ascend/firmware/version.info "
+                     "/usr/local/Ascend/cann/*-linux/ascend_toolkit_install.info "
+                     "/usr/local/Ascend/ascend-toolkit/latest/*-linux/ascend_toolkit_install.info; "
+                     "do [ -r \"$f\" ] && { echo \"== $f\"; cat \"$f\"; }; done; true"),
+        ("models", f"python3 -c {q(_MODELS_PY)} {q(layout.models_root)} {q(layout.stamp_dir)}"),
+        ("probe", f"python3 -c {q(_PROBE_PY)} {q(layout.record)}"),
+    )
+
+
+SECTIONS = snippets()
 
 
 def script(sections: tuple[tuple[str, str], ...] = SECTIONS) -> str:
@@ -101,7 +114,7 @@ def script(sections: tuple[tuple[str, str], ...] = SECTIONS) -> str:
     return "\n".join(parts) + "\n"
 
 
-def split_sections(host: str, output: str) -> Evidence:
+def split_sections(host: str, output: str, layout: Layout = DEFAULT) -> Evidence:
     """The script's output -> Evidence; a section without its rc line counts as rc 255."""
     sections: dict[str, Section] = {}
     name: str | None = None
@@ -118,14 +131,14 @@ def split_sections(host: str, output: str) -> Evidence:
             lines.append(line)
     if name is not None:
         sections[name] = Section(255, "\n".join(lines))
-    return Evidence(host, sections)
+    return Evidence(host, sections, layout)
 
 
 Runner = Callable[[Target, str], str]
 
 
 def gather_one(target: Target, run: Runner) -> Evidence:
-    return split_sections(target.name, run(target, script()))
+    return split_sections(target.name, run(target, script(snippets(target.layout))), target.layout)
 
 
 def gather_all(targets: list[Target], run: Runner, workers: int = 16

@@ -14,6 +14,7 @@ from typing import Any
 
 from atlasctl import inventory as shared
 from atlasctl.errors import EnvironmentProblem, UsageError
+from atlasctl.layout import DEFAULT, Layout
 
 SERVING_GROUP = shared.SERVING_GROUP
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -27,6 +28,8 @@ class Target:
     port: int
     key_file: str | None
     known_hosts: tuple[str, ...]
+    # The node layout its inventory variables give (roles/layout): where doctor reads.
+    layout: Layout = DEFAULT
 
 
 def _ssh_options(common_args: str) -> dict[str, str]:
@@ -65,6 +68,7 @@ def target(name: str, hostvars: dict[str, Any]) -> Target:
         port=int(hostvars.get("ansible_port") or hostvars.get("ansible_ssh_port") or 22),
         key_file=hostvars.get("ansible_ssh_private_key_file") or hostvars.get("ansible_private_key_file"),
         known_hosts=tuple(str(Path(p).expanduser()) for p in known),
+        layout=Layout.of(hostvars),
     )
 
 

@@ -6,6 +6,8 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
+from atlasctl.layout import DEFAULT, Layout
+
 ERROR = "error"
 WARNING = "warning"
 INFO = "info"
@@ -70,6 +72,8 @@ class Evidence:
 
     host: str
     sections: Mapping[str, Section]
+    # Where the host keeps the service's files (its inventory's layout: roles/layout).
+    layout: Layout = DEFAULT
 
     def section(self, name: str) -> Section | None:
         return self.sections.get(name)

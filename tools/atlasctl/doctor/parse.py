@@ -10,7 +10,6 @@ from typing import Any
 from atlasctl.collection import module_utils
 from atlasctl.doctor.model import Evidence
 
-ENGINES_DIR = "/opt/atlas/engines/"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _JOURNAL_LINE = re.compile(r"^(?P<ts>\d+(?:\.\d+)?)\s+(?P<rest>.*)$")
 
@@ -104,11 +103,12 @@ def versions(ev: Evidence) -> dict[str, str | None]:
     return out
 
 
-def engine_of(args: list[str], rec: dict[str, Any] | None) -> tuple[str, str]:
-    """(engine, version) actually run: the venv in argv[0] (/opt/atlas/engines/<engine>-<version>/),
-    else the record's engine_release."""
-    if args and args[0].startswith(ENGINES_DIR):
-        name = args[0][len(ENGINES_DIR):].split("/", 1)[0]
+def engine_of(args: list[str], rec: dict[str, Any] | None, engines_root: str) -> tuple[str, str]:
+    """(engine, version) actually run: the venv in argv[0] (<engines_root>/<engine>-<version>/, the
+    node layout), else the record's engine_release."""
+    prefix = engines_root.rstrip("/") + "/"
+    if args and args[0].startswith(prefix):
+        name = args[0][len(prefix):].split("/", 1)[0]
         engine, _, version = name.rpartition("-")
         if engine and version:
             return engine, version
