@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 
 .PHONY: demo test lint unit lab-test drills host-deps venv lab-up lab-down bundle site bench-verify bench-client \
-	bench-rollout clean
+	bench-rollout clean wheel
 
 demo: host-deps venv
 	$(LAB) up
@@ -50,6 +50,12 @@ lab-test: host-deps venv
 # fault / expected / observed / client requests failed / data lost (artifacts/drills/).
 drills: host-deps venv
 	$(VENV)/bin/pytest -ra tests/drills
+
+# The atlasctl wheel and the atlas.serving collection tarball (dist/): the product and the suite it
+# drives, no lab code (DESIGN.md, "Installing"); execution-environment.yml installs both.
+wheel: venv
+	$(PY) -c 'import sys; from atlasctl.bundle_sources import atlasctl_wheel as w, collection_tarball as c; \
+	  print(w(*sys.argv[1:]), c(*sys.argv[1:]))' . dist
 
 lint: venv
 	$(VENV)/bin/ruff check tools tests collections

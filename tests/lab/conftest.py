@@ -2,7 +2,9 @@
 
 ``fresh_lab`` (module): a lab brought up from scratch with its bundle, down afterwards.
 ``converged_lab`` (session): one lab for every module that needs a serving fleet:
-``site.yml --check --diff`` on the bare nodes, then ``site.yml`` twice. Modules that use
+``site.yml --check --diff`` on the bare nodes, then ``site.yml`` twice: the second time from the
+site's air-gapped controller (atlas-ctl), once the suite is installed there from the bundle's
+controller kit (tests/lab/test_controller.py). Modules that use
 it run after all the others (one lab per machine: a module's own fresh lab would
 destroy it), and it is brought down at the end of the session.
 """
@@ -15,7 +17,18 @@ import os
 import subprocess
 
 import pytest
-from labtools import fresh_lab_session, lab, lab_hosts, lab_lock, lab_prerequisites, layout, playbook
+from labtools import (
+    CONTROLLER,
+    controller_playbook,
+    fresh_lab_session,
+    install_controller,
+    lab,
+    lab_hosts,
+    lab_lock,
+    lab_prerequisites,
+    layout,
+    playbook,
+)
 
 
 @dataclasses.dataclass
@@ -25,6 +38,10 @@ class ConvergedLab:
     bare_leftovers: dict
     first: subprocess.CompletedProcess
     second: subprocess.CompletedProcess | None
+    # gpgv and install.sh on the controller node, and where the second run ran (its name, or "host"
+    # when the install failed: the idempotence tests still judge a second run, test_controller fails)
+    controller: tuple[subprocess.CompletedProcess, subprocess.CompletedProcess] | None = None
+    second_from: str = "host"
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -59,7 +76,9 @@ def converged_lab():
             stack.enter_context(lab_lock())
             hosts = lab_hosts()
             first = playbook("site.yml")
-            yield ConvergedLab(hosts, first, {}, first, None)
+            controller = install_controller()
+            second = controller_playbook("site.yml") if controller[1].returncode == 0 else None
+            yield ConvergedLab(hosts, first, {}, first, second, controller, CONTROLLER if second else "host")
             return
         stack.enter_context(fresh_lab_session(bundle=True))
         hosts = lab_hosts()
@@ -72,5 +91,11 @@ def converged_lab():
             for host in hosts
         }
         first = playbook("site.yml")
-        second = playbook("site.yml") if first.returncode == 0 else None
-        yield ConvergedLab(hosts, bare, leftovers, first, second)
+        controller, second, second_from = None, None, "host"
+        if first.returncode == 0:
+            controller = install_controller()
+            if controller[1].returncode == 0:
+                second, second_from = controller_playbook("site.yml"), CONTROLLER
+            else:
+                second = playbook("site.yml")
+        yield ConvergedLab(hosts, bare, leftovers, first, second, controller, second_from)

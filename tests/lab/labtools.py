@@ -203,6 +203,48 @@ def layout(host: str) -> dict[str, Any]:
     return node_layout.resolve(json.loads(proc.stdout))
 
 
+# The site's air-gapped controller (lab.yml kind: controller): the suite installed there from the
+# bundle's controller kit alone (tests/lab/test_controller.py; the converged lab's second site run).
+CONTROLLER = "atlas-ctl"
+CONTROLLER_PREFIX = "/opt/atlas-serving"
+CONTROLLER_INVENTORY = "/root/site-inventory"
+NODE_BUNDLE = "/srv/atlas-bundle"
+
+
+def _carry(path: Path, dest: str | None = None) -> None:
+    """A controller-host file on the controller node at the same path (or ``dest``)."""
+    target = node_path(CONTROLLER, dest or str(path))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        shutil.copytree(path, target, dirs_exist_ok=True)
+    else:
+        shutil.copy2(path, target)
+
+
+def install_controller() -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """What a site does on its controller: carry its release key, inventory, SSH key and known_hosts
+    there (in the lab: the lab's, at the same paths), check the bundle's signature with gpgv, run
+    controller/install.sh. (gpgv's result, install.sh's result.)"""
+    from atlaslab import paths as lab_paths
+    from atlaslab import signing
+
+    for path in (signing.keyring(), lab_paths.private_key(), lab_paths.known_hosts()):
+        _carry(path)
+    _carry(ROOT / "inventory/lab/hosts.yml", f"{CONTROLLER_INVENTORY}/hosts.yml")
+    _carry(ROOT / "inventory/lab/group_vars", f"{CONTROLLER_INVENTORY}/group_vars")
+    verify = on_node(CONTROLLER, f"gpgv --keyring {signing.keyring()} {NODE_BUNDLE}/manifest.json.asc"
+                                 f" {NODE_BUNDLE}/manifest.json", check=False)
+    install = on_node(CONTROLLER, f"sh {NODE_BUNDLE}/controller/install.sh {CONTROLLER_PREFIX}", check=False,
+                      timeout=900)
+    return verify, install
+
+
+def controller_playbook(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
+    """Plain ansible-playbook on the controller node, from the installed suite, against the site inventory."""
+    return on_node(CONTROLLER, f"cd {CONTROLLER_PREFIX}/suite && {CONTROLLER_PREFIX}/venv/bin/ansible-playbook"
+                               f" -i {CONTROLLER_INVENTORY} {shlex.join(args)}", check=False, timeout=timeout)
+
+
 def releases(hosts: list[str] | None = None) -> dict[str, str]:
     """release_id of each serving node's service record."""
     out = {}

@@ -16,7 +16,7 @@ from atlasctl.collection import module_utils
 
 memplan = module_utils("memplan")
 GIB = 1024**3
-LLAMA70B = json.loads((planner.MODEL_DATA_DIR / "llama-2-70b-chat-hf/config.json").read_text())
+LLAMA70B = json.loads((planner.model_data_dir() / "llama-2-70b-chat-hf/config.json").read_text())
 FLAGS_8 = {"--tensor-parallel-size": 8, "--dtype": "float16", "--max-model-len": 2048, "--max-num-seqs": 10,
            "--gpu-memory-utilization": 0.85}
 

@@ -30,7 +30,7 @@ MANIFEST = _LAYOUT.MANIFEST_NAME
 SIGNATURE = _LAYOUT.SIGNATURE_NAME  # GPG detached signature of manifest.json; required unless opted out
 UNLISTED = _LAYOUT.UNLISTED  # the only files of a bundle its manifest does not list
 _KEYS = {"name": str, "arch": str, "models": list, "huawei_dir": str, "huawei": list, "pip": list, "suite": bool,
-         "sign": str, "sign_home": str}
+         "controller": dict, "sign": str, "sign_home": str}
 FORMAT = 1
 SOURCE_GROUP = "atlasctl.bundle_sources"  # entry points of other installed packages: a SourceKind each
 
@@ -84,6 +84,8 @@ class BundleSpec:
     huawei: tuple[str, ...] = ()
     pip: tuple[dict, ...] = ()
     suite: bool = False
+    # The controller kit (bundle_sources.controller_steps); it carries the suite too.
+    controller: Mapping[str, object] | None = None
     sign: str = ""
     sign_home: str = ""
     extra: Mapping[str, object] = dataclasses.field(default_factory=dict)  # keys of installed SourceKinds
@@ -107,6 +109,10 @@ class BundleSpec:
         _check_entries(path, data)
         for kind in source_kinds():
             kind.check(path, data)
+        if "controller" in data:
+            from atlasctl.bundle_sources import check_controller
+
+            check_controller(path, data["controller"])
         if data.get("arch", "x86_64") not in ("x86_64", "aarch64"):
             raise UsageError(f"bundle spec {path}: arch must be x86_64 or aarch64, not {data['arch']!r}")
         return cls(
@@ -117,6 +123,7 @@ class BundleSpec:
             huawei=tuple(str(v) for v in data.get("huawei", [])),
             pip=tuple(data.get("pip", [])),
             suite=data.get("suite", False),
+            controller=data.get("controller"),
             sign=data.get("sign", ""),
             sign_home=data.get("sign_home", ""),
             extra={k: v for k, v in data.items() if k not in _KEYS},
@@ -383,10 +390,12 @@ def plan_build(spec: BundleSpec, cache: Path) -> list[PlannedStep]:
                          fix="set huawei_dir to the directory you downloaded Huawei's packages into")
     steps += [bundle_sources.huawei_step(Path(spec.huawei_dir), n) for n in spec.huawei]
     steps += [bundle_sources.pip_step(e) for e in spec.pip]
-    if spec.suite:
-        from atlasctl.paths import repo_root
+    if spec.suite or spec.controller is not None:
+        from atlasctl.paths import suite_root
 
-        steps.append(bundle_sources.suite_step(repo_root()))
+        if spec.controller is not None:
+            steps += bundle_sources.controller_steps(dict(spec.controller), suite_root(), cache)
+        steps.append(bundle_sources.suite_step(suite_root()))
     return steps
 
 

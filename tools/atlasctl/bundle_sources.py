@@ -11,8 +11,12 @@ Spec keys (bundle.yml; the lab's package adds its own, see atlasctl.bundle.Sourc
     each target runs ``pip download --only-binary=:all: --platform P --python-version V``
     into ``wheels/<set>/``.
 ``models`` entries with ``path``: a local model directory copied to ``models/<name>/``.
-``suite: true``: playbooks/, roles/, collections/, site.yml, ansible.cfg and
-    inventory/example-bank into ``suite/``.
+``suite: true``: the suite (atlasctl.paths.SUITE_ITEMS: site.yml, playbooks/, roles/, the collection,
+    ansible.cfg, templates/, inventory/example-bank) into ``suite/``.
+``controller``: ``{targets: [{platform, python}], wheel}``: the controller kit in ``controller/`` (and the
+    suite): the atlasctl wheel (built from the checkout, or ``wheel``), the atlas.serving collection tarball,
+    every wheel of requirements-controller.txt for each target, and ``install.sh``, the one install command
+    (no index, no network; DESIGN.md, "Installing").
 ``sign``: a GPG key id (``sign_home``: its gpg homedir); ``manifest.json.asc`` is written with
     ``gpg --detach-sign``.
 """
@@ -20,6 +24,7 @@ Spec keys (bundle.yml; the lab's package adds its own, see atlasctl.bundle.Sourc
 from __future__ import annotations
 
 import hashlib
+import reprlib
 import shutil
 import subprocess
 import sys
@@ -27,8 +32,7 @@ from pathlib import Path
 
 from atlasctl.bundle import PlannedStep
 from atlasctl.errors import EnvironmentProblem, UsageError
-
-SUITE_ITEMS = ("playbooks", "roles", "collections", "site.yml", "ansible.cfg", "inventory/example-bank")
+from atlasctl.paths import SUITE_ITEMS
 
 
 def _digest(path: Path, algo: str) -> str:
@@ -75,10 +79,14 @@ def huawei_step(src_dir: Path, name: str) -> PlannedStep:
     return PlannedStep(f"huawei {name}", run, "vendor", (f"{sub}/{name}",))
 
 
-def pip_download_argv(requirements: list[str], dest: Path, platform: str, python: str,
+def pip_download_argv(requirements: list[str], dest: Path, platform: str | list[str], python: str,
                       find_links: list[str], no_index: bool) -> list[str]:
-    argv = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--platform", platform,
-            "--python-version", python, "--dest", str(dest), "--disable-pip-version-check"]
+    """``pip download`` for a target: ``platform`` is one tag or several (pip matches tags exactly: a
+    manylinux_2_28 platform does not take a manylinux2014 wheel unless both are named)."""
+    argv = [sys.executable, "-m", "pip", "download", "--only-binary=:all:"]
+    for tag in [platform] if isinstance(platform, str) else platform:
+        argv += ["--platform", str(tag)]
+    argv += ["--python-version", python, "--dest", str(dest), "--disable-pip-version-check"]
     for link in find_links:
         argv += ["--find-links", link]
     if no_index:
@@ -132,7 +140,7 @@ def model_dir_step(model: dict) -> PlannedStep:
 
 def suite_step(repo: Path) -> PlannedStep:
     def run(out: Path) -> None:
-        for item in SUITE_ITEMS:
+        for item in SUITE_ITEMS:  # the same suite the wheel carries (atlasctl.paths)
             src, dest = repo / item, out / "suite" / item
             if src.is_dir():
                 shutil.copytree(src, dest, dirs_exist_ok=True, copy_function=shutil.copy2,
@@ -142,6 +150,156 @@ def suite_step(repo: Path) -> PlannedStep:
                 shutil.copy2(src, dest)
 
     return PlannedStep("suite (playbooks, roles, collection)", run, "suite", ("suite/*",))
+
+
+CONTROLLER = "controller"
+KIT_INSTALL = "templates/controller/install.sh"
+CONTROLLER_REQUIREMENTS = "requirements-controller.txt"
+# What a wheel is built from: the packaging files, the package and the suite it carries (setup.py).
+_WHEEL_SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "tools/atlasctl", *SUITE_ITEMS)
+
+
+def _has_setuptools(major: int) -> bool:
+    import importlib.metadata
+
+    try:
+        return int(importlib.metadata.version("setuptools").split(".")[0]) >= major
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return False
+
+
+def atlasctl_wheel(checkout: Path, dest: Path) -> Path:
+    """Build the atlasctl wheel from ``checkout`` into ``dest``: from a fresh copy of what it is made of,
+    so nothing an earlier build left in build/ can slip into it."""
+    import tempfile
+
+    checkout, dest = Path(checkout), Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="atlasctl-wheel-") as tmp:
+        src = Path(tmp) / "src"
+        for item in _WHEEL_SOURCES:
+            origin = checkout / item
+            if origin.is_dir():
+                shutil.copytree(origin, src / item, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
+            elif origin.is_file():
+                (src / item).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(origin, src / item)
+        built = Path(tmp) / "dist"
+        # pip builds in an isolated environment (setuptools from the index) unless this one already has the
+        # setuptools pyproject.toml asks for (make venv installs it): then the build needs no index
+        no_isolation = ["--no-build-isolation"] if _has_setuptools(68) else []
+        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--disable-pip-version-check",
+                               *no_isolation, "-w", str(built), str(src)], text=True, capture_output=True, check=False)
+        if proc.returncode != 0:
+            raise EnvironmentProblem(f"the atlasctl wheel did not build from {checkout}: "
+                                     f"{(proc.stderr or proc.stdout).strip()[-800:]}",
+                                     fix="pip needs setuptools>=68 (from the index, or --find-links)")
+        [wheel] = built.glob("atlasctl-*.whl")
+        target = dest / wheel.name
+        shutil.copy2(wheel, target)
+    return target
+
+
+def collection_tarball(suite: Path, dest: Path) -> Path:
+    """``ansible-galaxy collection build`` of the suite's atlas.serving into ``dest``
+    (atlas-serving-<version>.tar.gz)."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    galaxy = Path(sys.executable).parent / "ansible-galaxy"
+    source = Path(suite) / "collections/ansible_collections/atlas/serving"
+    proc = subprocess.run([str(galaxy if galaxy.exists() else "ansible-galaxy"), "collection", "build", "--force",
+                           "--output-path", str(dest), str(source)], text=True, capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise EnvironmentProblem(f"ansible-galaxy collection build failed: {(proc.stderr or proc.stdout)[-600:]}",
+                                 fix="run the build from an environment with ansible-core (make venv)")
+    [tarball] = dest.glob("atlas-serving-*.tar.gz")  # galaxy names it <namespace>-<name>-<version>
+    tarball.chmod(0o644)
+    return tarball
+
+
+def check_controller(path: Path, entry: dict) -> None:
+    """The spec's ``controller`` entry: targets like pip's, an optional prebuilt wheel."""
+    targets = entry.get("targets")
+    fix = "write e.g. controller: {targets: [{platform: [manylinux2014_x86_64], python: '3.11'}]}"
+    unknown = set(entry) - {"targets", "wheel"}
+    if unknown:
+        raise UsageError(f"bundle spec {path}: controller has unknown key(s) {', '.join(sorted(unknown))}", fix=fix)
+    if not isinstance(targets, list) or not targets:
+        raise UsageError(f"bundle spec {path}: controller needs targets, the controllers' platform and Python",
+                         fix=fix)
+    for target in targets:
+        platform = target.get("platform") if isinstance(target, dict) else None
+        platforms = [platform] if isinstance(platform, str) else platform
+        if (not isinstance(target, dict) or not isinstance(platforms, list) or not platforms
+                or not all(isinstance(p, str) and p for p in platforms) or not isinstance(target.get("python"), str)):
+            raise UsageError(f"bundle spec {path}: controller target {reprlib.repr(target)} needs platform (a tag "
+                             "or a list of tags) and python (a string, e.g. '3.11')", fix=fix)
+    if "wheel" in entry and not isinstance(entry["wheel"], str):
+        raise UsageError(f"bundle spec {path}: controller wheel must be the path of an atlasctl wheel", fix=fix)
+
+
+def controller_steps(entry: dict, suite: Path, cache: Path) -> list[PlannedStep]:
+    """The controller kit: what is the suite's (atlasctl's wheel, the collection tarball, install.sh) and
+    what is downloaded (the pinned wheels of requirements-controller.txt per target)."""
+    kit_wheels = f"{CONTROLLER}/wheels"
+
+    def kit(out: Path) -> None:
+        dest = out / CONTROLLER
+        for old in [*dest.glob("wheels/atlasctl-*.whl"), *dest.glob("atlas-serving-*.tar.gz")]:
+            old.unlink()
+        if entry.get("wheel"):
+            wheel = Path(str(entry["wheel"])).expanduser()
+            if not wheel.is_file() or not wheel.name.startswith("atlasctl-") or wheel.suffix != ".whl":
+                raise UsageError(f"controller wheel {wheel} is not an atlasctl wheel file",
+                                 fix="build it with `make wheel` (dist/atlasctl-*.whl) or drop controller.wheel")
+            (dest / "wheels").mkdir(parents=True, exist_ok=True)
+            shutil.copy2(wheel, dest / "wheels" / wheel.name)
+        else:
+            from atlasctl.paths import checkout_root
+
+            checkout = checkout_root()
+            if checkout is None:
+                raise UsageError("controller kit: this atlasctl is installed, not a checkout, so it cannot build "
+                                 "its own wheel", fix="name the wheel in the spec (controller: {wheel: ...})")
+            atlasctl_wheel(checkout, dest / "wheels")
+        collection_tarball(suite, dest)
+        shutil.copy2(suite / KIT_INSTALL, dest / "install.sh")
+        (dest / "install.sh").chmod(0o755)
+
+    def wheels(out: Path) -> None:
+        import json
+
+        dest = out / kit_wheels
+        dest.mkdir(parents=True, exist_ok=True)
+        text = (suite / CONTROLLER_REQUIREMENTS).read_text(encoding="utf-8")
+        reqs = [r for r in (line.split("#")[0].strip() for line in text.splitlines()) if r]
+        # Downloads are kept in the cache, keyed by the pins and the targets: a rebuild needs no index.
+        key = hashlib.sha256(json.dumps([reqs, entry["targets"]], sort_keys=True).encode()).hexdigest()[:16]
+        kept = cache / "controller-wheels" / key
+        if not (kept / ".complete").is_file():
+            shutil.rmtree(kept, ignore_errors=True)
+            kept.mkdir(parents=True)
+            for target in entry["targets"]:
+                argv = pip_download_argv(reqs, kept, target["platform"], str(target["python"]), [], False)
+                proc = subprocess.run(argv, text=True, capture_output=True, check=False)
+                if proc.returncode != 0:
+                    raise UsageError(f"controller wheels for {target['platform']} / Python {target['python']}: pip "
+                                     f"could not resolve: {proc.stderr.strip()[-600:]}",
+                                     fix="name the platform tags those wheels publish (several may be listed)")
+            (kept / ".complete").write_text(text, encoding="utf-8")
+        wanted = {w.name for w in kept.glob("*.whl")}
+        for old in dest.glob("*.whl"):  # a refreshed bundle keeps no wheel of an earlier pin
+            if old.name not in wanted and not old.name.startswith("atlasctl-"):
+                old.unlink()
+        for wheel in kept.glob("*.whl"):
+            if not (dest / wheel.name).is_file() or (dest / wheel.name).stat().st_size != wheel.stat().st_size:
+                shutil.copy2(wheel, dest / wheel.name)
+
+    return [PlannedStep("controller kit (atlasctl wheel, collection, install.sh)", kit, "suite",
+                        (f"{kit_wheels}/atlasctl-*.whl", f"{CONTROLLER}/atlas-serving-*.tar.gz",
+                         f"{CONTROLLER}/install.sh")),
+            PlannedStep("controller wheels (requirements-controller.txt)", wheels, "download",
+                        (f"{CONTROLLER}/*",))]
 
 
 def _gpg() -> str:

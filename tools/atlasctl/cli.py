@@ -45,7 +45,12 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run(build_parser(), argv)
+    try:
+        parser = build_parser()  # the commands load the suite's collection: it may be missing
+    except AtlasError as exc:
+        print(f"atlasctl: error: {exc.render()}", file=sys.stderr)
+        return exc.exit_code
+    return run(parser, argv)
 
 
 if __name__ == "__main__":

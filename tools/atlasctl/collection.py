@@ -15,16 +15,17 @@ from pathlib import Path
 from types import ModuleType
 
 from atlasctl.errors import EnvironmentProblem
+from atlasctl.paths import suite_root
 
 COLLECTION_PACKAGE = "ansible_collections.atlas.serving"
 
 
 def collections_dir() -> Path:
-    """``<repo>/collections`` (atlasctl is installed editable from ``<repo>/tools``)."""
+    """``<suite>/collections`` (atlasctl.paths.suite_root: the checkout or the installed suite)."""
     override = os.environ.get("ATLAS_COLLECTIONS_DIR")
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[2] / "collections"
+    return suite_root() / "collections"
 
 
 def ensure_on_path() -> Path:
@@ -32,7 +33,7 @@ def ensure_on_path() -> Path:
     if not (path / "ansible_collections" / "atlas" / "serving").is_dir():
         raise EnvironmentProblem(
             f"{path}: the atlas.serving collection is not there",
-            fix="run atlasctl from its source checkout, or set ATLAS_COLLECTIONS_DIR to <repo>/collections",
+            fix="reinstall atlasctl from its wheel (it carries the collection), or set ATLAS_COLLECTIONS_DIR",
         )
     text = str(path)
     if text not in sys.path:

@@ -9,22 +9,32 @@ moves every stage and every tool together.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import jinja2
 import yaml
 
-from atlasctl.paths import repo_root
+from atlasctl.paths import suite_root
 
-LAYOUT_FILE = repo_root() / "roles/layout/defaults/main.yml"
 # References are resolved in rounds; the file nests a few levels deep at most.
 _ROUNDS = 8
 
 
+def layout_file() -> Path:
+    return suite_root() / "roles/layout/defaults/main.yml"
+
+
+@functools.cache
+def _defaults() -> dict[str, Any]:
+    return yaml.safe_load(layout_file().read_text(encoding="utf-8")) or {}
+
+
 def defaults() -> dict[str, Any]:
     """The layout's variables as written (``{{ }}`` references unresolved)."""
-    return yaml.safe_load(LAYOUT_FILE.read_text(encoding="utf-8")) or {}
+    return dict(_defaults())
 
 
 def resolve(hostvars: Mapping[str, Any] | None = None) -> dict[str, Any]:

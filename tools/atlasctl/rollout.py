@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from atlasctl.errors import AtlasError, UsageError
-from atlasctl.paths import repo_root
+from atlasctl.paths import state_dir
 from atlasctl.runner import resolve_inventory, run_playbook
 
 PLAYBOOK = "playbooks/rollout.yml"
@@ -35,7 +35,7 @@ class RolloutBusy(AtlasError):
 
 
 def rollouts_dir() -> Path:
-    return Path(os.environ.get("ATLAS_ROLLOUT_DIR", repo_root() / "artifacts" / "rollouts"))
+    return Path(os.environ.get("ATLAS_ROLLOUT_DIR", state_dir() / "rollouts"))
 
 
 def inventory_key(inventory: Path) -> str:

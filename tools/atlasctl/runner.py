@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from atlasctl.errors import UsageError
-from atlasctl.paths import repo_root
+from atlasctl.paths import state_dir, suite_root
 
 
 @dataclasses.dataclass
@@ -44,7 +44,7 @@ class RunResult:
 def resolve_inventory(path: str | Path) -> Path:
     inv = Path(path)
     if not inv.is_absolute():
-        inv = (Path.cwd() / inv) if (Path.cwd() / inv).exists() else repo_root() / inv
+        inv = (Path.cwd() / inv) if (Path.cwd() / inv).exists() else suite_root() / inv
     if not inv.exists():
         raise UsageError(f"inventory {path} does not exist",
                          fix="pass -i inventory/<site> (for the lab: `atlas-lab up` writes inventory/lab/hosts.yml)")
@@ -87,14 +87,14 @@ def run_playbook(
 
     ``extravars`` are written into ansible-runner's command line (and so into its artifacts);
     ``vars_files`` go as ``-e @<path>``: only the path is recorded, so secrets belong there."""
-    root = repo_root()
+    root = suite_root()
     inv = resolve_inventory(inventory)
     play = root / playbook
     if not play.exists():
         raise UsageError(f"playbook {playbook} not found under {root}")
     import ansible_runner
 
-    private = root / "artifacts" / "runs"
+    private = state_dir() / "runs"
     private.mkdir(parents=True, exist_ok=True)
     # ansible-runner re-applies private_data_dir/env/extravars (and env/cmdline...) to every later
     # run: a variable of one run (a key, an SLO) must never leak into the next. Nothing is kept there.

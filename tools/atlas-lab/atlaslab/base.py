@@ -30,6 +30,9 @@ PACKAGES: tuple[str, ...] = (
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "sudo", "curl",
     "iproute2", "ca-certificates", "libpam-systemd", "rsync", "nginx-light", "libnuma1", "libgomp1",
     "procps", "less",
+    # what a site's controller has from its OS (the lab's controller node, tests/lab/test_controller.py):
+    # gpg, with which the playbooks verify the bundle's signature on the controller
+    "gnupg",
 )
 MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "apt-daily.service", "apt-daily-upgrade.service")
 DISABLED_UNITS = ("nginx.service",)

@@ -23,8 +23,9 @@ CONTROLLER_HOST = 1
 FIRST_NODE_HOST = 11
 ALL_NODES_GROUP = "atlas_nodes"
 # kind: atlas = a serving node (in atlas_nodes, with NPUs); gateway = a branch load balancer
-# (nginx, no NPU, not in atlas_nodes: site.yml's serving stages never touch it).
-NODE_KINDS = ("atlas", "gateway")
+# (nginx, no NPU, not in atlas_nodes: site.yml's serving stages never touch it); controller = a bare
+# node that plays a site's air-gapped Ansible controller (no NPU, in no group site.yml targets).
+NODE_KINDS = ("atlas", "gateway", "controller")
 NPU_MODELS = ("910B1", "910B2", "910B2C", "910B3", "910B4")
 
 
@@ -145,7 +146,7 @@ def _parse_node(raw: Any, index: int, network: ipaddress.IPv4Network, path: Path
     kind = raw.get("kind", "atlas")
     if kind not in NODE_KINDS:
         raise _fail(path, f"{where}.kind", f"unknown kind {kind!r}", f"use one of {', '.join(NODE_KINDS)}")
-    npu = None if kind == "gateway" else _parse_npu(raw.get("npu"), path, f"{where}.npu")
+    npu = None if kind != "atlas" else _parse_npu(raw.get("npu"), path, f"{where}.npu")
     extra = raw.get("vars", {})
     if not isinstance(extra, dict) or not all(isinstance(k, str) and GROUP_RE.match(k) for k in extra):
         raise _fail(path, f"{where}.vars", f"{extra!r} is not a mapping of variable names",

@@ -16,14 +16,14 @@ from markupsafe import Markup
 
 from atlasctl.bench import stats
 from atlasctl.bench.core import DEFINITIONS, BenchResult
-from atlasctl.paths import repo_root
+from atlasctl.paths import state_dir, suite_root
 
 TITLES = {"ttft": "Time to first token (ms)", "tpot": "Time per output token (ms)",
           "itl": "Inter-token latency (ms)", "e2el": "End-to-end latency (ms)"}
 
 
 def bench_dir() -> Path:
-    return repo_root() / "artifacts" / "bench"
+    return state_dir() / "bench"
 
 
 # --- console ---------------------------------------------------------------------------------------------
@@ -193,7 +193,7 @@ def _axes(x0: float, y0: float, w: float, h: float, xr: tuple[str, str], yr: tup
 
 
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(repo_root() / "templates")),
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(suite_root() / "templates")),
                               autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from atlasctl.collection import collections_dir
 from atlasctl.engine_schema import vllm as vllm_extract
 from atlasctl.errors import EnvironmentProblem, UsageError
-
-SCHEMA_DIR = Path(__file__).resolve().parents[3] / "collections/ansible_collections/atlas/serving/schemas"
 
 
 @dataclass(frozen=True)
@@ -111,9 +110,11 @@ def write(doc: dict[str, Any], out: Path) -> Path:
     return out
 
 
-def refresh(names: list[str] | None = None, out_dir: Path = SCHEMA_DIR,
+def refresh(names: list[str] | None = None, out_dir: Path | None = None,
             wheel_dir: Path | None = None) -> list[Path]:
-    """Regenerate the schemas ``names`` (default: all). ``wheel_dir`` keeps the downloads between runs."""
+    """Regenerate the schemas ``names`` (default: all) in ``out_dir`` (default: the suite's collection).
+    ``wheel_dir`` keeps the downloads between runs."""
+    out_dir = out_dir or collections_dir() / "ansible_collections/atlas/serving/schemas"
     names = names or sorted(RELEASES) + sorted(SGLANG_RELEASES)
     unknown = [n for n in names if n not in RELEASES and n not in SGLANG_RELEASES]
     if unknown:

@@ -41,7 +41,6 @@ ENGINE = "sglang"
 PINNED_VERSION = "0.5.6"
 SERVER_ARGS_FILE = "sglang/srt/server_args.py"
 LAUNCH = "python -m sglang.launch_server"
-SCHEMA_DIR = collections_dir() / "ansible_collections/atlas/serving/schemas"
 
 _ENV_NAME = re.compile(r"^SGLANG_[A-Z0-9_]+$")
 _ENV_READERS = {"getenv", "get", "get_bool_env_var", "get_int_env_var", "get_float_env_var", "pop"}
@@ -58,7 +57,7 @@ class _Unresolved(Exception):
 
 def schema_path(version: str = PINNED_VERSION) -> Path:
     """Where the committed schema of ``version`` lives."""
-    return SCHEMA_DIR / f"sglang-{version}.json"
+    return collections_dir() / "ansible_collections/atlas/serving/schemas" / f"sglang-{version}.json"
 
 
 def load_schema(version: str = PINNED_VERSION) -> dict[str, Any]:
