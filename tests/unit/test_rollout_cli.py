@@ -126,7 +126,8 @@ def test_runner_keeps_no_variables_between_runs_and_passes_files_by_path(tmp_pat
         status, rc, stats = "successful", 0, {}
         config = type("C", (), {"artifact_dir": str(tmp_path)})()
 
-    monkeypatch.setattr(runner, "repo_root", lambda: tmp_path)
+    monkeypatch.setattr(runner, "suite_root", lambda: tmp_path)
+    monkeypatch.setattr(runner, "state_dir", lambda: tmp_path / "artifacts")
     monkeypatch.setattr(runner, "resolve_inventory", lambda inv: Path(inv))
     monkeypatch.setattr(ansible_runner, "run", lambda **kw: calls.append(kw) or Done())
     secret = tmp_path / "my key.yml"
