@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from atlasctl import bundle, bundle_push, bundle_sources
+from atlasctl import inventory as shared_inventory
 from atlasctl.errors import UsageError
 
 
@@ -109,7 +110,7 @@ def test_push_targets_and_rsync_argv():
             "_meta": {"hostvars": {"n1": {"ansible_host": "10.77.0.11", "ansible_user": "root",
                                           "ansible_ssh_private_key_file": "/k",
                                           "ansible_ssh_common_args": "-o StrictHostKeyChecking=yes"}}}}
-    [target] = bundle_push.targets_from_inventory(data)
+    [target] = shared_inventory.targets(Path("inv"), document=data)
     argv = bundle_push.rsync_argv(Path("/b"), target, "/var/lib/atlas/bundle", exclude_manifest=True)
     assert "--partial-dir=.rsync-partial" in argv and "--delete" in argv
     assert argv[-2:] == ["/b/", "root@10.77.0.11:/var/lib/atlas/bundle/"]
@@ -117,4 +118,22 @@ def test_push_targets_and_rsync_argv():
     rsh = argv[argv.index("--rsh") + 1]
     assert "-i /k" in rsh and "StrictHostKeyChecking=yes" in rsh
     with pytest.raises(UsageError, match="atlas_nodes"):
-        bundle_push.targets_from_inventory({"_meta": {"hostvars": {}}})
+        shared_inventory.targets(Path("inv"), document={"_meta": {"hostvars": {}}})
+
+
+@pytest.mark.parametrize("args", ["-o StrictHostKeyChecking=no", "-oStrictHostKeyChecking=no",
+                                  "-o 'StrictHostKeyChecking no'"])
+def test_push_refuses_what_doctor_refuses(args):
+    """One source of SSH settings: an inventory that turns host keys off is refused by push as by doctor."""
+    data = {"atlas_nodes": {"hosts": ["n1"]},
+            "_meta": {"hostvars": {"n1": {"ansible_host": "10.0.0.1", "ansible_ssh_common_args": args}}}}
+    with pytest.raises(UsageError, match="host key checking off"):
+        shared_inventory.targets(Path("inv"), document=data)
+
+
+def test_push_keeps_the_inventorys_own_ssh_options_but_never_relaxes_host_keys():
+    hv = {"ansible_host": "10.0.0.1", "ansible_port": 2222,
+          "ansible_ssh_common_args": "-o ProxyJump=bastion -o StrictHostKeyChecking=accept-new"}
+    argv = shared_inventory.target("n1", hv).ssh_argv()
+    assert argv.index("StrictHostKeyChecking=yes") < argv.index("StrictHostKeyChecking=accept-new")
+    assert "ProxyJump=bastion" in argv and argv[argv.index("-p") + 1] == "2222"

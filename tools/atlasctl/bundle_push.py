@@ -18,58 +18,21 @@ from pathlib import Path
 
 from atlasctl import inventory as shared
 from atlasctl.bundle import MANIFEST, SIGNATURE, read_manifest
-from atlasctl.errors import EnvironmentProblem, UsageError
+from atlasctl.errors import EnvironmentProblem
 
 DEFAULT_DEST = "/srv/atlas-bundle"
 PARTIAL_DIR = ".rsync-partial"
 
 
-@dataclasses.dataclass(frozen=True)
-class SshTarget:
-    name: str
-    host: str
-    user: str = "root"
-    port: int | None = None
-    key: str | None = None
-    common_args: str = ""
-
-    def ssh_command(self) -> list[str]:
-        cmd = ["ssh", "-o", "BatchMode=yes"]
-        if self.port:
-            cmd += ["-p", str(self.port)]
-        if self.key:
-            cmd += ["-i", self.key]
-        return cmd + shlex.split(self.common_args)
-
-    @property
-    def remote(self) -> str:
-        return f"{self.user}@{self.host}" if self.user else self.host
+def inventory_targets(inventory: Path, limit: str | None = None) -> list[shared.Target]:
+    """Hosts of ``atlas_nodes`` (narrowed by ``limit``) with their SSH settings: the same settings and
+    refusals as doctor's (atlasctl.inventory)."""
+    return shared.targets(inventory, limit)
 
 
-def inventory_targets(inventory: Path, limit: str | None = None) -> list[SshTarget]:
-    """Hosts of ``atlas_nodes`` (narrowed by ``limit``) with their SSH settings, via ansible-inventory."""
-    return targets_from_inventory(shared.listing(inventory, limit))
-
-
-def targets_from_inventory(data: dict) -> list[SshTarget]:
-    hostvars = shared.hostvars(data)
-    names = shared.group_hosts(data, shared.SERVING_GROUP)
-    if not names:
-        raise UsageError("the inventory has no hosts in group atlas_nodes (or --limit matched none)")
-    out = []
-    for name in sorted(names):
-        hv = hostvars.get(name, {})
-        out.append(SshTarget(name=name, host=str(hv.get("ansible_host", name)),
-                             user=str(hv.get("ansible_user", "root")),
-                             port=int(hv["ansible_port"]) if hv.get("ansible_port") else None,
-                             key=hv.get("ansible_ssh_private_key_file"),
-                             common_args=str(hv.get("ansible_ssh_common_args", ""))))
-    return out
-
-
-def rsync_argv(src: Path, target: SshTarget, dest: str, *, exclude_manifest: bool) -> list[str]:
+def rsync_argv(src: Path, target: shared.Target, dest: str, *, exclude_manifest: bool) -> list[str]:
     argv = ["rsync", "--archive", "--delete", "--delete-delay", "--partial", f"--partial-dir={PARTIAL_DIR}",
-            "--itemize-changes", "--rsh", shlex.join(target.ssh_command()),
+            "--itemize-changes", "--rsh", shlex.join(target.ssh_argv()),
             "--rsync-path", f"mkdir -p {shlex.quote(dest)} && rsync",
             "--exclude", "/.atlas-*"]
     if exclude_manifest:
@@ -85,7 +48,7 @@ class PushResult:
     message: str = ""
 
 
-def push(src: Path, targets: list[SshTarget], dest: str = DEFAULT_DEST) -> list[PushResult]:
+def push(src: Path, targets: list[shared.Target], dest: str = DEFAULT_DEST) -> list[PushResult]:
     """Transfer ``src`` to ``dest`` on every target, files first, manifest.json last."""
     if not shutil.which("rsync"):
         raise EnvironmentProblem("rsync is not installed on the controller", fix="apt-get install rsync")

@@ -1,13 +1,17 @@
 """Reading an Ansible inventory the way Ansible does: ``ansible-inventory -i INV --list``.
 
-One place for running it and walking its groups; callers (doctor over fabric, bundle push
-over rsync/ssh) turn host vars into their own connection settings.
+One place for running it, walking its groups and turning a host's variables into its SSH settings
+(``Target``): doctor (fabric) and bundle push (rsync over ssh) connect with the same settings and the
+same refusals. Host key checking stays on: an inventory that turns it off is refused, and the
+known_hosts files it names (``-o UserKnownHostsFile=...``), else the user's, are the ones checked.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -15,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from atlasctl.errors import EnvironmentProblem, UsageError
+from atlasctl.layout import DEFAULT, Layout
 
 SERVING_GROUP = "atlas_nodes"
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 
 
 def listing(inventory: Path, limit: str | None = None) -> dict[str, Any]:
@@ -53,3 +59,93 @@ def group_hosts(data: dict[str, Any], group: str, seen: set[str] | None = None) 
 
 def hostvars(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return (data.get("_meta") or {}).get("hostvars") or {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A host and how to reach it over SSH, from its inventory variables."""
+
+    name: str
+    address: str
+    user: str
+    port: int
+    key_file: str | None
+    known_hosts: tuple[str, ...]
+    # ansible_ssh_common_args and ansible_ssh_extra_args as the inventory gives them (ProxyJump, ...)
+    common_args: str = ""
+    # where the host keeps the suite's files (its inventory's node layout: roles/layout), for doctor
+    layout: Layout = DEFAULT
+
+    @property
+    def remote(self) -> str:
+        return f"{self.user}@{self.address}"
+
+    def ssh_argv(self) -> list[str]:
+        """The OpenSSH client command (rsync's --rsh): strict host keys first, so no option after it
+        can relax them (ssh takes the first value of an option), then the inventory's own options."""
+        argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-p", str(self.port)]
+        if self.key_file:
+            argv += ["-i", self.key_file]
+        return argv + shlex.split(self.common_args)
+
+
+def _ssh_options(common_args: str) -> dict[str, str]:
+    """``-o Key=Value`` / ``-oKey=Value`` / ``-o Key Value`` pairs of an ssh argument string (keys lower-case)."""
+    tokens = shlex.split(common_args or "")
+    options: dict[str, str] = {}
+    index = 0
+    while index < len(tokens):
+        token = tokens[index]
+        text = None
+        if token == "-o" and index + 1 < len(tokens):
+            text, index = tokens[index + 1], index + 1
+        elif token.startswith("-o") and len(token) > 2:
+            text = token[2:]
+        if text:
+            key, sep, value = text.partition("=")
+            if not sep:
+                key, _, value = text.partition(" ")
+            options[key.strip().lower()] = value.strip()
+        index += 1
+    return options
+
+
+def target(name: str, hostvars_of_host: dict[str, Any]) -> Target:
+    """The SSH settings of host ``name``; an inventory that turns host key checking off is refused."""
+    common = " ".join(str(hostvars_of_host.get(k) or "") for k in
+                      ("ansible_ssh_common_args", "ansible_ssh_extra_args")).strip()
+    options = _ssh_options(common)
+    if options.get("stricthostkeychecking", "yes").lower() in ("no", "off"):
+        raise UsageError(f"{name}: the inventory turns host key checking off (StrictHostKeyChecking=no)",
+                         fix="pin the hosts' keys in a known_hosts file (UserKnownHostsFile=...) and drop the option")
+    known = tuple(options["userknownhostsfile"].split()) if "userknownhostsfile" in options \
+        else (DEFAULT_KNOWN_HOSTS,)
+    hv = hostvars_of_host
+    return Target(
+        name=name,
+        address=str(hv.get("ansible_host") or name),
+        user=str(hv.get("ansible_user") or hv.get("ansible_ssh_user") or "root"),
+        port=int(hv.get("ansible_port") or hv.get("ansible_ssh_port") or 22),
+        key_file=hv.get("ansible_ssh_private_key_file") or hv.get("ansible_private_key_file"),
+        known_hosts=tuple(str(Path(p).expanduser()) for p in known),
+        common_args=common,
+        layout=Layout.of(hv),
+    )
+
+
+def targets_from_listing(listing_doc: dict[str, Any], group: str = SERVING_GROUP) -> list[Target]:
+    """The ``group`` members of an ``ansible-inventory --list`` document, sorted by name."""
+    hvars = hostvars(listing_doc)
+    return [target(name, hvars.get(name) or {}) for name in sorted(group_hosts(listing_doc, group))]
+
+
+def targets(inventory: Path, limit: str | None = None, group: str = SERVING_GROUP,
+            document: dict[str, Any] | None = None) -> list[Target]:
+    """The SSH targets of ``group`` (narrowed by ``limit``; ``document``: a --list output already read);
+    none is an error that names the inventory."""
+    found = targets_from_listing(document if document is not None else listing(inventory, limit), group)
+    if not found:
+        raise UsageError(f"inventory {inventory} has no host in group {group}"
+                         + (f" matching --limit {limit}" if limit else ""),
+                         fix=f"put the serving nodes in group {group}, or widen --limit")
+    return found

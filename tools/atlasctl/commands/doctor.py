@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     inv = resolve_inventory(args.inventory)
     listing = shared.listing(inv, args.limit)
-    targets = inventory.load(inv, args.limit, listing=listing)
+    targets = inventory.load(inv, args.limit, document=listing)
     ctx = checks.default_context()
     hostvars = shared.hostvars(listing)
     trust = [f for t in targets for f in checks.check_bundle_trust(t.name, hostvars.get(t.name) or {})]
