@@ -27,7 +27,8 @@ demo: host-deps venv
 # them first. `nice` alone does not do that here: with the kernel's autogroup scheduling (on by
 # default), CPU is shared between sessions first and nice only orders processes inside one, and
 # every lab node and each of its services is a session of its own. So lint and unit tests get a
-# session of their own (setsid) whose autogroup is set to nice 19 (proc(5), /proc/PID/autogroup).
+# session of their own (setsid) whose autogroup is set to nice 19 (proc(5), /proc/PID/autogroup);
+# `nice -n 15` inside it is for kernels without autogroup, where plain nice is what orders them.
 test: host-deps venv
 	@mkdir -p artifacts; \
 	setsid -w sh -c 'echo 19 > /proc/self/autogroup 2>/dev/null; \
