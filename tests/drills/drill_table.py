@@ -40,6 +40,7 @@ from labtools import (
     grep_tree,
     lab,
     lab_hosts,
+    layout,
     model_service,
     new_model_version,
     node_path,
@@ -55,7 +56,6 @@ GATEWAY_HOSTS = {"east": "atlas-gw-east", "west": "atlas-gw-west"}
 BRANCH = {"atlas-n1": "east", "atlas-n2": "east", "atlas-n3": "west", "atlas-n4": "west"}
 LENIENT_SLO = 'rollout_slo={"e2el_ms": 60000}'
 DRILL_BUNDLE = "/var/lib/atlas/drill-bundle"
-MODEL_HOME = f"/var/lib/atlas/models/{MODEL}"
 SHARD = "model-00001-of-00002.safetensors"
 OTHER_CANN = "8.3.RC2"
 
@@ -236,15 +236,20 @@ def wait_fleet_ready(timeout: float = 240) -> list[str]:
     return problems
 
 
+def model_home(host: str) -> str:
+    """The model's directory on ``host``, in its inventory's node layout (branch west moves it)."""
+    return layout(host)["models_home"]
+
+
 def current_verifies(host: str) -> bool:
     """The current model version's files match its vendor sums (sha256sum -c)."""
-    out = sh(host, f"cd {MODEL_HOME}/current && sha256sum --quiet -c sha256sums.txt >/dev/null 2>&1; echo rc=$?",
+    out = sh(host, f"cd {model_home(host)}/current && sha256sum --quiet -c sha256sums.txt >/dev/null 2>&1; echo rc=$?",
              check=False)
     return "rc=0" in out
 
 
 def release_snapshots(host: str) -> list[str]:
-    return sh(host, "ls /etc/atlas/serving/releases 2>/dev/null", check=False).split()
+    return sh(host, f"ls {layout(host)['serving_release_dir']} 2>/dev/null", check=False).split()
 
 
 def drill_bundle_removed(host: str) -> None:
@@ -504,7 +509,7 @@ def bad_flag_release() -> Outcome:
                              "-e", LENIENT_SLO)
     after = releases()
     failure = report.get("failure") or {}
-    args = sh(CANARY, "cat /etc/atlas/serving/atlas-serving.args")
+    args = sh(CANARY, f"cat {layout(CANARY)['serving_args_file']}")
     expect(rc == 1, "the rollout exits 1")
     expect((failure.get("host"), failure.get("wave")) == (CANARY, "canary"), "it fails on the canary")
     expect(after == before, "the fleet stays on the old release")
@@ -604,7 +609,7 @@ def gateway_restart() -> Outcome:
 def small_models_filesystem(host: str, headroom_kib: int) -> Iterator[str]:
     """A tmpfs over the node's model versions directory, holding a copy of what was there, and a
     filler file that leaves headroom_kib free. Yields the filler's path; unmounted at the end."""
-    versions = f"{MODEL_HOME}/versions"
+    versions = f"{model_home(host)}/versions"
     copy = "/var/lib/atlas/drill-versions-copy"
     filler = f"{versions}/.drill-filler"
     sh(host, f"rm -rf {copy} && cp -a {versions} {copy} && mount -t tmpfs -o size=32m,mode=0755 drill-models "
@@ -627,7 +632,7 @@ def disk_full() -> Outcome:
     try:
         with Load() as load:
             with small_models_filesystem(node, headroom_kib=128) as filler:
-                df = sh(node, f"df -h --output=size,used,avail,target {MODEL_HOME}/versions | tail -1")
+                df = sh(node, f"df -h --output=size,used,avail,target {model_home(node)}/versions | tail -1")
                 run = playbook(*stages, "--limit", node, "-e", f"atlas_bundle_dir={bundle}",
                                "-e", "models_free_headroom_mib=0")
                 during = model_service(node)
@@ -637,7 +642,7 @@ def disk_full() -> Outcome:
                 expect(run.returncode != 0, "refused before staging")
                 expect("no room to stage model" in msg and "it needs" in msg and " free" in msg,
                        "the error says there is no room: the need and the space free")
-                expect(f"{MODEL_HOME}/versions" in msg, "the error names the path")
+                expect(f"{model_home(node)}/versions" in msg, "the error names the path")
                 expect(during == before, "same engine PID, current link unchanged")
                 intact = current_verifies(node)
                 expect(intact, "the current version still verifies")
