@@ -211,11 +211,11 @@ def test_a_branch_with_its_own_layout_keeps_nothing_at_the_default_paths(site_ru
     its files and the model live there only, and the unit reads the moved files."""
     hosts, first, _ = site_runs
     assert first.returncode == 0
-    moved = [h for h in hosts if layout(h)["serving_config_dir"] != node_layout.DEFAULT.config_dir]
+    moved = [h for h in hosts if layout(h)["serving_config_dir"] != node_layout.default_layout().config_dir]
     assert moved, "the lab inventory gives branch west a layout of its own"
     for host in moved:
         where = layout(host)
-        assert where["models_root"] != node_layout.DEFAULT.models_root, host
+        assert where["models_root"] != node_layout.default_layout().models_root, host
         out = lab("ssh", host, "ls -d /etc/atlas/serving /var/lib/atlas/models 2>/dev/null;"
                                f" test -f {where['serving_record']} && test -L {where['models_path']} && echo placed;"
                                " systemctl show -p EnvironmentFiles --value atlas-serving", check=False,

@@ -34,7 +34,8 @@ def test_node_side_redaction_of_env_and_args(tmp_path):
     env, args = tmp_path / "e.env", tmp_path / "a.args"
     env.write_text("VLLM_API_KEY=sk-secret-1\nHF_HUB_OFFLINE=1\n")
     args.write_text("bin/python\n--api-key\nsk-secret-2\nsk-secret-4\n--port\n30000\n--api-key=sk-secret-3\n")
-    snippets = dict(gather.snippets(dataclasses.replace(layout.DEFAULT, env_file=str(env), args_file=str(args))))
+    moved = dataclasses.replace(layout.default_layout(), env_file=str(env), args_file=str(args))
+    snippets = dict(gather.snippets(moved))
     env_cmd, args_cmd = snippets["env"], snippets["args"]
     out = subprocess.run(["bash", "-c", gather.script((("env", env_cmd), ("args", args_cmd)))],
                          capture_output=True, text=True, check=True).stdout

@@ -48,7 +48,7 @@ def test_doctor_reads_where_the_hosts_inventory_puts_things():
     script = gather.script(gather.snippets(moved))
     assert "/srv/atlas/etc/serving/atlas-serving.env" in script and "/srv/atlas/models" in script
     assert "/etc/atlas/serving" not in script and "/var/lib/atlas/models" not in script
-    assert target("n2", {}).layout == layout.DEFAULT
+    assert target("n2", {}).layout == layout.default_layout()
 
 
 def test_doctor_judges_the_moved_env_file():

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from atlasctl.errors import EnvironmentProblem, UsageError
-from atlasctl.layout import DEFAULT, Layout
+from atlasctl.layout import Layout, default_layout
 
 SERVING_GROUP = "atlas_nodes"
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -74,7 +74,7 @@ class Target:
     # ansible_ssh_common_args and ansible_ssh_extra_args as the inventory gives them (ProxyJump, ...)
     common_args: str = ""
     # where the host keeps the suite's files (its inventory's node layout: roles/layout), for doctor
-    layout: Layout = DEFAULT
+    layout: Layout = dataclasses.field(default_factory=default_layout)
 
     @property
     def remote(self) -> str:
@@ -110,17 +110,16 @@ def _ssh_options(common_args: str) -> dict[str, str]:
     return options
 
 
-def target(name: str, hostvars_of_host: dict[str, Any]) -> Target:
-    """The SSH settings of host ``name``; an inventory that turns host key checking off is refused."""
-    common = " ".join(str(hostvars_of_host.get(k) or "") for k in
-                      ("ansible_ssh_common_args", "ansible_ssh_extra_args")).strip()
+def target(name: str, hv: dict[str, Any]) -> Target:
+    """The SSH settings of host ``name`` (``hv``: its inventory variables); an inventory that turns host
+    key checking off is refused."""
+    common = " ".join(str(hv.get(k) or "") for k in ("ansible_ssh_common_args", "ansible_ssh_extra_args")).strip()
     options = _ssh_options(common)
     if options.get("stricthostkeychecking", "yes").lower() in ("no", "off"):
         raise UsageError(f"{name}: the inventory turns host key checking off (StrictHostKeyChecking=no)",
                          fix="pin the hosts' keys in a known_hosts file (UserKnownHostsFile=...) and drop the option")
     known = tuple(options["userknownhostsfile"].split()) if "userknownhostsfile" in options \
         else (DEFAULT_KNOWN_HOSTS,)
-    hv = hostvars_of_host
     return Target(
         name=name,
         address=str(hv.get("ansible_host") or name),

@@ -42,7 +42,8 @@ def resolve(hostvars: Mapping[str, Any] | None = None) -> dict[str, Any]:
     ``{{ }}`` reference is resolved against both (as Ansible would). A value that needs a variable
     neither defines (``models_home`` without ``models_name``) stays unresolved."""
     given = dict(hostvars or {})
-    values = {**defaults(), **{k: v for k, v in given.items() if k in defaults()}}
+    base = _defaults()
+    values = {**base, **{k: v for k, v in given.items() if k in base}}
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
     for _ in range(_ROUNDS):
         pending = {k: v for k, v in values.items() if isinstance(v, str) and "{{" in v}
@@ -81,4 +82,7 @@ class Layout:
                    engines_root=v["engines_root"])
 
 
-DEFAULT = Layout.of()
+@functools.cache
+def default_layout() -> Layout:
+    """The layout of a host whose inventory overrides nothing (read when first needed, not at import)."""
+    return Layout.of()

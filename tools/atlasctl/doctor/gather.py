@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from atlasctl.doctor.inventory import Target
 from atlasctl.doctor.model import Evidence, Section
-from atlasctl.layout import DEFAULT, Layout
+from atlasctl.layout import Layout, default_layout
 
 MARK = "@@atlas-doctor@@"
 _SECTION = re.compile(rf"^{re.escape(MARK)} (?P<name>[a-z_]+)$")
@@ -72,8 +72,9 @@ print(json.dumps(out))
 _PATH = "PATH=$PATH:/usr/local/bin:/usr/local/sbin:/usr/local/Ascend/driver/tools; "
 
 
-def snippets(layout: Layout = DEFAULT) -> tuple[tuple[str, str], ...]:
-    """The evidence sections (name, bash snippet) for a node with ``layout``."""
+def snippets(layout: Layout | None = None) -> tuple[tuple[str, str], ...]:
+    """The evidence sections (name, bash snippet) for a node with ``layout`` (default: the default layout)."""
+    layout = layout or default_layout()
     q = shlex.quote
     unit = q(f"{layout.service}.service")
     return (
@@ -103,10 +104,8 @@ def snippets(layout: Layout = DEFAULT) -> tuple[tuple[str, str], ...]:
     )
 
 
-SECTIONS = snippets()
-
-
-def script(sections: tuple[tuple[str, str], ...] = SECTIONS) -> str:
+def script(sections: tuple[tuple[str, str], ...] | None = None) -> str:
+    sections = sections if sections is not None else snippets()
     parts = ["exec 2>&1"]
     for name, snippet in sections:
         parts.append(f"printf '%s\\n' '{MARK} {name}'; ( {snippet} ); "
@@ -114,7 +113,7 @@ def script(sections: tuple[tuple[str, str], ...] = SECTIONS) -> str:
     return "\n".join(parts) + "\n"
 
 
-def split_sections(host: str, output: str, layout: Layout = DEFAULT) -> Evidence:
+def split_sections(host: str, output: str, layout: Layout | None = None) -> Evidence:
     """The script's output -> Evidence; a section without its rc line counts as rc 255."""
     sections: dict[str, Section] = {}
     name: str | None = None
@@ -131,7 +130,7 @@ def split_sections(host: str, output: str, layout: Layout = DEFAULT) -> Evidence
             lines.append(line)
     if name is not None:
         sections[name] = Section(255, "\n".join(lines))
-    return Evidence(host, sections, layout)
+    return Evidence(host, sections, layout or default_layout())
 
 
 Runner = Callable[[Target, str], str]

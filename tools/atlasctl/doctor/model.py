@@ -6,7 +6,7 @@ import dataclasses
 import re
 from collections.abc import Mapping
 
-from atlasctl.layout import DEFAULT, Layout
+from atlasctl.layout import Layout, default_layout
 
 ERROR = "error"
 WARNING = "warning"
@@ -73,7 +73,7 @@ class Evidence:
     host: str
     sections: Mapping[str, Section]
     # Where the host keeps the service's files (its inventory's layout: roles/layout).
-    layout: Layout = DEFAULT
+    layout: Layout = dataclasses.field(default_factory=default_layout)
 
     def section(self, name: str) -> Section | None:
         return self.sections.get(name)
