@@ -13,9 +13,7 @@ from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
-from atlasctl.paths import SUITE_ITEMS  # noqa: E402  (one list for the wheel and the bundle's suite/)
-
-_SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
+from atlasctl.paths import copy_items  # noqa: E402  (one copy of the suite for the wheel and the bundle)
 
 
 class BuildPyWithSuite(build_py):
@@ -25,13 +23,7 @@ class BuildPyWithSuite(build_py):
             return  # an editable install runs from the checkout, which is the suite
         dest = Path(self.build_lib) / "atlasctl" / "suite"
         shutil.rmtree(dest, ignore_errors=True)
-        for item in SUITE_ITEMS:
-            src = ROOT / item
-            if src.is_dir():
-                shutil.copytree(src, dest / item, ignore=_SKIP)
-            else:
-                (dest / item).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, dest / item)
+        copy_items(ROOT, dest, missing_ok=False)
 
 
 setup(cmdclass={"build_py": BuildPyWithSuite})

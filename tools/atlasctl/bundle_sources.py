@@ -32,7 +32,7 @@ from pathlib import Path
 
 from atlasctl.bundle import PlannedStep
 from atlasctl.errors import EnvironmentProblem, UsageError
-from atlasctl.paths import SUITE_ITEMS
+from atlasctl.paths import SUITE_ITEMS, copy_items
 
 
 def _digest(path: Path, algo: str) -> str:
@@ -140,14 +140,7 @@ def model_dir_step(model: dict) -> PlannedStep:
 
 def suite_step(repo: Path) -> PlannedStep:
     def run(out: Path) -> None:
-        for item in SUITE_ITEMS:  # the same suite the wheel carries (atlasctl.paths)
-            src, dest = repo / item, out / "suite" / item
-            if src.is_dir():
-                shutil.copytree(src, dest, dirs_exist_ok=True, copy_function=shutil.copy2,
-                                ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
-            elif src.is_file():
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(src, dest)
+        copy_items(repo, out / "suite")  # the same suite the wheel carries (atlasctl.paths)
 
     return PlannedStep("suite (playbooks, roles, collection)", run, "suite", ("suite/*",))
 
@@ -177,13 +170,7 @@ def atlasctl_wheel(checkout: Path, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="atlasctl-wheel-") as tmp:
         src = Path(tmp) / "src"
-        for item in _WHEEL_SOURCES:
-            origin = checkout / item
-            if origin.is_dir():
-                shutil.copytree(origin, src / item, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
-            elif origin.is_file():
-                (src / item).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(origin, src / item)
+        copy_items(checkout, src, _WHEEL_SOURCES)
         built = Path(tmp) / "dist"
         # pip builds in an isolated environment (setuptools from the index) unless this one already has the
         # setuptools pyproject.toml asks for (make venv installs it): then the build needs no index

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib.resources
 import os
+import shutil
+from collections.abc import Iterable
 from pathlib import Path
 
 from atlasctl.errors import EnvironmentProblem
@@ -19,6 +21,20 @@ SUITE_ITEMS = ("site.yml", "ansible.cfg", "playbooks", "roles", "collections/ans
                "templates", "inventory/example-bank", "requirements-controller.txt")
 # The file that marks a directory as the suite.
 _MARKER = "site.yml"
+_SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
+
+
+def copy_items(root: Path, dest: Path, items: Iterable[str] = SUITE_ITEMS, *, missing_ok: bool = True) -> None:
+    """Copy ``items`` (directories and files, relative to ``root``: by default the suite) to the same paths
+    under ``dest``, without caches or dot files, over what is there. The one copy of the suite: into the
+    wheel (setup.py), into a bundle's suite/, and the wheel's sources into a fresh build directory."""
+    for item in items:
+        src, target = Path(root) / item, Path(dest) / item
+        if src.is_dir():
+            shutil.copytree(src, target, dirs_exist_ok=True, ignore=_SKIP)
+        elif src.is_file() or not missing_ok:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
 
 
 def checkout_root() -> Path | None:
