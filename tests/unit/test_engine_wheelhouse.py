@@ -36,13 +36,15 @@ def _wheel(folder: Path, name: str, version: str, tag: str, requires: tuple[str,
 
 @pytest.fixture
 def links(tmp_path: Path) -> Path:
-    """eng needs gpu only on x86_64 (as torch needs nvidia-* there) and kern everywhere (kern: one wheel per
-    architecture, the aarch64 one with a plain linux tag as vendors ship them)."""
+    """eng needs gpu only on x86_64 (as torch needs nvidia-* there), kern and cv everywhere (kern: one wheel per
+    architecture, the aarch64 one with a plain linux tag as vendors ship them; cv: abi3 wheels)."""
     d = tmp_path / "links"
-    _wheel(d, "eng", "1.0", "py3-none-any", ("gpu==1.0; platform_machine == 'x86_64'", "kern==1.0"))
     _wheel(d, "gpu", "1.0", "py3-none-manylinux_2_17_x86_64")
     _wheel(d, "kern", "1.0", "cp311-cp311-linux_aarch64")
     _wheel(d, "kern", "1.0", "cp311-cp311-manylinux_2_28_x86_64")
+    _wheel(d, "eng", "1.0", "py3-none-any", ("gpu==1.0; platform_machine == 'x86_64'", "kern==1.0", "cv==4.0"))
+    _wheel(d, "cv", "4.0", "cp37-abi3-manylinux_2_17_aarch64.manylinux2014_aarch64")  # abi3, as opencv ships
+    _wheel(d, "cv", "4.0", "cp37-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64")
     return d
 
 
@@ -69,11 +71,13 @@ def test_markers_are_evaluated_for_each_target_and_the_lock_carries_them(links, 
     counts = wheelhouse.build_set(_set(links), tmp_path / "out", tmp_path / "cache")
     dest = tmp_path / "out/wheels/eng-1.0"
     assert sorted(p.name for p in dest.glob("*.whl")) == [
+        "cv-4.0-cp37-abi3-manylinux_2_17_aarch64.manylinux2014_aarch64.whl",
+        "cv-4.0-cp37-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
         "eng-1.0-py3-none-any.whl", "gpu-1.0-py3-none-manylinux_2_17_x86_64.whl",
         "kern-1.0-cp311-cp311-linux_aarch64.whl", "kern-1.0-cp311-cp311-manylinux_2_28_x86_64.whl"]
-    assert counts["wheels"] == 4
+    assert counts["wheels"] == 6
     assert (dest / "requirements.lock").read_text().splitlines() == [
-        "eng==1.0", 'gpu==1.0 ; platform_machine == "x86_64"', "kern==1.0"]
+        "cv==4.0", "eng==1.0", 'gpu==1.0 ; platform_machine == "x86_64"', "kern==1.0"]
     # the lock installs as the engines role installs it (no index, no deps), on this x86_64 machine
     proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-index",
                            "--no-deps", "--find-links", str(dest), "--target", str(tmp_path / "t"), "-r",

@@ -335,18 +335,26 @@ def _unpack(sdist: Path, dest: Path) -> Path:
     return tops[0]
 
 
+def supported_tags(target: Target) -> frozenset:
+    """Every wheel tag an interpreter of the target takes (packaging.tags, as pip and uv compute them):
+    cp311-cp311, cp3x-abi3 for every older 3.x, py3-none, any, on each of the target's platform tags."""
+    from packaging import tags
+
+    version = tuple(int(n) for n in target.python.split("."))
+    platforms = target.pip_tags()
+    return frozenset([*tags.cpython_tags(version, platforms=platforms),
+                      *tags.compatible_tags(version, f"cp{version[0]}{version[1]}", platforms)])
+
+
 def wheel_fits(filename: str, target: Target) -> bool:
-    """Whether a wheel file installs on the target (its Python, ABI and platform tags)."""
+    """Whether a wheel file installs on the target (one of its tags is one the target takes)."""
     from packaging.utils import parse_wheel_filename
 
     try:
         tags = parse_wheel_filename(filename)[3]
     except ValueError:
         return False
-    cp = "cp" + target.python.replace(".", "")
-    platforms = set(target.pip_tags()) | {"any"}
-    return any(t.platform in platforms and t.interpreter in (cp, "py3", "py" + target.python.replace(".", ""))
-               and t.abi in (cp, "abi3", "none") for t in tags)
+    return not tags.isdisjoint(supported_tags(target))
 
 
 def check_vendor(pipset: PipSet, target: Target) -> None:
@@ -523,23 +531,28 @@ def build_set(pipset: PipSet, out: Path, cache: Path, canns: Iterable[str] = ())
         gate(pipset, target, pins, canns)
         download(pipset, target, pins, house, links)
         locks[target] = pins
-    wanted = set()
-    for target, pins in locks.items():
-        prove(pipset, target, pins, house)
     from packaging.utils import canonicalize_name, parse_wheel_filename
 
+    wanted = set()
     for wheel in house.glob("*.whl"):
         name, version, _b, _t = parse_wheel_filename(wheel.name)
         if any(pins.get(canonicalize_name(name)) == str(version) and wheel_fits(wheel.name, t)
                for t, pins in locks.items()):
             wanted.add(wheel.name)
+    final = staging / "final"  # exactly the wheels the bundle gets, proven before they go into it
+    shutil.rmtree(final, ignore_errors=True)
+    final.mkdir()
+    for name in wanted:
+        os.link(house / name, final / name)
+    for target, pins in locks.items():
+        prove(pipset, target, pins, final)
     dest.mkdir(parents=True, exist_ok=True)
     for old in dest.glob("*.whl"):
         if old.name not in wanted:
             old.unlink()
     size = 0
     for name in sorted(wanted):
-        src, target_file = house / name, dest / name
+        src, target_file = final / name, dest / name
         if not target_file.is_file() or target_file.stat().st_size != src.stat().st_size:
             shutil.copy2(src, target_file)
         size += src.stat().st_size
