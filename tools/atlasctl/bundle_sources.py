@@ -233,9 +233,7 @@ def controller_steps(entry: dict, suite: Path, cache: Path) -> list[PlannedStep]
             for target in wheelhouse.parse_targets("controller", entry["targets"]):
                 # the pins are the whole closure (requirements-controller.txt), so no marker is evaluated here
                 argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                        "--disable-pip-version-check", "--python-version", target.python, "--dest", str(kept)]
-                for tag in target.pip_tags():
-                    argv += ["--platform", tag]
+                        "--disable-pip-version-check", *target.platform_args(), "--dest", str(kept)]
                 proc = subprocess.run([*argv, *reqs], text=True, capture_output=True, check=False)
                 if proc.returncode != 0:
                     raise UsageError(f"controller wheels for {target.label}: pip could not download the pins: "

@@ -84,6 +84,10 @@ class Target:
         tags += [f"manylinux2014_{self.arch}", f"linux_{self.arch}"]
         return list(dict.fromkeys([*self.tags, *tags]))
 
+    def platform_args(self) -> list[str]:
+        """pip's ``--python-version V --platform T ...`` for this target."""
+        return ["--python-version", self.python, *[a for tag in self.pip_tags() for a in ("--platform", tag)]]
+
     @property
     def label(self) -> str:
         return f"{'/'.join(self.tags)} / Python {self.python}"
@@ -376,17 +380,19 @@ def check_vendor(pipset: PipSet, target: Target) -> None:
                              fix=f"download its wheel into {folder}, then build again")
 
 
+def _source_args(pipset: PipSet, links: Iterable[str]) -> list[str]:
+    """Where uv and pip look: the find-links directories, then no index or the set's index."""
+    args = [a for link in links for a in ("--find-links", link)]
+    if pipset.no_index:
+        return [*args, "--no-index"]
+    return [*args, "--index-url", pipset.index_url] if pipset.index_url else args
+
+
 def resolve(pipset: PipSet, target: Target, links: Iterable[str]) -> dict[str, str]:
     """canonical name -> version, the closure of the requirements for the target (uv, markers evaluated for
     the target)."""
     argv = [*uv(), "pip", "compile", "-", "-q", "--no-header", "--no-annotate", "--no-build",
-            "--python-version", target.python, "--python-platform", target.uv_platform]
-    for link in links:
-        argv += ["--find-links", link]
-    if pipset.no_index:
-        argv.append("--no-index")
-    elif pipset.index_url:
-        argv += ["--index-url", pipset.index_url]
+            "--python-version", target.python, "--python-platform", target.uv_platform, *_source_args(pipset, links)]
     out = _run(argv, f"pip set {pipset.name} for {target.label}: no set of wheels satisfies the requirements",
                "pin versions that publish wheels for that platform and Python, or carry the missing ones in "
                "vendor_dir (vendor:)", stdin="\n".join(pipset.requirements) + "\n")
@@ -411,15 +417,8 @@ def download(pipset: PipSet, target: Target, pins: dict[str, str], dest: Path, l
         lock.write("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
     try:
         argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                "--disable-pip-version-check", "--python-version", target.python, "--dest", str(dest)]
-        for tag in target.pip_tags():
-            argv += ["--platform", tag]
-        for link in links:
-            argv += ["--find-links", link]
-        if pipset.no_index:
-            argv.append("--no-index")
-        elif pipset.index_url:
-            argv += ["--index-url", pipset.index_url]
+                "--disable-pip-version-check", *target.platform_args(), "--dest", str(dest),
+                *_source_args(pipset, links)]
         _run([*argv, "-r", lock.name], f"pip set {pipset.name} for {target.label}: pip could not download the lock",
              "check the index (or vendor_dir) carries each pinned wheel for the target")
     finally:
@@ -447,9 +446,7 @@ def prove(pipset: PipSet, target: Target, pins: dict[str, str], wheelhouse: Path
         lock.write_text("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
         argv = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-index", "--no-deps",
                 "--only-binary=:all:", "--disable-pip-version-check", "--find-links", str(wheelhouse),
-                "--python-version", target.python, "--target", str(Path(tmp) / "pip")]
-        for tag in target.pip_tags():
-            argv += ["--platform", tag]
+                *target.platform_args(), "--target", str(Path(tmp) / "pip")]
         _run([*argv, "-r", str(lock)], what, fix)
 
 

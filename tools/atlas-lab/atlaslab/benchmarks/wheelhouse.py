@@ -35,9 +35,7 @@ def literal_pip(dest: Path, target: wheelhouse.Target) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         argv = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-index",
                 "--only-binary=:all:", "--disable-pip-version-check", "--find-links", str(dest),
-                "--python-version", target.python, "--target", tmp]
-        for tag in target.pip_tags():
-            argv += ["--platform", tag]
+                *target.platform_args(), "--target", tmp]
         proc = subprocess.run([*argv, "-r", str(dest / "requirements.txt")], text=True, capture_output=True,
                               check=False)
     if proc.returncode == 0:
