@@ -1,5 +1,5 @@
 """Truth check: shipped profiles lint clean; every fictional or invalid setting of the seed article
-(ascend-facts.md §1, row by row) is rejected with the real alternative; unknown names are errors."""
+(docs/ascend-platform.md §2, row by row) is rejected with the real alternative; unknown names are errors."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from atlaslab.doubles import npu_smi as simulator
 
 npu_smi = module_utils("npu_smi")
 
-# ascend-facts.md section 6, verbatim (a real 8 x 910B3 64 GB machine; NPUs 2-7 elided there).
+# docs/ascend-platform.md section 6, verbatim (a real 8 x 910B3 64 GB machine; NPUs 2-7 elided there).
 SECTION_6 = """\
 +------------------------------------------------------------------------------------------------+
 | npu-smi 24.1.rc1.b030            Version: 24.1.rc1.b030                                        |

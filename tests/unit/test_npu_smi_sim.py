@@ -1,4 +1,4 @@
-"""The npu-smi simulator against the real tool's layout (ascend-facts.md section 6, an 8 x 910B3 machine)."""
+"""The npu-smi simulator against the real tool's layout (docs/ascend-platform.md section 6, an 8 x 910B3 machine)."""
 
 from __future__ import annotations
 

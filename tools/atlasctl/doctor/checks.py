@@ -18,7 +18,7 @@ from atlasctl.collection import module_utils
 from atlasctl.doctor import parse
 from atlasctl.doctor.model import ERROR, INFO, REDACTED, WARNING, Evidence, Finding
 
-# set_env.sh of the CANN toolkit exports both (ascend-facts.md §4; the lab's CANN double mirrors it).
+# set_env.sh of the CANN toolkit exports them (docs/ascend-platform.md §3, unverified per release; the lab's double).
 CANN_ENV_MARKERS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
 TP_FLAGS = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
 # (flag, default when absent): the fraction of each NPU's HBM the engine may take.

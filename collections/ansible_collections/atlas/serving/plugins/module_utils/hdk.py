@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The Ascend HDK (NPU driver and firmware) install plan: what to run, in which order.
 
-Huawei's order (ascend-facts.md section 5): a first installation puts the driver in, then
+Huawei's order (docs/ascend-platform.md, section 5): a first installation puts the driver in, then
 the firmware (the firmware package flashes through the driver); an upgrade goes firmware
 first, then driver. ``--upgrade`` does not go back to an older version: a downgrade is a
 vendor procedure (uninstall the driver, install the older one, flash the firmware), so the

@@ -1,0 +1,181 @@
+"""The documentation describes the tree as it is.
+
+- DESIGN.md names no repository path that does not exist, and states the import-linter contracts.
+- The collection's README lists every module and every filter, and nothing else.
+- No tracked file outside docs/ cites a document that is not in this repository (the facts the code
+  relies on, with their sources, are in docs/).
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from atlasctl.collection import ensure_on_path
+
+ROOT = Path(__file__).resolve().parents[2]
+COLLECTION = ROOT / "collections" / "ansible_collections" / "atlas" / "serving"
+
+# --- DESIGN.md: every repository path it names exists -----------------------------------------
+
+_FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+_CODE = re.compile(r"`([^`\n]+)`")
+_PLACEHOLDER = re.compile(r"<[^<>]*>")
+_CIDR = re.compile(r"^\d+(\.\d+){3}/\d+$")
+
+
+def _ignored(root: Path) -> tuple[str, ...]:
+    """Root-anchored entries of .gitignore: generated outputs a document may name (dist/, artifacts/)."""
+    lines = (root / ".gitignore").read_text().splitlines()
+    return tuple(line[1:] for line in lines if line.startswith("/"))
+
+
+def named_paths(text: str) -> list[str]:
+    """Words of inline code spans (outside fenced blocks) that name a repository path: they contain a
+    '/' or end in .yml/.py/.md. Not repository paths: absolute, home, URLs, CIDRs, and paths under a
+    placeholder base (``<bundle>/``, ``<state>/``), which live outside the checkout."""
+    found = []
+    for span in _CODE.findall(_FENCE.sub("", text)):
+        for word in _PLACEHOLDER.sub("<x>", span).split():
+            word = word.rstrip(",;:")
+            if not ("/" in word or re.search(r"\.(yml|py|md)$", word)):
+                continue
+            if word.startswith(("/", "~", "$", "<", "-")) or "://" in word or _CIDR.match(word):
+                continue
+            found.append(word)
+    return found
+
+
+def missing_paths(text: str, root: Path) -> list[str]:
+    """The named repository paths that match nothing in ``root`` (``<x>`` placeholders match any name)."""
+    generated = _ignored(root)
+    missing = []
+    for word in named_paths(text):
+        if word.startswith(generated):
+            continue
+        pattern = _PLACEHOLDER.sub("*", word)
+        if not glob.glob(str(root / pattern)):
+            missing.append(word)
+    return missing
+
+
+def test_design_names_only_paths_that_exist():
+    missing = missing_paths((ROOT / "DESIGN.md").read_text(), ROOT)
+    assert missing == [], f"DESIGN.md names paths that are not in the tree: {missing}; fix DESIGN.md"
+
+
+def test_design_names_many_paths():
+    # the check reads what DESIGN.md names (a broken extraction would pass everything)
+    words = named_paths((ROOT / "DESIGN.md").read_text())
+    assert {"site.yml", "playbooks/gateway.yml", "roles/layout/defaults/main.yml"} <= set(words)
+
+
+def test_the_path_check_finds_a_wrong_path(tmp_path):
+    (tmp_path / ".gitignore").write_text("/dist/\n")
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks" / "cann.yml").write_text("")
+    text = ("`playbooks/site/*.yml` and `playbooks/<stage>.yml`, `playbooks/cann.yml`, `missing.py`,\n"
+            "`dist/x.whl`, `/usr/local/Ascend/`, `<bundle>/suite/`, `10.77.0.0/24`, `ansible-playbook x/y.yml`\n"
+            "```\nplaybooks/in-a-fence.yml `not/checked.yml`\n```\n")
+    assert missing_paths(text, tmp_path) == ["playbooks/site/*.yml", "missing.py", "x/y.yml"]
+
+
+def test_design_states_every_import_linter_contract():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    design = (ROOT / "DESIGN.md").read_text()
+    names = [contract["name"] for contract in config["contracts"]]
+    assert names
+    assert [n for n in names if n not in design] == [], "DESIGN.md, 'The parts and the dependency rule'"
+
+
+# --- The collection's README: every module and filter ----------------------------------------
+
+
+def collection_plugins(collection: Path = COLLECTION) -> dict[str, set[str]]:
+    ensure_on_path()
+    filters = set()
+    for path in sorted((collection / "plugins" / "filter").glob("*.py")):
+        module = importlib.import_module(f"ansible_collections.atlas.serving.plugins.filter.{path.stem}")
+        filters |= set(module.FilterModule().filters())
+    modules = {p.stem for p in (collection / "plugins" / "modules").glob("*.py") if not p.stem.startswith("_")}
+    return {"module": modules, "filter": filters}
+
+
+def readme_plugins(text: str) -> dict[str, set[str]]:
+    """Names in the first column of the README's 'module' and 'filter' tables."""
+    found: dict[str, set[str]] = {"module": set(), "filter": set()}
+    kind = None
+    for line in text.splitlines():
+        header = re.match(r"^\|\s*(module|filter)\s*\|", line)
+        if header:
+            kind = header.group(1)
+        elif not line.startswith("|"):
+            kind = None
+        elif kind and not line.startswith("|---"):
+            found[kind] |= set(re.findall(r"`([A-Za-z_][A-Za-z0-9_]*)`", line.split("|")[1]))
+    return found
+
+
+def test_collection_readme_lists_every_module_and_filter():
+    listed = readme_plugins((COLLECTION / "README.md").read_text())
+    real = collection_plugins()
+    assert len(real["module"]) >= 10 and len(real["filter"]) >= 15
+    for kind in ("module", "filter"):
+        assert sorted(real[kind] - listed[kind]) == [], f"README.md misses these {kind}s: add a row each"
+        assert sorted(listed[kind] - real[kind]) == [], f"README.md lists {kind}s that do not exist"
+
+
+def test_the_readme_check_sees_a_missing_and_an_extra_name():
+    text = "| module | what |\n|---|---|\n| `npu_facts` | x |\n\n| filter | file | what |\n|---|---|---|\n" \
+           "| `engine_argv`, `gone` | `serving.py` | x |\n"
+    assert readme_plugins(text) == {"module": {"npu_facts"}, "filter": {"engine_argv", "gone"}}
+
+
+# --- No citation of documents outside this repository ----------------------------------------
+
+# The project's working notes (PRODUCT.md, STYLE.md, domain/*.md) live outside the repository; what the
+# code relies on from them is in docs/ with its sources.
+OUTSIDE = re.compile(r"ascend-facts|multinode-facts|lab-notes|rollout-and-bench|PRODUCT\.md|STYLE\.md"
+                     r"|(?<![\w.-])shared/")
+
+
+def outside_citations(root: Path, files: list[str]) -> list[str]:
+    found = []
+    for name in files:
+        if name.startswith("docs/") or (root / name).resolve() == Path(__file__).resolve():
+            continue
+        path = root / name
+        if not path.is_file():
+            continue
+        for number, line in enumerate(path.read_bytes().decode("utf-8", "replace").splitlines(), 1):
+            if OUTSIDE.search(line):
+                found.append(f"{name}:{number}: {line.strip()[:120]}")
+    return found
+
+
+def tracked_files(root: Path) -> list[str]:
+    try:
+        run = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"{root} is not a git checkout ({exc}): nothing tracked to check")
+    return [name for name in run.stdout.decode().split("\0") if name]
+
+
+def test_no_tracked_file_cites_a_document_outside_the_repository():
+    found = outside_citations(ROOT, tracked_files(ROOT))
+    assert found == [], "cite docs/ (docs/ascend-platform.md, docs/engine-facts.md) instead:\n" + "\n".join(found)
+
+
+def test_the_citation_check_sees_one(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("from ascend-facts.md section 1\n")
+    (tmp_path / "x.py").write_text("ok\n# see ascend-facts.md section 5\n")
+    (tmp_path / "y.yml").write_text("# /work/shared/domain/lab-notes.md\n# /usr/lib/x-shared/ is fine\n")
+    assert outside_citations(tmp_path, ["docs/a.md", "x.py", "y.yml"]) == [
+        "x.py:2: # see ascend-facts.md section 5", "y.yml:1: # /work/shared/domain/lab-notes.md"]
