@@ -13,7 +13,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 
 .PHONY: demo test lint unit lab-test drills host-deps venv lab-up lab-down bundle site bench-verify bench-client \
-	bench-rollout clean wheel
+	bench-rollout bench-wheelhouse clean wheel
 
 demo: host-deps venv
 	$(LAB) up
@@ -97,6 +97,11 @@ bench-verify: venv
 
 bench-client: venv
 	$(PY) -m atlaslab.benchmarks.accuracy --json artifacts/bench/accuracy.json
+
+# The example bank's engine wheelhouses (vllm-ascend 0.11.0, SGLang 0.5.8 for Ascend) built for aarch64 and
+# x86_64 and installed with no index for each: downloads gigabytes, so not part of make test.
+bench-wheelhouse: venv
+	$(PY) -m atlaslab.benchmarks.wheelhouse --spec inventory/example-bank/bundle.yml --json artifacts/bench/wheelhouse.json
 
 bench-rollout: host-deps venv
 	$(PY) -m atlaslab.benchmarks.rollout --sizes 4,8,16,24 --json artifacts/bench/rollout.json

@@ -89,7 +89,8 @@ def test_pip_refuses_a_target_without_wheels(tmp_path):
     _wheel(links, "fakenpu", "1.0", "cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64")
     step = bundle_sources.pip_step({"set": "s", "requirements": ["fakenpu==1.0"], "no_index": True,
                                        "find_links": [str(links)],
-                                       "targets": [{"platform": "manylinux2014_aarch64", "python": "3.11"}]})
+                                       "targets": [{"platform": "manylinux2014_aarch64", "python": "3.11"}]},
+                                      tmp_path / "cache")
     with pytest.raises(UsageError, match="manylinux2014_aarch64 / Python 3.11"):
         step.run(tmp_path / "out")
 

@@ -24,14 +24,19 @@ def _spec(tmp_path: Path, controller: object) -> Path:
 
 
 @pytest.mark.parametrize("entry, said", [
-    ({}, "controller needs targets"),
-    ({"targets": []}, "controller needs targets"),
-    ({"targets": [{"platform": "manylinux2014_x86_64"}]}, "needs platform (a tag or a list of tags) and python"),
+    ({}, "controller: needs targets"),
+    ({"targets": []}, "controller: needs targets"),
+    ({"targets": [{"platform": "manylinux2014_x86_64"}]},
+     "needs platform (a wheel platform tag or a list of them) and python"),
     ({"targets": [{"platform": [], "python": "3.11"}]}, "needs platform"),
     ({"targets": [{"platform": [3], "python": "3.11"}]}, "needs platform"),
-    ({"targets": [{"platform": "x", "python": 3.11}]}, "needs platform"),
-    ({"targets": [{"platform": "x", "python": "3.11"}], "wheel": 1}, "controller wheel must be the path"),
-    ({"targets": [{"platform": "x", "python": "3.11"}], "extra": 1}, "unknown key(s) extra"),
+    ({"targets": [{"platform": "manylinux2014_x86_64", "python": 3.11}]}, "needs platform"),
+    ({"targets": [{"platform": "x", "python": "3.11"}]}, "platform tag 'x' is not a Linux x86_64/aarch64 wheel tag"),
+    ({"targets": [{"platform": ["manylinux2014_x86_64", "linux_aarch64"], "python": "3.11"}]},
+     "mixes architectures"),
+    ({"targets": [{"platform": "manylinux2014_x86_64", "python": "3.11"}], "wheel": 1},
+     "controller wheel must be the path"),
+    ({"targets": [{"platform": "manylinux2014_x86_64", "python": "3.11"}], "extra": 1}, "unknown key(s) extra"),
 ])
 def test_a_bad_controller_entry_is_refused_when_the_spec_loads(tmp_path, entry, said):
     with pytest.raises(UsageError) as err:

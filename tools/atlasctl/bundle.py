@@ -109,6 +109,11 @@ class BundleSpec:
         _check_entries(path, data)
         for kind in source_kinds():
             kind.check(path, data)
+        if data.get("pip"):
+            from atlasctl.wheelhouse import parse_entry
+
+            for entry in data["pip"]:
+                parse_entry(entry)
         if "controller" in data:
             from atlasctl.bundle_sources import check_controller
 
@@ -389,7 +394,9 @@ def plan_build(spec: BundleSpec, cache: Path) -> list[PlannedStep]:
         raise UsageError("bundle spec: huawei lists packages but huawei_dir is not set",
                          fix="set huawei_dir to the directory you downloaded Huawei's packages into")
     steps += [bundle_sources.huawei_step(Path(spec.huawei_dir), n) for n in spec.huawei]
-    steps += [bundle_sources.pip_step(e) for e in spec.pip]
+    from atlasctl.wheelhouse import canns_of
+
+    steps += [bundle_sources.pip_step(e, cache, tuple(canns_of(spec.huawei))) for e in spec.pip]
     if spec.suite or spec.controller is not None:
         from atlasctl.paths import suite_root
 

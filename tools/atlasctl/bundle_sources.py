@@ -7,9 +7,9 @@ Spec keys (bundle.yml; the lab's package adds its own, see atlasctl.bundle.Sourc
 ``huawei_dir`` + ``huawei``: directory the user downloaded into, and the file names to carry
     (``Ascend-cann-*`` -> ``cann/``, ``Ascend-hdk-*`` -> ``hdk/``); a vendor side file
     ``<name>.sha256`` / ``<name>.md5`` next to a package is checked before it is copied.
-``pip``: list of ``{set, requirements, targets: [{platform, python}], find_links, no_index}``;
-    each target runs ``pip download --only-binary=:all: --platform P --python-version V``
-    into ``wheels/<set>/``.
+``pip``: list of ``{set, requirements, targets: [{platform, python}], engine, build, vendor_dir, vendor,
+    find_links, no_index, index_url}``: an engine wheelhouse in ``wheels/<set>/`` resolved, gated by the
+    compatibility table, downloaded and proven for each target platform (atlasctl.wheelhouse).
 ``models`` entries with ``path``: a local model directory copied to ``models/<name>/``.
 ``suite: true``: the suite (atlasctl.paths.SUITE_ITEMS: site.yml, playbooks/, roles/, the collection,
     ansible.cfg, templates/, inventory/example-bank) into ``suite/``.
@@ -24,7 +24,6 @@ Spec keys (bundle.yml; the lab's package adds its own, see atlasctl.bundle.Sourc
 from __future__ import annotations
 
 import hashlib
-import reprlib
 import shutil
 import subprocess
 import sys
@@ -79,45 +78,16 @@ def huawei_step(src_dir: Path, name: str) -> PlannedStep:
     return PlannedStep(f"huawei {name}", run, "vendor", (f"{sub}/{name}",))
 
 
-def pip_download_argv(requirements: list[str], dest: Path, platform: str | list[str], python: str,
-                      find_links: list[str], no_index: bool) -> list[str]:
-    """``pip download`` for a target: ``platform`` is one tag or several (pip matches tags exactly: a
-    manylinux_2_28 platform does not take a manylinux2014 wheel unless both are named)."""
-    argv = [sys.executable, "-m", "pip", "download", "--only-binary=:all:"]
-    for tag in [platform] if isinstance(platform, str) else platform:
-        argv += ["--platform", str(tag)]
-    argv += ["--python-version", python, "--dest", str(dest), "--disable-pip-version-check"]
-    for link in find_links:
-        argv += ["--find-links", link]
-    if no_index:
-        argv.append("--no-index")
-    return [*argv, *requirements]
+def pip_step(entry: dict, cache: Path, canns: tuple[str, ...] = ()) -> PlannedStep:
+    """wheels/<set>/: the set resolved, gated, downloaded and proven for each target (atlasctl.wheelhouse)."""
+    from atlasctl import wheelhouse
 
-
-def pip_step(entry: dict) -> PlannedStep:
-    name, reqs, targets = entry.get("set"), entry.get("requirements"), entry.get("targets")
-    if not name or not isinstance(reqs, list) or not reqs or not isinstance(targets, list) or not targets:
-        raise UsageError(f"pip entry {entry!r}: needs set, requirements (list) and targets "
-                         "([{platform: manylinux2014_aarch64, python: '3.11'}])")
-    for target in targets:
-        if not isinstance(target, dict) or not target.get("platform") or not target.get("python"):
-            raise UsageError(f"pip entry {name!r}: each target is a mapping with platform and python, not "
-                             f"{target!r}", fix="write e.g. {platform: manylinux2014_aarch64, python: '3.11'}")
+    pipset = wheelhouse.parse_entry(entry)
 
     def run(out: Path) -> None:
-        dest = out / "wheels" / name
-        dest.mkdir(parents=True, exist_ok=True)
-        for target in targets:
-            argv = pip_download_argv(reqs, dest, str(target["platform"]), str(target["python"]),
-                                     [str(f) for f in entry.get("find_links", [])], bool(entry.get("no_index")))
-            proc = subprocess.run(argv, text=True, capture_output=True, check=False)
-            if proc.returncode != 0:
-                raise UsageError(f"wheels {name} for {target['platform']} / Python {target['python']}: pip "
-                                 f"could not resolve: {proc.stderr.strip()[-600:]}",
-                                 fix="pin versions that publish wheels for that platform and Python")
-        (dest / "requirements.txt").write_text("\n".join(reqs) + "\n")
+        wheelhouse.build_set(pipset, out, cache, canns)
 
-    return PlannedStep(f"wheels {name}", run, "download", (f"wheels/{name}/*",))
+    return PlannedStep(f"wheels {pipset.name}", run, "download", (f"wheels/{pipset.name}/*",))
 
 
 def model_dir_step(model: dict) -> PlannedStep:
@@ -205,22 +175,14 @@ def collection_tarball(suite: Path, dest: Path) -> Path:
 
 
 def check_controller(path: Path, entry: dict) -> None:
-    """The spec's ``controller`` entry: targets like pip's, an optional prebuilt wheel."""
-    targets = entry.get("targets")
+    """The spec's ``controller`` entry: targets checked as a pip set's are, an optional prebuilt wheel."""
+    from atlasctl import wheelhouse
+
     fix = "write e.g. controller: {targets: [{platform: [manylinux2014_x86_64], python: '3.11'}]}"
     unknown = set(entry) - {"targets", "wheel"}
     if unknown:
         raise UsageError(f"bundle spec {path}: controller has unknown key(s) {', '.join(sorted(unknown))}", fix=fix)
-    if not isinstance(targets, list) or not targets:
-        raise UsageError(f"bundle spec {path}: controller needs targets, the controllers' platform and Python",
-                         fix=fix)
-    for target in targets:
-        platform = target.get("platform") if isinstance(target, dict) else None
-        platforms = [platform] if isinstance(platform, str) else platform
-        if (not isinstance(target, dict) or not isinstance(platforms, list) or not platforms
-                or not all(isinstance(p, str) and p for p in platforms) or not isinstance(target.get("python"), str)):
-            raise UsageError(f"bundle spec {path}: controller target {reprlib.repr(target)} needs platform (a tag "
-                             "or a list of tags) and python (a string, e.g. '3.11')", fix=fix)
+    wheelhouse.parse_targets(f"bundle spec {path}: controller", entry.get("targets"))
     if "wheel" in entry and not isinstance(entry["wheel"], str):
         raise UsageError(f"bundle spec {path}: controller wheel must be the path of an atlasctl wheel", fix=fix)
 
@@ -256,6 +218,8 @@ def controller_steps(entry: dict, suite: Path, cache: Path) -> list[PlannedStep]
     def wheels(out: Path) -> None:
         import json
 
+        from atlasctl import wheelhouse
+
         dest = out / kit_wheels
         dest.mkdir(parents=True, exist_ok=True)
         text = (suite / CONTROLLER_REQUIREMENTS).read_text(encoding="utf-8")
@@ -266,13 +230,15 @@ def controller_steps(entry: dict, suite: Path, cache: Path) -> list[PlannedStep]
         if not (kept / ".complete").is_file():
             shutil.rmtree(kept, ignore_errors=True)
             kept.mkdir(parents=True)
-            for target in entry["targets"]:
-                argv = pip_download_argv(reqs, kept, target["platform"], str(target["python"]), [], False)
-                proc = subprocess.run(argv, text=True, capture_output=True, check=False)
+            for target in wheelhouse.parse_targets("controller", entry["targets"]):
+                # the pins are the whole closure (requirements-controller.txt), so no marker is evaluated here
+                argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                        "--disable-pip-version-check", *target.platform_args(), "--dest", str(kept)]
+                proc = subprocess.run([*argv, *reqs], text=True, capture_output=True, check=False)
                 if proc.returncode != 0:
-                    raise UsageError(f"controller wheels for {target['platform']} / Python {target['python']}: pip "
-                                     f"could not resolve: {proc.stderr.strip()[-600:]}",
-                                     fix="name the platform tags those wheels publish (several may be listed)")
+                    raise UsageError(f"controller wheels for {target.label}: pip could not download the pins: "
+                                     f"{proc.stderr.strip()[-600:]}",
+                                     fix="pin versions that publish wheels for that platform and Python")
             (kept / ".complete").write_text(text, encoding="utf-8")
         wanted = {w.name for w in kept.glob("*.whl")}
         for old in dest.glob("*.whl"):  # a refreshed bundle keeps no wheel of an earlier pin

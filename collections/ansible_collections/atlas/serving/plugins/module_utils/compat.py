@@ -261,3 +261,20 @@ def describe_plan(plan):
         if plan.get(key):
             parts.append(f"{label} {plan[key]}")
     return " with ".join(parts[:2]) + (f" ({', '.join(parts[2:])})" if parts[2:] else "") if parts else "empty plan"
+
+
+def evaluate_pins(plan, table):
+    """Judge an engine's wheel pins (engine, engine_version, python, torch, torch_npu, vllm) when no CANN is
+    chosen yet: an offline bundle that carries no CANN package still refuses pins its engine is not built for."""
+    plan = {k: str(v).strip() for k, v in (plan or {}).items() if v not in (None, "")}
+    problems, fixes = [], []
+    verdict = {"ok": True, "plan": plan, "problems": problems, "fixes": fixes, "row": None, "lab": False}
+    row = find_row(table, plan.get("engine", ""), plan.get("engine_version", ""))
+    if row is None:
+        return evaluate(plan, table)  # the same refusal, naming the releases the table knows
+    verdict["row"], verdict["lab"] = row, bool(row.get("lab"))
+    if not row.get("lab"):
+        _check_pins(plan, row, f"{plan['engine']} {plan.get('engine_version', '')} needs {requirement_text(row)}",
+                    problems, fixes)
+    verdict["ok"] = not problems
+    return verdict
