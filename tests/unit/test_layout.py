@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import yaml
+from lab_additions import PROFILE_DIRS as LAB_DIRS
 
 from atlasctl import layout, planner
 from atlasctl.doctor import checks, gather
@@ -61,7 +62,7 @@ def test_doctor_judges_the_moved_env_file():
 
 
 def test_config_render_follows_the_layout():
-    unit = planner.render("lab-vllm-cpu-tiny", overrides={"serving_config_dir": "/srv/cfg"}).unit_text
+    unit = planner.render("lab-vllm-cpu-tiny", overrides={"serving_config_dir": "/srv/cfg"}, dirs=LAB_DIRS).unit_text
     assert "EnvironmentFile=/srv/cfg/atlas-serving.env" in unit
     name = "vllm-ascend-0.11.0-mistral-7b-8x64g"
     argv = planner.render(name, overrides={"models_root": "/srv/models"}).argv

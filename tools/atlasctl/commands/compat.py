@@ -1,4 +1,9 @@
-"""`atlasctl compat check`: judge a release plan against the compatibility table (no host touched)."""
+"""`atlasctl compat check`: judge a release plan against the compatibility table (no host touched).
+
+The table: the collection's data/compat.yml (or --table), with the rows of the extra tables that the
+inventory given with -i names in atlas_compat_extra_tables (the lab's engines: -i inventory/lab), merged
+as preflight's gate merges them (module_utils/site_data.py).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +12,8 @@ import importlib
 import json
 from pathlib import Path
 
-from atlasctl import exitcodes
+from atlasctl import exitcodes, site_data
 from atlasctl.collection import ensure_on_path
-from atlasctl.errors import UsageError
-from atlasctl.inputs import load_yaml
 
 FIELDS = ("cann", "engine", "engine_version", "python", "torch", "torch_npu", "vllm")
 
@@ -22,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     for field in FIELDS:
         check.add_argument(f"--{field.replace('_', '-')}", dest=field, default="")
     check.add_argument("--table", type=Path, default=None, help="table (default: the collection's data/compat.yml)")
+    check.add_argument("-i", "--inventory",
+                       help="add the extra tables this inventory names (atlas_compat_extra_tables)")
     check.add_argument("--json", action="store_true", help="print the verdict as JSON")
     check.set_defaults(func=_check)
 
@@ -33,12 +38,7 @@ def _compat():
 
 def _check(args: argparse.Namespace) -> int:
     compat = _compat()
-    path = args.table or Path(compat.default_table_path())
-    data = load_yaml(path, "compatibility table", fix="pass --table with a table like the collection's data/compat.yml")
-    try:
-        table = compat.check_table(data)
-    except compat.CompatTableError as exc:
-        raise UsageError(f"compatibility table {path}: {exc}") from None
+    table = site_data.load_compat(args.table, site_data.compat_tables(args.inventory))
     plan = {f: getattr(args, f) for f in FIELDS if getattr(args, f)}
     verdict = compat.evaluate(plan, table)
     if args.json:

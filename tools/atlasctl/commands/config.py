@@ -1,10 +1,13 @@
 """`atlasctl config`: serving profiles checked against the real engines, and the NPU memory planner.
 
-    atlasctl config render PROFILE [--out DIR] [--json]      args, env (0600) and systemd unit of a profile
-    atlasctl config lint [PROFILE ...] [--json]              every flag/value/variable vs the release schema
+    atlasctl config render PROFILE [-i INV] [--out DIR] [--json]   args, env (0600) and systemd unit of a profile
+    atlasctl config lint [PROFILE ...] [-i INV] [--json]           every flag/value/variable vs the release schema
     atlasctl config lint --release R --argv-file F [--env-file E]   lint a rendered .args/.env pair
-    atlasctl config plan [PROFILE ...] [--npus N --hbm-mb M] [--model-dir DIR] [--reserve-gib G] [--json]
+    atlasctl config plan [PROFILE ...] [-i INV] [--npus N --hbm-mb M] [--model-dir DIR] [--reserve-gib G] [--json]
     atlasctl config schema refresh [RELEASE ...] [--wheel-dir DIR]
+
+Profiles: the serving role's, and with -i INV also those in the directories INV's hosts name in
+serving_profile_dirs (searched first, as the serving role does; the lab's: -i inventory/lab).
 
 Exit codes: 0 all real / all fit; 1 a finding or a refused plan; 2 bad input.
 """
@@ -22,6 +25,9 @@ from atlasctl import exitcodes, planner
 from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
 from atlasctl.inputs import read_text
+from atlasctl.site_data import profile_dirs
+
+INVENTORY_HELP = "also the profiles in the serving_profile_dirs of this inventory's hosts"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,12 +36,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = csub.add_parser("render", help="render a profile (args, env, unit)")
     p.add_argument("profile")
+    p.add_argument("-i", "--inventory", help=INVENTORY_HELP)
     p.add_argument("--out", type=Path, default=None, help="write <service>.args/.env (0600)/.service here")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_render)
 
     p = csub.add_parser("lint", help="check profiles (or a rendered .args/.env) against the engine schemas")
-    p.add_argument("profiles", nargs="*", help="profile names (default: all shipped)")
+    p.add_argument("profiles", nargs="*", help="profile names (default: all shipped, and -i INV's)")
+    p.add_argument("-i", "--inventory", help=INVENTORY_HELP)
     p.add_argument("--release", help="engine release of --argv-file (e.g. vllm-ascend-0.11.0)")
     p.add_argument("--argv-file", type=Path, help="a rendered .args file (one argument per line)")
     p.add_argument("--env-file", type=Path, help="a rendered .env file (KEY=value lines)")
@@ -43,7 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_lint)
 
     p = csub.add_parser("plan", help="NPU memory plan and capacity table")
-    p.add_argument("profiles", nargs="*", help="profile names (default: all shipped)")
+    p.add_argument("profiles", nargs="*", help="profile names (default: all shipped, and -i INV's)")
+    p.add_argument("-i", "--inventory", help=INVENTORY_HELP)
     p.add_argument("--npus", type=int, help="NPU count (default: the profile's hardware)")
     p.add_argument("--hbm-mb", type=int, help="HBM per NPU in MB as npu-smi prints it (65536 for 64 GB)")
     p.add_argument("--model-dir", type=Path, help="model directory: config.json + *.safetensors headers")
@@ -60,7 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_render(args: argparse.Namespace) -> int:
-    rendered = planner.render(args.profile, api_key=os.environ.get("ATLAS_SERVING_API_KEY", ""))
+    rendered = planner.render(args.profile, api_key=os.environ.get("ATLAS_SERVING_API_KEY", ""),
+                              dirs=profile_dirs(args.inventory))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         for suffix, text, mode in ((".args", rendered.args_text, 0o640), (".env", rendered.env_text, 0o600),
@@ -124,8 +134,9 @@ def run_lint(args: argparse.Namespace) -> int:
             raise UsageError(f"--release {args.release}: {exc}", fix="pass one of " + ", ".join(
                 lint.known_releases(lint.schema_dir_default()))) from None
     else:
-        for name in args.profiles or planner.profile_names():
-            results[name] = planner.lint_profile(name)
+        dirs = profile_dirs(args.inventory)
+        for name in args.profiles or planner.profile_names(dirs):
+            results[name] = planner.lint_profile(name, dirs)
     if args.json:
         print(json.dumps(results, indent=1))
     else:
@@ -150,8 +161,9 @@ def _check_plan_args(args: argparse.Namespace) -> None:
 
 def run_plan(args: argparse.Namespace) -> int:
     _check_plan_args(args)
-    rows = [planner.plan_profile(n, args.npus, args.hbm_mb, args.model_dir, args.reserve_gib)
-            for n in (args.profiles or planner.profile_names())]
+    dirs = profile_dirs(args.inventory)
+    rows = [planner.plan_profile(n, args.npus, args.hbm_mb, args.model_dir, args.reserve_gib, dirs)
+            for n in (args.profiles or planner.profile_names(dirs))]
     if args.json:
         print(json.dumps([{"profile": r.profile, "skipped": r.skipped, **r.plan} for r in rows], indent=1))
     else:

@@ -15,6 +15,7 @@ import argparse
 from atlasctl import inventory as shared
 from atlasctl.doctor import checks, gather, inventory, report
 from atlasctl.runner import resolve_inventory
+from atlasctl.site_data import compat_tables
 
 EPILOG = ("exit status: 0 healthy (warnings allowed), 1 a finding of severity error, "
           "3 a host could not be reached (named in the output), 2 bad command line or inventory")
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     inv = resolve_inventory(args.inventory)
     listing = shared.listing(inv, args.limit)
     targets = inventory.load(inv, args.limit, document=listing)
-    ctx = checks.default_context()
+    ctx = checks.default_context(compat_tables(inv, listing))
     hostvars = shared.hostvars(listing)
     trust = [f for t in targets for f in checks.check_bundle_trust(t.name, hostvars.get(t.name) or {})]
     evidence, unreachable, seconds = gather.gather_all(targets, inventory.fabric_run, workers=args.workers)

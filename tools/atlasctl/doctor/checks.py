@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-import yaml
-
+from atlasctl import site_data
 from atlasctl.collection import module_utils
 from atlasctl.doctor import parse
 from atlasctl.doctor.model import ERROR, INFO, REDACTED, WARNING, Evidence, Finding
@@ -50,11 +50,11 @@ class Context:
     lint_env: Callable[[dict[str, str], str], list[dict[str, str]]]
 
 
-def default_context() -> Context:
-    compat = module_utils("compat")
+def default_context(extra_tables: Sequence[Path] = ()) -> Context:
+    """The collection's reference data, with the inventory's extra compatibility tables
+    (atlas_compat_extra_tables, absolute: ``atlasctl.site_data.compat_tables``)."""
     lint = module_utils("engine_lint")
-    with open(compat.default_table_path(), encoding="utf-8") as handle:
-        table = compat.check_table(yaml.safe_load(handle))
+    table = site_data.load_compat(None, extra_tables)
 
     def lint_env(env: dict[str, str], release: str) -> list[dict[str, str]]:
         schema, platform, fictions = lint.load(release)

@@ -1,4 +1,5 @@
-"""Filters of the release compatibility gate (logic in module_utils/compat.py, data in data/compat.yml).
+"""Filters of the release compatibility gate (logic in module_utils/compat.py, data in data/compat.yml
+plus the inventory's extra tables, ``extra_tables``: absolute paths, module_utils/site_data.py).
 
 ``compat_plans``  play hosts + hostvars + {field: variable} -> {host: plan}
 ``compat_fleet``  {host: plan} -> verdict of the whole fleet (ok, groups, report)
@@ -10,25 +11,25 @@ from __future__ import annotations
 
 import functools
 
-import yaml
 from ansible.errors import AnsibleFilterError
-from ansible_collections.atlas.serving.plugins.module_utils import compat
+from ansible_collections.atlas.serving.plugins.module_utils import compat, site_data
 
 
 @functools.lru_cache(maxsize=8)
-def _load(path: str) -> dict:
-    path = path or compat.default_table_path()
+def _load(path: str, extra: tuple = ()) -> dict:
     try:
-        with open(path, encoding="utf-8") as fh:
-            table = yaml.safe_load(fh)
-    except OSError as exc:
-        raise AnsibleFilterError(f"compatibility table {path} cannot be read: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise AnsibleFilterError(f"compatibility table {path} is not valid YAML: {exc}") from None
-    try:
-        return compat.check_table(table)
-    except compat.CompatTableError as exc:
-        raise AnsibleFilterError(f"{path}: {exc}") from None
+        return site_data.load_compat(path, extra)
+    except site_data.SiteDataError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
+def _extra(extra_tables) -> tuple:
+    """The extra tables as absolute paths (preflight_compat_extra_tables: resolved by inventory_paths)."""
+    if extra_tables in (None, "", []):
+        return ()
+    if not isinstance(extra_tables, (list, tuple)) or not all(isinstance(p, str) for p in extra_tables):
+        raise AnsibleFilterError(f"compat filters: extra_tables must be a list of paths, not {extra_tables!r}")
+    return tuple(extra_tables)
 
 
 def compat_plans(hosts: list, hostvars, keys: dict) -> dict:
@@ -43,16 +44,16 @@ def compat_plans(hosts: list, hostvars, keys: dict) -> dict:
     return plans
 
 
-def compat_fleet(plans: dict, table_path: str = "") -> dict:
-    return compat.evaluate_fleet(plans, _load(table_path))
+def compat_fleet(plans: dict, table_path: str = "", extra_tables=None) -> dict:
+    return compat.evaluate_fleet(plans, _load(table_path, _extra(extra_tables)))
 
 
-def compat_check(plan: dict, table_path: str = "") -> dict:
-    return compat.evaluate(plan, _load(table_path))
+def compat_check(plan: dict, table_path: str = "", extra_tables=None) -> dict:
+    return compat.evaluate(plan, _load(table_path, _extra(extra_tables)))
 
 
-def compat_driver(cann: str, driver: str, table_path: str = "") -> str:
-    return compat.check_driver(_load(table_path), cann, driver) or ""
+def compat_driver(cann: str, driver: str, table_path: str = "", extra_tables=None) -> str:
+    return compat.check_driver(_load(table_path, _extra(extra_tables)), cann, driver) or ""
 
 
 class FilterModule:

@@ -2,8 +2,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The release compatibility gate: is a plan (CANN, engine, Python, torch, driver) possible?
 
-The table is data (``data/compat.yml`` of this collection, loaded by the caller: the
-filter plugin or atlasctl, which have PyYAML); this module only judges a plan against it.
+The table is data (``data/compat.yml`` of this collection, plus an inventory's extra tables:
+``atlas_compat_extra_tables``, loaded and merged by module_utils/site_data.py for the filter plugin
+and atlasctl, which have PyYAML); this module only checks a table and judges a plan against it.
 
 A plan is a dict with any of: ``cann``, ``engine``, ``engine_version``, ``python``,
 ``torch``, ``torch_npu``, ``vllm``, ``driver`` (empty values are not checked).
@@ -22,6 +23,7 @@ import re
 from ansible_collections.atlas.serving.plugins.module_utils.cann import version_key as cann_key
 
 TABLE_FORMAT = 1
+TABLE_SECTIONS = ("engines", "torch_npu_cann", "cann_driver")
 # The suite's own lowest Python (preflight_min_python): bounds at or below it go unsaid.
 SUITE_MIN_PYTHON = (3, 9)
 _CLAUSE = re.compile(r"^\s*(>=|<=|==|<|>)\s*(\d+(?:\.\d+)*)\s*$")
@@ -38,25 +40,34 @@ class CompatTableError(ValueError):
     """The table itself is malformed; the message names the row and the field."""
 
 
-def check_table(table):
-    """Validate the table's shape; raise CompatTableError naming the bad row."""
+def check_table(table, extra=False):
+    """Validate the table's shape; raise CompatTableError naming the bad row.
+
+    ``extra``: an inventory's extra table (atlas_compat_extra_tables), whose sections may be absent;
+    only an extra table may hold a lab row (``lab: true``), never the product's own."""
     if not isinstance(table, dict) or table.get("format") != TABLE_FORMAT:
         raise CompatTableError(f"compatibility table: expected a mapping with format: {TABLE_FORMAT}")
     sources = table.get("sources") or {}
-    for section in ("engines", "torch_npu_cann", "cann_driver"):
+    for section in TABLE_SECTIONS:
         rows = table.get(section)
-        if not isinstance(rows, list) or not rows:
-            raise CompatTableError(f"compatibility table: '{section}' must be a non-empty list")
+        if extra and rows is None:
+            continue
+        if not isinstance(rows, list) or (not rows and not extra):
+            raise CompatTableError(f"compatibility table: '{section}' must be a {'' if extra else 'non-empty '}list")
         for index, row in enumerate(rows):
             where = f"compatibility table {section}[{index}]"
             if not isinstance(row, dict):
                 raise CompatTableError(f"{where}: must be a mapping")
             if row.get("source") not in sources:
                 raise CompatTableError(f"{where}: source {row.get('source')!r} is not one of the table's sources")
-    for index, row in enumerate(table["engines"]):
+    for index, row in enumerate(table.get("engines") or []):
         where = f"compatibility table engines[{index}] ({row.get('engine')})"
-        if not row.get("engine") or not row.get("versions"):
-            raise CompatTableError(f"{where}: needs engine and versions")
+        if not row.get("engine") or not isinstance(row.get("versions"), list) or not row["versions"]:
+            raise CompatTableError(f"{where}: needs engine and versions (a list of patterns)")
+        if row.get("lab") and not extra:
+            raise CompatTableError(f"{where}: a lab row (lab: true) is accepted only from an inventory's extra "
+                                   "table (atlas_compat_extra_tables, e.g. inventory/lab/compat.yml), not from the "
+                                   "product's table")
         if not row.get("lab") and not row.get("cann"):
             raise CompatTableError(f"{where}: an NPU engine row needs its cann list (or lab: true)")
         for clause in _clauses(row.get("python") or ""):
@@ -156,7 +167,8 @@ def evaluate(plan, table):
             f"{engine} {version or '(no version)'} is not in the compatibility table"
             + (f"; it knows {', '.join(known)}" if known else "; it knows no release of that engine")
         )
-        fixes.append("choose a release the table knows, or add its row with a source to data/compat.yml")
+        fixes.append("choose a release the table knows, or add its row with a source to data/compat.yml "
+                     "(or to an extra table the inventory names in atlas_compat_extra_tables)")
         verdict["ok"] = False
         return verdict
     verdict["row"], verdict["lab"] = row, bool(row.get("lab"))
