@@ -1,7 +1,7 @@
 """The lab inventory's own data, for unit tests that need the lab's profiles or compatibility rows
 without a lab (inventory/lab has no hosts.yml until `atlas-lab up`): serving_profile_dirs and
 atlas_compat_extra_tables of inventory/lab/group_vars/all.yml, resolved as the roles resolve them
-(module_utils/site_data.py, relative to the inventory directory)."""
+(plugin_utils/site_data.py, relative to the inventory directory)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import yaml
 
-from atlasctl.collection import module_utils
+from atlasctl.collection import plugin_utils
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "inventory/lab"
 LAB_VARS = yaml.safe_load((LAB / "group_vars/all.yml").read_text())
-_site = module_utils("site_data")
+_site = plugin_utils("site_data")
 PROFILE_DIRS = [Path(p) for p in _site.resolve_paths(LAB_VARS["serving_profile_dirs"], "serving_profile_dirs",
                                                      str(LAB))]
 COMPAT_TABLES = [Path(p) for p in _site.resolve_paths(LAB_VARS["atlas_compat_extra_tables"],

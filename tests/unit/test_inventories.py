@@ -67,9 +67,9 @@ def test_lab_and_scale_inventories_carry_their_profiles_and_compatibility_rows()
     the scale lab links the lab's, so the profiles its nodes name are found and its engines are in the table."""
     import yaml
 
-    from atlasctl.collection import module_utils
+    from atlasctl.collection import module_utils, plugin_utils
 
-    site, compat = module_utils("site_data"), module_utils("compat")
+    site, compat = plugin_utils("site_data"), module_utils("compat")
     for inventory, groups in (("inventory/lab", ("branch_east", "branch_west")), ("inventory/scale", ("atlas_nodes",))):
         base = ROOT / inventory
         common = yaml.safe_load((base / "group_vars/all.yml").read_text())

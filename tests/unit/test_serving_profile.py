@@ -1,6 +1,6 @@
 """The profile search path (serving_profile_dirs, then roles/serving/vars/profiles) and the fact the
 serving role publishes (serving_profile_resolved), as preflight finds it (include_role serving, tasks
-resolve) and as `atlasctl config -i INV` searches it: one implementation (module_utils/site_data.py)."""
+resolve) and as `atlasctl config -i INV` searches it: one implementation (plugin_utils/site_data.py)."""
 
 from __future__ import annotations
 

@@ -45,3 +45,10 @@ def module_utils(name: str) -> ModuleType:
     """Import ``ansible_collections.atlas.serving.plugins.module_utils.<name>``."""
     ensure_on_path()
     return importlib.import_module(f"{COLLECTION_PACKAGE}.plugins.module_utils.{name}")
+
+
+def plugin_utils(name: str) -> ModuleType:
+    """Import ``ansible_collections.atlas.serving.plugins.plugin_utils.<name>`` (controller-side code the filters
+    and atlasctl share; unlike module_utils it may use PyYAML, and it never ships to the nodes)."""
+    ensure_on_path()
+    return importlib.import_module(f"{COLLECTION_PACKAGE}.plugins.plugin_utils.{name}")

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from atlasctl.collection import module_utils
+from atlasctl.collection import plugin_utils
 from atlasctl.errors import EnvironmentProblem, UsageError
 from atlasctl.layout import Layout, default_layout
 
@@ -66,10 +66,10 @@ def hostvars(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def path_list(inventory: Path, document: dict[str, Any], variable: str, *,
               same_on_every_host: bool = False) -> list[Path]:
     """The absolute paths the hosts' ``variable`` names (a list of paths; relative ones against the
-    inventory directory, as the roles resolve them: module_utils/site_data.py), each once, in order.
+    inventory directory, as the roles resolve them: plugin_utils/site_data.py), each once, in order.
     ``same_on_every_host``: hosts naming different lists are an error (atlas_compat_extra_tables: the
     fleet is judged against one table, as preflight's gate does)."""
-    site = module_utils("site_data")
+    site = plugin_utils("site_data")
     values = {name: hv.get(variable) or [] for name, hv in sorted(hostvars(document).items())}
     if same_on_every_host and len({json.dumps(v, sort_keys=True, default=str) for v in values.values()}) > 1:
         listed = ", ".join(f"{name}: {json.dumps(v, default=str)}" for name, v in values.items())

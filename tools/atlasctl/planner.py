@@ -3,7 +3,7 @@
 Profiles live in ``roles/serving/vars/profiles/<name>.yml`` and in the directories an inventory names in
 ``serving_profile_dirs`` (searched first; ``dirs`` below, absolute: ``atlasctl.site_data.profile_dirs``), each
 holding ``__serving_profile`` (engine, engine_release, model, hardware, port, command, flags, env). The search
-is module_utils/site_data.py's, as the serving role's (a name in two places is an error naming both).
+is plugin_utils/site_data.py's, as the serving role's (a name in two places is an error naming both).
 Rendering resolves the ``{{ var }}`` placeholders the role fills in (model path, served name, host, port)
 and produces what the role writes: the argv (``.args``), the environment file (``.env``) and the systemd unit.
 Lint and plan call the collection's module_utils (``engine_lint``, ``memplan``): one implementation for
@@ -23,7 +23,7 @@ import jinja2
 import yaml
 
 from atlasctl import layout
-from atlasctl.collection import ensure_on_path, module_utils
+from atlasctl.collection import ensure_on_path, module_utils, plugin_utils
 from atlasctl.errors import UsageError
 from atlasctl.inputs import load_yaml, read_text
 from atlasctl.paths import suite_root
@@ -56,7 +56,7 @@ ENGINE_VENVS = {"vllm-ascend-0.11.0": "vllm-ascend-0.11.0", "vllm-ascend-0.23.0"
 
 
 def _site(call):
-    site = module_utils("site_data")
+    site = plugin_utils("site_data")
     try:
         return call(site)
     except site.SiteDataError as exc:

@@ -3,7 +3,7 @@
 ``serving_profile_dirs`` (profiles searched before the serving role's: ``atlasctl config``) and
 ``atlas_compat_extra_tables`` (rows added to the compatibility table: ``atlasctl compat``, ``doctor``),
 read from the hosts' variables (``atlasctl.inventory``) and resolved, searched and merged by the
-collection's module_utils/site_data.py: one implementation for the roles and the CLI.
+collection's plugin_utils/site_data.py: one implementation for the roles and the CLI.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from atlasctl import inventory as shared
-from atlasctl.collection import module_utils
+from atlasctl.collection import plugin_utils
 from atlasctl.errors import UsageError
 from atlasctl.inputs import load_yaml
 from atlasctl.runner import resolve_inventory
@@ -42,7 +42,7 @@ def compat_tables(inventory: str | Path | None, listing: dict[str, Any] | None =
 def load_compat(table: Path | None = None, extras: Sequence[Path] = ()) -> dict[str, Any]:
     """The compatibility table (``table``, default the collection's data/compat.yml), checked, with the
     rows of ``extras`` added after its own."""
-    site = module_utils("site_data")
+    site = plugin_utils("site_data")
     fix = "pass --table with a table like the collection's data/compat.yml"
     try:
         return site.load_compat(str(table or ""), [str(p) for p in extras],

@@ -2,7 +2,7 @@
 
 The table: the collection's data/compat.yml (or --table), with the rows of the extra tables that the
 inventory given with -i names in atlas_compat_extra_tables (the lab's engines: -i inventory/lab), merged
-as preflight's gate merges them (module_utils/site_data.py).
+as preflight's gate merges them (plugin_utils/site_data.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Filters of the release compatibility gate (logic in module_utils/compat.py, data in data/compat.yml
-plus the inventory's extra tables, ``extra_tables``: absolute paths, module_utils/site_data.py).
+plus the inventory's extra tables, ``extra_tables``: absolute paths, plugin_utils/site_data.py).
 
 ``compat_plans``  play hosts + hostvars + {field: variable} -> {host: plan}
 ``compat_fleet``  {host: plan} -> verdict of the whole fleet (ok, groups, report)
@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.atlas.serving.plugins.module_utils import compat, site_data
+from ansible_collections.atlas.serving.plugins.module_utils import compat
+from ansible_collections.atlas.serving.plugins.plugin_utils import site_data
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,4 +1,4 @@
-"""Filters of an inventory's own data (logic in module_utils/site_data.py).
+"""Filters of an inventory's own data (logic in plugin_utils/site_data.py).
 
 ``inventory_paths``  a list of paths + its variable's name + ansible_inventory_sources -> absolute paths
                      (relative ones against the inventory directory)
@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.atlas.serving.plugins.module_utils import site_data
+from ansible_collections.atlas.serving.plugins.plugin_utils import site_data
 
 
 def inventory_paths(values, variable: str, sources) -> list:

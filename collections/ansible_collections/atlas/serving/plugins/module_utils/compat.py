@@ -3,7 +3,7 @@
 """The release compatibility gate: is a plan (CANN, engine, Python, torch, driver) possible?
 
 The table is data (``data/compat.yml`` of this collection, plus an inventory's extra tables:
-``atlas_compat_extra_tables``, loaded and merged by module_utils/site_data.py for the filter plugin
+``atlas_compat_extra_tables``, loaded and merged by plugin_utils/site_data.py for the filter plugin
 and atlasctl, which have PyYAML); this module only checks a table and judges a plan against it.
 
 A plan is a dict with any of: ``cann``, ``engine``, ``engine_version``, ``python``,
