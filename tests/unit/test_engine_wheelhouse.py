@@ -213,3 +213,21 @@ def test_a_bad_pip_entry_is_refused_with_the_fix(tmp_path, extra, said):
     with pytest.raises(UsageError) as err:
         _set(tmp_path, **extra)
     assert said in str(err.value) and "eng-1.0" in str(err.value)
+
+
+def test_a_package_built_here_wins_over_the_same_release_on_the_index(links, tmp_path):
+    """SGLang 0.5.8's NPU build has the name and version of PyPI's CUDA wheel, whose torch pin differs:
+    the set takes the wheel it built, never the index's."""
+    other = ('[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+             '[project]\nname = "eng"\nversion = "1.0"\ndependencies = ["kern==1.0"]\n'
+             '[tool.setuptools]\npackages = ["eng"]\n')
+    sdist = _sdist(tmp_path, "eng", "from setuptools import setup\nsetup()\n", {"pyproject_other.toml": other})
+    sha = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    build = [{"sdist": sdist.name, "sha256": sha, "pyproject": "pyproject_other.toml", "isolation": False}]
+    pipset = _set(links, build=build, vendor_dir=str(tmp_path))  # links' eng 1.0 needs gpu on x86_64 and cv
+    wheelhouse.build_set(pipset, tmp_path / "out", tmp_path / "cache")
+    lock = (tmp_path / "out/wheels/eng-1.0/requirements.lock").read_text().splitlines()
+    assert lock == ["eng==1.0", "kern==1.0"]
+    with pytest.raises(UsageError, match=r"eng==2\.0 is not what its build makes \(eng-1\.0-py3-none-any\.whl\)"):
+        wheelhouse.build_set(_set(links, build=build, vendor_dir=str(tmp_path), requirements=["eng==2.0"]),
+                             tmp_path / "out2", tmp_path / "cache")

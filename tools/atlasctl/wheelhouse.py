@@ -388,24 +388,64 @@ def _source_args(pipset: PipSet, links: Iterable[str]) -> list[str]:
     return [*args, "--index-url", pipset.index_url] if pipset.index_url else args
 
 
-def resolve(pipset: PipSet, target: Target, links: Iterable[str]) -> dict[str, str]:
+def pinned_to_built(requirements: Iterable[str], built: dict[str, Path], where: str) -> list[str]:
+    """The requirements with each package built here pointed at its wheel (``name[extras] @ file://...``), so the
+    index's wheel of the same name and version (SGLang's CUDA build, say) can never be taken instead."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import parse_wheel_filename
+
+    out, used = [], set()
+    for text in requirements:
+        try:
+            req = Requirement(text)
+        except InvalidRequirement as exc:
+            raise UsageError(f"{where}: requirement {text!r} is not a PEP 508 requirement: {exc}") from None
+        wheel = built.get(canonical(req.name))
+        if wheel is None:
+            out.append(text)
+            continue
+        version = parse_wheel_filename(wheel.name)[1]
+        if not req.specifier.contains(version, prereleases=True):
+            raise UsageError(f"{where}: {text} is not what its build makes ({wheel.name})",
+                             fix=f"pin {req.name}=={version}, or build the sdist that makes the pinned version")
+        extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+        out.append(f"{req.name}{extras} @ {wheel.resolve().as_uri()}" + (f" ; {req.marker}" if req.marker else ""))
+        used.add(canonical(req.name))
+    unused = sorted(set(built) - used)
+    if unused:
+        raise UsageError(f"{where}: built {', '.join(unused)} but no requirement names it",
+                         fix="add the built package to requirements, or drop its build")
+    return out
+
+
+def resolve(pipset: PipSet, target: Target, links: Iterable[str], built: dict[str, Path] | None = None
+            ) -> dict[str, str]:
     """canonical name -> version, the closure of the requirements for the target (uv, markers evaluated for
-    the target)."""
+    the target); packages built here are taken from their wheel only."""
+    built = built or {}
+    where = f"pip set {pipset.name} for {target.label}"
     argv = [*uv(), "pip", "compile", "-", "-q", "--no-header", "--no-annotate", "--no-build",
             "--python-version", target.python, "--python-platform", target.uv_platform, *_source_args(pipset, links)]
-    out = _run(argv, f"pip set {pipset.name} for {target.label}: no set of wheels satisfies the requirements",
+    out = _run(argv, f"{where}: no set of wheels satisfies the requirements",
                "pin versions that publish wheels for that platform and Python, or carry the missing ones in "
-               "vendor_dir (vendor:)", stdin="\n".join(pipset.requirements) + "\n")
-    return parse_lock(out, f"uv's lock of {pipset.name}")
+               "vendor_dir (vendor:)", stdin="\n".join(pinned_to_built(pipset.requirements, built, where)) + "\n")
+    return parse_lock(out, f"uv's lock of {pipset.name}", built)
 
 
-def parse_lock(text: str, where: str) -> dict[str, str]:
+def parse_lock(text: str, where: str, built: dict[str, Path] | None = None) -> dict[str, str]:
+    from packaging.utils import parse_wheel_filename
+
     pins = {}
     for line in text.splitlines():
         line = line.split("#")[0].strip()
         if not line:
             continue
-        m = _PIN.match(line.split(";")[0].strip())
+        head = line.split(";")[0].strip()
+        url = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*@\s*(\S+)$", head)
+        if url and canonical(url.group(1)) in (built or {}):
+            pins[canonical(url.group(1))] = str(parse_wheel_filename(built[canonical(url.group(1))].name)[1])
+            continue
+        m = _PIN.match(head)
         if not m:
             raise UsageError(f"{where}: {line!r} is not a name==version pin")
         pins[canonical(m.group(1))] = m.group(3)
@@ -413,6 +453,8 @@ def parse_lock(text: str, where: str) -> dict[str, str]:
 
 
 def download(pipset: PipSet, target: Target, pins: dict[str, str], dest: Path, links: Iterable[str]) -> None:
+    if not pins:
+        return
     with tempfile.NamedTemporaryFile("w", suffix=".lock", delete=False) as lock:
         lock.write("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())))
     try:
@@ -512,24 +554,24 @@ def build_set(pipset: PipSet, out: Path, cache: Path, canns: Iterable[str] = ())
     dest = out / "wheels" / pipset.name
     staging = cache / "wheelsets" / hashlib.sha256(json.dumps(dataclasses.asdict(pipset), sort_keys=True,
                                                               default=str).encode()).hexdigest()[:16]
-    built = staging / "built"
-    built.mkdir(parents=True, exist_ok=True)
-    for build in pipset.builds:
-        wheel = build_wheel(build, pipset.vendor_dir, cache)
-        shutil.copy2(wheel, built / wheel.name)
-    vendor = [pipset.vendor_dir] if pipset.vendor_dir and Path(pipset.vendor_dir).is_dir() else []
-    links = [str(built), *pipset.find_links, *vendor]
-    locks: dict[Target, dict[str, str]] = {}
-    house = staging / "wheels"
-    house.mkdir(exist_ok=True)
-    for target in pipset.targets:
-        check_vendor(pipset, target)
-        pins = resolve(pipset, target, links)
-        gate(pipset, target, pins, canns)
-        download(pipset, target, pins, house, links)
-        locks[target] = pins
     from packaging.utils import canonicalize_name, parse_wheel_filename
 
+    house = staging / "wheels"
+    house.mkdir(parents=True, exist_ok=True)
+    built: dict[str, Path] = {}
+    for build in pipset.builds:
+        wheel = build_wheel(build, pipset.vendor_dir, cache)
+        shutil.copy2(wheel, house / wheel.name)  # into the wheelhouse as it is: never downloaded
+        built[canonical(parse_wheel_filename(wheel.name)[0])] = house / wheel.name
+    vendor = [pipset.vendor_dir] if pipset.vendor_dir and Path(pipset.vendor_dir).is_dir() else []
+    links = [*pipset.find_links, *vendor]
+    locks: dict[Target, dict[str, str]] = {}
+    for target in pipset.targets:
+        check_vendor(pipset, target)
+        pins = resolve(pipset, target, links, built)
+        gate(pipset, target, pins, canns)
+        download(pipset, target, {n: v for n, v in pins.items() if n not in built}, house, links)
+        locks[target] = pins
     wanted = set()
     for wheel in house.glob("*.whl"):
         name, version, _b, _t = parse_wheel_filename(wheel.name)
