@@ -528,7 +528,8 @@ def digest_tree(
 def _check_root(root: str) -> str:
     real = os.path.realpath(root)
     if not os.path.isdir(real):
-        raise VerifyError(f"{root}: not a directory; pass the directory that the checksums describe (a model, a bundle)")
+        raise VerifyError(f"{root}: not a directory; pass the directory that the checksums describe "
+                          "(a model, a bundle)")
     return real
 
 
