@@ -60,7 +60,7 @@ options:
     description:
       - V(follow) reads a symlinked file through its link (a model directory that links to its blobs).
         V(refuse) reports every symlink or special file under O(path) as an error and reads none through
-        (a bundle: C(atlasctl bundle push) verifies the pushed bundle so, as C(atlasctl bundle verify) does).
+        (a bundle; C(atlasctl bundle push) verifies the pushed bundle so, as C(atlasctl bundle verify) does).
     type: str
     choices: [follow, refuse]
     default: follow
