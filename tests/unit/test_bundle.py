@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 
 import pytest
 
@@ -113,3 +114,45 @@ def test_the_lab_spec_keys_come_from_the_lab_package_only():
     # the product knows no lab key itself; atlas-lab adds them by entry point (atlasctl.bundle_sources)
     assert not {"cann", "hdk", "wheelsets"} & set(bundle._KEYS)
     assert any({"cann", "hdk", "wheelsets"} <= set(kind.keys) for kind in bundle.source_kinds())
+
+
+def test_the_manifest_bytes_are_the_collections_rendering(tmp_path):
+    # one writer of the format: module_utils/manifest.py render_manifest (also `atlasctl models manifest`)
+    from atlasctl.collection import module_utils
+
+    _tree(tmp_path)
+    manifest = bundle.write_manifest(tmp_path, "t")
+    text = (tmp_path / "manifest.json").read_text()
+    assert text == module_utils("manifest").render_manifest(manifest["files"], "t")
+    assert bundle.write_manifest(tmp_path, "t") == manifest and (tmp_path / "manifest.json").read_text() == text
+
+
+_GOOD = {"path": "cann/a.run", "size": 1, "sha256": "a" * 64, "md5": "b" * 32}
+
+
+@pytest.mark.parametrize("doc, words", [
+    ({"files": [_GOOD]}, "unsupported manifest format None"),
+    ({"format": 2, "files": [_GOOD]}, "unsupported manifest format 2"),
+    ({"format": 1, "files": [_GOOD | {"path": "cann//a.run"}]}, "is not written as the bundle holds it"),
+    ({"format": 1, "files": [_GOOD | {"path": "../a.run"}]}, "is outside the root"),
+    ({"format": 1, "files": [_GOOD, _GOOD]}, "cann/a.run is listed twice"),
+    ({"format": 1, "files": [{k: v for k, v in _GOOD.items() if k != "size"}]}, "no 'size' given"),
+    ({"format": 1, "files": [_GOOD | {"md5": "x"}]}, "md5 digest 'x' is not 32 hex characters"),
+])
+def test_bundle_verify_and_the_roles_refuse_the_same_damaged_manifest(tmp_path, doc, words):
+    """One reading of a bundle manifest: `atlasctl bundle verify|push` (read_manifest) and the roles' filter
+    (manifest_sha256) refuse it with the same words (install.sh: tests/unit/test_controller_kit.py)."""
+    import importlib
+
+    from ansible.errors import AnsibleFilterError
+
+    from atlasctl.collection import ensure_on_path
+
+    ensure_on_path()
+    serving = importlib.import_module("ansible_collections.atlas.serving.plugins.filter.serving")
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match=re.escape(words)) as here:
+        bundle.read_manifest(tmp_path)
+    with pytest.raises(AnsibleFilterError, match=re.escape(words)) as roles:
+        serving.manifest_sha256(doc, str(tmp_path / "manifest.json"))
+    assert str(here.value).split(": the bundle is damaged")[0] == str(roles.value).split(": the bundle is damaged")[0]

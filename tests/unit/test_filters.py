@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import re
 
 import pytest
 from ansible.errors import AnsibleFilterError
@@ -74,10 +75,26 @@ def test_manifest_problems_names_each_bad_package():
 
 
 def test_manifest_sha256_indexes_the_manifest_by_path():
-    manifest = {"format": 1, "files": [{"path": "cann/a.run", "sha256": "aa", "md5": "x", "size": 1},
-                                       {"path": "hdk/b.run", "sha256": "bb", "size": 2}]}
-    assert serving.manifest_sha256(manifest) == {"cann/a.run": "aa", "hdk/b.run": "bb"}
-    assert serving.manifest_sha256({"format": 1}) == {}
+    manifest = {"format": 1, "files": [{"path": "cann/a.run", "sha256": "A" * 64, "md5": "b" * 32, "size": 1},
+                                       {"path": "hdk/b.zip", "sha256": "b" * 64, "size": 2,
+                                        "members": [{"path": "b.run", "size": 1, "sha256": "c" * 64}]}]}
+    assert serving.manifest_sha256(manifest) == {"cann/a.run": "a" * 64, "hdk/b.zip": "b" * 64,
+                                                 "hdk/b.zip!b.run": "c" * 64}
+    assert serving.manifest_sha256({"format": 1, "files": []}) == {}
+
+
+@pytest.mark.parametrize("files, words", [
+    ([{"path": "cann/a.run", "sha256": "aa", "size": 1}], "is not 64 hex characters"),
+    ([{"path": "cann/a.run", "md5": "b" * 32, "size": 1}], "no 'sha256' given"),
+    ([{"path": "./cann/a.run", "sha256": "a" * 64, "size": 1}], "not written as the bundle holds it"),
+    ([{"path": "cann/a.run", "sha256": "a" * 64, "size": 1}] * 2, "listed twice"),
+    ([{"path": "k.zip", "sha256": "a" * 64, "size": 1, "members": [{"path": "k.run", "sha256": "x"}]}],
+     "members[0]: sha256 digest 'x'"),
+])
+def test_manifest_sha256_refuses_a_damaged_manifest_naming_it(files, words):
+    with pytest.raises(AnsibleFilterError, match=re.escape(words)) as err:
+        serving.manifest_sha256({"format": 1, "files": files}, "/srv/b/manifest.json")
+    assert "/srv/b/manifest.json" in str(err.value) and "the bundle is damaged" in str(err.value)
 
 
 def test_api_keys_current_first_and_clear_errors():

@@ -172,3 +172,39 @@ def test_cli_sums_match_coreutils(tmp_path: Path) -> None:
         ours = (root / name).read_text()
         theirs = subprocess.run([tool, *files], cwd=root, capture_output=True, text=True, check=True).stdout
         assert ours == theirs
+
+
+@pytest.mark.skipif(not ANSIBLE.exists(), reason="ansible is not installed in this virtualenv")
+def test_bundle_verify_and_the_node_verifier_give_the_same_verdicts(tmp_path: Path) -> None:
+    """One verifier: `atlasctl bundle verify` here and what `bundle push` runs on each node
+    (model_verify with bundle_push.node_verify_args) name the same files with the same problems."""
+    from atlasctl import bundle_push
+
+    root = tmp_path / "b"
+    (root / "cann").mkdir(parents=True)
+    (root / "models" / "m").mkdir(parents=True)
+    files = {"cann/a.run": os.urandom(5000), "cann/b.run": b"#!/bin/sh\n", "models/m/config.json": b"{}",
+             "models/m/w.bin": os.urandom(3000), "models/m/gone.bin": b"x", ".dot": b"listed too"}
+    for rel, data in files.items():
+        (root / rel).write_bytes(data)
+    bundle.write_manifest(root, "t")
+    flipped = bytearray(files["cann/a.run"])
+    flipped[10] ^= 1
+    (root / "cann/a.run").write_bytes(bytes(flipped))  # same size: sha256 (and md5)
+    (root / "models/m/w.bin").write_bytes(b"short")  # size
+    (root / "models/m/gone.bin").unlink()  # missing
+    (root / "models/m/extra.bin").write_bytes(b"x")  # unexpected
+    (root / ".extra-dot").write_bytes(b"x")  # unexpected, a dot-file too
+    (root / "cann/b.run").unlink()
+    (root / "cann/b.run").symlink_to(root / "models/m/config.json")  # listed, now a link: refused
+    (root / "models/link").symlink_to(root / "models/m")  # a linked directory: refused, never walked
+    here = {b.path: b.problem for b in bundle.verify_bundle(root)}
+    assert here == {"cann/a.run": "sha256", "models/m/w.bin": "size", "models/m/gone.bin": "missing",
+                    "models/m/extra.bin": "unexpected", ".extra-dot": "unexpected", "cann/b.run": "symlink",
+                    "models/link": "symlink"}
+    rc, result = _ansible(bundle_push.node_verify_args(str(root)))
+    assert rc != 0 and result["ok"] is False, result
+    fields = ("path", "status", "source", "expected", "actual", "mismatched", "message")
+    node = [checksums.FileResult(**{k: tuple(f[k]) if k == "mismatched" else f[k] for k in fields})
+            for f in result["files"]]
+    assert {r.path: r.problem for r in node if r.problem} == here

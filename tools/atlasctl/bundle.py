@@ -1,8 +1,11 @@
 """Offline bundles: build one from a spec, describe it in manifest.json, verify it.
 
-Layout and manifest format are fixed in DESIGN.md. Building is incremental: a
-file whose size, mtime and inode did not change keeps its manifest entry, so a
-rebuild over a 100 GB bundle hashes only what changed.
+Layout and manifest format are fixed in DESIGN.md. The format (parse, render), the hashing
+and the comparison are the collection's module_utils (manifest.py, checksums.py), the same
+code the roles run on the nodes and the controller kit's install.sh runs before installing;
+this module decides what is listed, with which source, and keeps the build's stat cache.
+Building is incremental: a file whose size, mtime and inode did not change keeps its
+manifest entry, so a rebuild over a 100 GB bundle hashes only what changed.
 """
 
 from __future__ import annotations
@@ -14,11 +17,9 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import posixpath
 import reprlib
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from atlasctl.collection import module_utils
@@ -26,12 +27,14 @@ from atlasctl.errors import UsageError
 from atlasctl.inputs import load_yaml
 
 _LAYOUT = module_utils("signature")
+_FORMAT = module_utils("manifest")
+_CHECKSUMS = module_utils("checksums")
 MANIFEST = _LAYOUT.MANIFEST_NAME
 SIGNATURE = _LAYOUT.SIGNATURE_NAME  # GPG detached signature of manifest.json; required unless opted out
 UNLISTED = _LAYOUT.UNLISTED  # the only files of a bundle its manifest does not list
 _KEYS = {"name": str, "arch": str, "models": list, "huawei_dir": str, "huawei": list, "pip": list, "suite": bool,
          "controller": dict, "sign": str, "sign_home": str}
-FORMAT = 1
+FORMAT = _FORMAT.MANIFEST_FORMAT
 SOURCE_GROUP = "atlasctl.bundle_sources"  # entry points of other installed packages: a SourceKind each
 
 Step = Callable[[Path], None]
@@ -166,12 +169,6 @@ def _check_names(path: Path, data: dict) -> None:
     check_plain_names(path, names)
 
 
-def hash_file(path: Path) -> tuple[str, str]:
-    """md5 and sha256 of a file in one read (the collection's verifier, one implementation)."""
-    digests = module_utils("checksums").hash_file(str(path))
-    return digests.md5, digests.sha256
-
-
 def _kind_and_version(rel: str) -> tuple[str, str]:
     parts = rel.split("/")
     if parts[0] == "cann":
@@ -201,26 +198,8 @@ def stat_cache_path(root: Path) -> Path:
 
 
 def scan_tree(root: Path) -> tuple[list[str], list[str]]:
-    """(regular files, anything else: symlinks, devices, fifos) under root as sorted relative posix
-    paths. Nothing is followed: a symlink is reported, never read through (lstat only)."""
-    files: list[str] = []
-    odd: list[str] = []
-
-    def walk(directory: str, prefix: str) -> None:
-        with os.scandir(directory) as entries:
-            for entry in entries:
-                rel = prefix + entry.name
-                if entry.is_symlink():
-                    odd.append(rel)
-                elif entry.is_dir(follow_symlinks=False):
-                    walk(entry.path, rel + "/")
-                elif entry.is_file(follow_symlinks=False):
-                    files.append(rel)
-                else:
-                    odd.append(rel)
-
-    walk(str(root), "")
-    return sorted(files), sorted(odd)
+    """(regular files, symlinks and special files) under root, nothing followed: module_utils/checksums."""
+    return _CHECKSUMS.scan_tree(str(root))
 
 
 def _zip_members(path: Path) -> list[dict]:
@@ -246,9 +225,10 @@ def write_manifest(root: Path, name: str, *, workers: int | None = None,
     not); a symlink or other non-regular entry is refused with its path. A zip's members are
     recorded too (path, size, sha256), so what a role extracts is checked before it runs. A
     cache beside the bundle maps (size, mtime_ns, inode) -> digests, so unchanged files are not
-    hashed again. ``sources``: (fnmatch pattern, source) pairs; a file gets the source of the first pattern
-    that matches it (``vendor``, ``download``, ``local-model``, ``suite``, ``lab-double``), none when no step
-    of this build owns it.
+    hashed again; the others are hashed by module_utils/checksums (md5 + sha256 in one read, in
+    parallel, largest first). ``sources``: (fnmatch pattern, source) pairs; a file gets the source of the
+    first pattern that matches it (``vendor``, ``download``, ``local-model``, ``suite``, ``lab-double``),
+    none when no step of this build owns it.
     """
     owners = list(sources)
     cache_file = stat_cache_path(root)
@@ -264,106 +244,102 @@ def write_manifest(root: Path, name: str, *, workers: int | None = None,
         raise UsageError(f"bundle {root}: not a regular file (symlink or special file): {', '.join(odd[:10])}"
                          + (f" and {len(odd) - 10} more" if len(odd) > 10 else ""),
                          fix="a bundle holds regular files only: replace each link by the file it points to")
-    paths = [root / rel for rel in found if rel not in UNLISTED and rel != f".{MANIFEST}.tmp"]
-
-    def entry(path: Path) -> dict:
-        rel = path.relative_to(root).as_posix()
-        st = path.lstat()
-        key = [st.st_size, st.st_mtime_ns, st.st_ino]
-        prev = old.get(rel)
-        if prev and prev["stat"] == key and ("members" in prev or not rel.endswith(".zip")):
-            md5, sha, members = prev["md5"], prev["sha256"], prev.get("members")
-        else:
-            md5, sha = hash_file(path)
-            members = _zip_members(path) if rel.endswith(".zip") else None
-        kind, version = _kind_and_version(rel)
-        cache[rel] = {"stat": key, "md5": md5, "sha256": sha} | ({"members": members} if members is not None else {})
-        out = {"path": rel, "size": st.st_size, "sha256": sha, "md5": md5, "kind": kind, "version": version}
-        source = next((src for pattern, src in owners if fnmatch.fnmatchcase(rel, pattern)), None)
-        out |= {"source": source} if source else {}
-        return out | ({"members": members} if members is not None else {})
+    rels = [rel for rel in found if rel not in UNLISTED and rel != f".{MANIFEST}.tmp"]
 
     cache: dict[str, dict] = {}
-    with ThreadPoolExecutor(max_workers=workers or min(4, os.cpu_count() or 1)) as pool:
-        files = list(pool.map(entry, paths))
-    manifest = {"format": FORMAT, "name": name, "files": files}
+    stats = {rel: (root / rel).lstat() for rel in rels}
+    to_hash = {}
+    for rel in rels:
+        st = stats[rel]
+        prev = old.get(rel)
+        if prev and prev["stat"] == [st.st_size, st.st_mtime_ns, st.st_ino] and (
+                "members" in prev or not rel.endswith(".zip")):
+            cache[rel] = prev
+        else:
+            to_hash[rel] = str(root / rel)
+    outcomes = _CHECKSUMS.hash_many(to_hash, workers, sizes={rel: stats[rel].st_size for rel in to_hash})
+    for rel, outcome in outcomes.items():
+        if outcome.digests is None or outcome.before != outcome.after:
+            why = outcome.error or "changed while it was being hashed"
+            raise UsageError(f"bundle {root}: {rel}: {why}",
+                             fix="let whatever writes into the bundle finish, then build again")
+        after = outcome.after
+        cache[rel] = {"stat": [after.size, after.mtime_ns, after.ino], "md5": outcome.digests.md5,
+                      "sha256": outcome.digests.sha256}
+        if rel.endswith(".zip"):
+            cache[rel]["members"] = _zip_members(root / rel)
+
+    def entry(rel: str) -> dict:
+        known = cache[rel]
+        kind, version = _kind_and_version(rel)
+        out = {"path": rel, "size": known["stat"][0], "sha256": known["sha256"], "md5": known["md5"],
+               "kind": kind, "version": version}
+        source = next((src for pattern, src in owners if fnmatch.fnmatchcase(rel, pattern)), None)
+        out |= {"source": source} if source else {}
+        return out | ({"members": known["members"]} if "members" in known else {})
+
+    files = [entry(rel) for rel in rels]
     cache_file.write_text(json.dumps(cache, sort_keys=True))
     tmp = root / f".{MANIFEST}.tmp"
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    tmp.write_text(_FORMAT.render_manifest(files, name))
     os.replace(tmp, root / MANIFEST)
-    return manifest
+    return _FORMAT.manifest_document(files, name)
 
 
 def read_manifest(root: Path) -> dict:
-    """manifest.json of a bundle, checked by the collection's manifest parser (every entry: path, size, sha256)."""
+    """manifest.json of a bundle, checked by the collection's reading of a bundle manifest
+    (module_utils/manifest.py ``parse_bundle_manifest``: format 1, every entry with path, size, sha256)."""
+    return _read_manifest(root)[0]
+
+
+def _read_manifest(root: Path) -> tuple[dict, dict]:
+    """(the manifest, {path: Expected}), both from the one read of its bytes."""
     path = root / MANIFEST
-    parser = module_utils("manifest")
     if not path.exists():
         raise UsageError(f"{path} does not exist: {root} is not a bundle",
                          fix="build one with `atlasctl bundle build`")
     try:
-        data = parser.parse_json(parser.read_text(str(path)), str(path))
-        if not (isinstance(data, dict) and data.get("files") == []):  # an empty bundle has no entries
-            parser.parse_manifest(data, source=str(path), required=("size", "sha256"))
-    except parser.ManifestError as exc:
+        data = _FORMAT.parse_json(_FORMAT.read_text(str(path)), str(path))
+        expected = _FORMAT.parse_bundle_manifest(data, str(path))
+    except _FORMAT.ManifestError as exc:
         raise UsageError(f"{exc}: the bundle is damaged",
                          fix="rebuild it with `atlasctl bundle build`, or copy it again") from None
-    if data.get("format") != FORMAT:  # the parser has checked it is an object with a files list
-        raise UsageError(f"{path}: unsupported manifest format {data.get('format')!r} (expected {FORMAT})")
-    return data
+    return data, expected
 
 
 @dataclasses.dataclass(frozen=True)
 class BadFile:
+    """A file of a bundle that is not what its manifest says: module_utils/checksums ``FileResult``'s
+    ``problem`` (missing | unexpected | size | sha256 | md5 | symlink | unreadable) and ``summary``."""
     path: str
-    problem: str  # missing | size | sha256 | md5 | unexpected | symlink | outside
+    problem: str
     expected: str = ""
     actual: str = ""
+    message: str = ""
+
+    @classmethod
+    def of(cls, result) -> BadFile:
+        problem = result.problem
+        want, have = (result.expected or {}).get(problem), (result.actual or {}).get(problem)
+        return cls(result.path, problem, "" if want is None else str(want), "" if have is None else str(have),
+                   result.summary)
 
     def describe(self) -> str:
-        if self.problem == "missing":
-            return f"{self.path}: missing"
-        if self.problem == "unexpected":
-            return f"{self.path}: not in the manifest"
-        if self.problem == "symlink":
-            return f"{self.path}: a symlink or special file, refused (a bundle holds regular files only; not followed)"
-        if self.problem == "outside":
-            return f"{self.path}: the manifest names a path outside the bundle, refused"
-        return f"{self.path}: {self.problem} mismatch: expected {self.expected}, got {self.actual}"
+        return f"{self.path}: {self.message or self.problem}"
 
 
 def verify_bundle(root: Path, *, workers: int | None = None) -> list[BadFile]:
     """Check every file of a bundle against its manifest; return what is wrong (empty: all good).
 
-    Files the manifest does not list are reported, dot-files included (manifest.json and its
-    signature are the only exceptions); symlinks are reported, never followed.
+    The node's verifier (module_utils/checksums ``verify_tree``, md5 + sha256 in one read, in
+    parallel), with no stamps and links refused: files the manifest does not list are reported,
+    dot-files included (manifest.json and its signature are the only exceptions); symlinks and
+    special files are reported, never followed.
     """
-    manifest = read_manifest(root)
-    expected = {f["path"]: f for f in manifest["files"]}
-    found, odd = scan_tree(root)
-    present = {rel for rel in found if rel not in UNLISTED}
-    outside = {p for p in expected if posixpath.normpath(p) != p or p.startswith(("/", "../")) or p == ".."}
-    bad = [BadFile(p, "outside") for p in sorted(outside)]
-    bad += [BadFile(p, "symlink") for p in odd]
-    bad += [BadFile(p, "unexpected") for p in sorted(present - set(expected))]
-    bad += [BadFile(p, "missing") for p in sorted(set(expected) - present - set(odd) - outside)]
-
-    def check(rel: str) -> BadFile | None:
-        want = expected[rel]
-        path = root / rel
-        size = path.lstat().st_size
-        if size != want["size"]:
-            return BadFile(rel, "size", str(want["size"]), str(size))
-        md5, sha = hash_file(path)
-        if sha != want["sha256"]:
-            return BadFile(rel, "sha256", want["sha256"], sha)
-        if want.get("md5") and md5 != want["md5"]:
-            return BadFile(rel, "md5", want["md5"], md5)
-        return None
-
-    with ThreadPoolExecutor(max_workers=workers or min(4, os.cpu_count() or 1)) as pool:
-        bad += [b for b in pool.map(check, sorted(present & set(expected) - outside)) if b]
-    return bad
+    _data, expected = _read_manifest(root)  # not a bundle, or a damaged manifest: a UsageError naming it
+    report = _CHECKSUMS.verify_tree(str(root), expected, stamps_path=None, workers=workers,
+                                    ignore=set(UNLISTED), links="refuse", listed_in="the manifest")
+    return [BadFile.of(r) for r in report.bad]
 
 
 # --- building -------------------------------------------------------------------------------------

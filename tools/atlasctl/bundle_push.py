@@ -70,10 +70,16 @@ def push(src: Path, targets: list[shared.Target], dest: str = DEFAULT_DEST) -> l
     return results
 
 
+def node_verify_args(dest: str) -> str:
+    """The arguments of atlas.serving.model_verify that verify a bundle at ``dest`` on a node."""
+    return f"path={dest} manifest={dest}/{MANIFEST} stamp_file={dest}/.atlas-verified.json full=true links=refuse"
+
+
 def verify_on_nodes(inventory: Path, dest: str, limit: str | None) -> subprocess.CompletedProcess:
-    """atlas.serving.model_verify on each node: every file under dest against dest/manifest.json."""
+    """atlas.serving.model_verify on each node: every file under dest against dest/manifest.json, links
+    refused, as ``atlasctl bundle verify`` checks the bundle here (the same module_utils verifier)."""
     tool = Path(sys.executable).with_name("ansible")
-    args = (f"path={dest} manifest={dest}/{MANIFEST} stamp_file={dest}/.atlas-verified.json full=true")
+    args = node_verify_args(dest)
     cmd = [str(tool if tool.exists() else "ansible"), "-i", str(inventory), limit or "atlas_nodes",
            "-m", "atlas.serving.model_verify", "-a", args, "-o"]
     return subprocess.run(cmd, text=True, capture_output=True, check=False)

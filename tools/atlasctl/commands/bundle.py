@@ -144,7 +144,7 @@ def _sign(args: argparse.Namespace) -> int:
     from atlasctl.bundle_sources import sign_manifest
 
     sig = sign_manifest(root, args.key, args.homedir)
-    digest = bundle.hash_file(root / bundle.MANIFEST)[1]
+    digest = module_utils("checksums").hash_file(str(root / bundle.MANIFEST)).sha256
     print(f"bundle {root}: manifest.json (sha256 {digest}) signed by {args.key}: {sig}")
     return exitcodes.OK
 

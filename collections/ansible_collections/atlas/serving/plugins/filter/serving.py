@@ -17,6 +17,7 @@ import hashlib
 import re
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.atlas.serving.plugins.module_utils.manifest import ManifestError, sha256_index
 from ansible_collections.atlas.serving.plugins.module_utils.signature import check_trusted_sha256
 
 _FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
@@ -74,13 +75,13 @@ def env_lines(env: dict) -> list[str]:
     return lines
 
 
-def manifest_sha256(manifest: dict) -> dict[str, str]:
-    """A bundle's manifest.json, parsed -> {path: sha256} (what ``manifest_problems`` checks against)."""
-    index = {entry["path"]: entry["sha256"] for entry in manifest.get("files", [])}
-    for entry in manifest.get("files", []):
-        for member in entry.get("members") or []:
-            index[f"{entry['path']}!{member['path']}"] = member["sha256"]
-    return index
+def manifest_sha256(manifest: dict, source: str = "manifest.json") -> dict[str, str]:
+    """A bundle's manifest.json, parsed -> {path: sha256} (what ``manifest_problems`` checks against),
+    read as ``atlasctl bundle verify`` reads it (module_utils/manifest.py ``sha256_index``)."""
+    try:
+        return sha256_index(manifest, source)
+    except ManifestError as exc:
+        raise AnsibleFilterError(f"{exc}: the bundle is damaged; rebuild it or copy it again") from None
 
 
 def trusted_manifest_problem(content: str, expected: str, path: str) -> str:

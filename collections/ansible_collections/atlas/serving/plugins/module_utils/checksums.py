@@ -60,6 +60,12 @@ STATUS_MISSING = "missing"
 STATUS_EXTRA = "extra"
 STATUS_ERROR = "error"
 
+LINKS = ("follow", "refuse")  # verify_tree's ``links``: model directories may link; a bundle never does
+REFUSED_LINK = "a symlink or special file, refused (a bundle holds regular files only; not followed)"
+NOT_REGULAR = "not a regular file"
+# What a bad file's problem is called (FileResult.problem), worst digest first: the bundle's words.
+PROBLEMS = ("missing", "unexpected", "size", "sha256", "md5", "symlink", "unreadable")
+
 
 class VerifyError(Exception):
     """The verification could not run at all (root missing, not a directory)."""
@@ -97,6 +103,33 @@ class FileResult:
     actual: dict | None = None
     mismatched: tuple[str, ...] = ()
     message: str = ""
+
+    @property
+    def problem(self) -> str:
+        """'' when the file is good, else one of PROBLEMS; a mismatch is named by its first of size,
+        sha256, md5 (what ``atlasctl bundle verify`` and install.sh report)."""
+        if self.status == STATUS_MISSING:
+            return "missing"
+        if self.status == STATUS_EXTRA:
+            return "unexpected"
+        if self.status == STATUS_MISMATCH:
+            return next(k for k in ("size", "sha256", "md5") if k in self.mismatched)
+        if self.status == STATUS_ERROR:
+            return "symlink" if self.message in (REFUSED_LINK, NOT_REGULAR) else "unreadable"
+        return ""
+
+    @property
+    def summary(self) -> str:
+        """What is wrong in a few words, a mismatch by its first bad field (``sha256 mismatch:
+        expected <hex>, got <hex>``); ``message`` has every bad field."""
+        problem = self.problem
+        if self.status == STATUS_MISMATCH:
+            want, have = (self.expected or {}).get(problem), (self.actual or {}).get(problem)
+            return f"{problem} mismatch: expected {want}, got {have}"
+        return self.message
+
+    def describe(self) -> str:
+        return f"{self.path}: {self.summary}"
 
     def as_dict(self) -> dict:
         return {
@@ -433,18 +466,37 @@ def hash_many(
 # --- tree listing ----------------------------------------------------------------------------
 
 
+def scan_tree(root: str) -> tuple[list[str], list[str]]:
+    """(regular files, anything else: symlinks, devices, fifos) under root as sorted relative posix
+    paths. Nothing is followed: a symlink is reported, never read through (lstat only)."""
+    files: list[str] = []
+    odd: list[str] = []
+
+    def walk(directory: str, prefix: str) -> None:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                rel = prefix + entry.name
+                if entry.is_symlink():
+                    odd.append(rel)
+                elif entry.is_dir(follow_symlinks=False):
+                    walk(entry.path, rel + "/")
+                elif entry.is_file(follow_symlinks=False):
+                    files.append(rel)
+                else:
+                    odd.append(rel)
+
+    try:
+        walk(root, "")
+    except OSError as exc:
+        raise VerifyError(f"{exc.filename or root}: cannot list: {exc.strerror or exc}") from None
+    return sorted(files), sorted(odd)
+
+
 def list_files(root: str, ignore: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """Regular files (symlinks to files included) under root, as sorted relative posix paths."""
-    found = []
-    for dirpath, _dirnames, filenames in os.walk(root):
-        for name in filenames:
-            full = os.path.join(dirpath, name)
-            rel = os.path.relpath(full, root).replace(os.sep, "/")
-            if rel in ignore or _is_stamp_temp(rel):
-                continue
-            if os.path.isfile(full):
-                found.append(rel)
-    return sorted(found)
+    files, odd = scan_tree(root)
+    found = files + [rel for rel in odd if os.path.isfile(os.path.join(root, rel))]
+    return sorted(rel for rel in found if rel not in ignore and not _is_stamp_temp(rel))
 
 
 def _is_stamp_temp(rel: str) -> bool:
@@ -476,7 +528,8 @@ def digest_tree(
 def _check_root(root: str) -> str:
     real = os.path.realpath(root)
     if not os.path.isdir(real):
-        raise VerifyError(f"{root}: not a directory; pass the model directory that the checksums describe")
+        raise VerifyError(f"{root}: not a directory; pass the directory that the checksums describe "
+                          "(a model, a bundle)")
     return real
 
 
@@ -608,15 +661,27 @@ def verify_tree(
     progress: Progress | None = None,
     bufsize: int = DEFAULT_BUFSIZE,
     direct: bool | None = None,
+    links: str = "follow",
+    listed_in: str = "the checksum list",
 ) -> Report:
     """Verify every expected file under root; report ok/mismatch/missing/extra/error per file.
 
     stamps_path None disables stamps. write_stamps False is check mode: nothing is written,
     but ``stamps_changed`` still says whether a real run would write them. ``direct``: read
     with O_DIRECT (True), through the page cache (False), or by file size (None, see hash_file).
+    ``links``: ``follow`` symlinks (a model directory may link to its blobs), or ``refuse`` them:
+    every symlink or special file under root is an error, never read through (a bundle).
+    ``listed_in`` names the expectation in the message of an extra file.
     """
+    if links not in LINKS:
+        raise VerifyError(f"links must be one of {', '.join(LINKS)}, not {links!r}")
     t0 = time.perf_counter()
     root = _check_root(root)
+    odd: list[str] = []
+    regular: set[str] | None = None
+    if links == "refuse":
+        files, odd = scan_tree(root)
+        regular = set(files)
     warnings: list[str] = []
     old_stamps: dict[str, dict] = {}
     if stamps_path:
@@ -634,8 +699,16 @@ def verify_tree(
     sizes: dict[str, int] = {}
     bytes_skipped = 0
 
+    for rel in odd:
+        exp = expected.get(rel)
+        results[rel] = FileResult(rel, STATUS_ERROR, None, exp.as_dict() if exp else None, None, (), REFUSED_LINK)
     for rel, exp in sorted(expected.items()):
         path = os.path.join(root, rel)
+        if rel in results:
+            continue
+        if regular is not None and rel not in regular:  # under a refused link, or not there at all
+            results[rel] = FileResult(rel, STATUS_MISSING, None, exp.as_dict(), None, (), "missing")
+            continue
         try:
             st = FileStat.of(os.stat(path))
         except FileNotFoundError:
@@ -647,7 +720,7 @@ def verify_tree(
             )
             continue
         if not os.path.isfile(path):
-            results[rel] = FileResult(rel, STATUS_ERROR, None, exp.as_dict(), None, (), "not a regular file")
+            results[rel] = FileResult(rel, STATUS_ERROR, None, exp.as_dict(), None, (), NOT_REGULAR)
             continue
         stamp = old_stamps.get(rel)
         if not full and stamp_vouches(stamp, st, exp):
@@ -670,10 +743,12 @@ def verify_tree(
             if not is_racy(outcome.after, outcome.started_ns):
                 new_stamps[rel] = make_stamp(outcome.after, outcome.digests)
 
-    for rel in list_files(root, ignore_set):
+    present = list_files(root, ignore_set) if regular is None else sorted(
+        rel for rel in regular if rel not in ignore_set and not _is_stamp_temp(rel))
+    for rel in present:
         if rel not in expected:
             results[rel] = FileResult(
-                rel, STATUS_EXTRA, None, None, None, (), "not in the checksum list (unexpected extra file)"
+                rel, STATUS_EXTRA, None, None, None, (), f"not in {listed_in} (unexpected extra file)"
             )
 
     stamps_changed = bool(stamps_path) and new_stamps != old_stamps

@@ -210,20 +210,26 @@ def _is_size(value: object) -> bool:
 
 
 def parse_manifest(
-    data: object, prefix: str = "", source: str = "<manifest>", required: tuple[str, ...] = ()
+    data: object, prefix: str = "", source: str = "<manifest>", required: tuple[str, ...] = (),
+    *, bundle: bool = False,
 ) -> dict[str, Expected]:
     """The bundle manifest ({"files": [...]}) -> {path relative to prefix: Expected}.
 
-    ``required`` names entry fields that must be present (``size``, ``sha256``, ``md5``); the bundle
-    verifier requires size and sha256, model lists may give either digest.
+    ``required`` names entry fields that must be present (``size``, ``sha256``, ``md5``); model lists
+    may give either digest. ``bundle``: a bundle's own manifest.json (DESIGN.md), as
+    :func:`parse_bundle_manifest` reads it: ``format`` stated, every path written as the bundle holds
+    it (``a/b``, never ``./a`` or ``a//b``), and an empty bundle allowed.
+    A path listed twice is refused: which of its entries would be checked?
     """
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
         got = type(data).__name__ if not isinstance(data, dict) else "an object without a 'files' list"
         raise ManifestError(f"{source}: not a manifest: expected an object with a 'files' list, got {got}")
-    if "format" in data and (type(data["format"]) is not int or data["format"] != MANIFEST_FORMAT):
-        raise ManifestError(f"{source}: unsupported manifest format {data['format']!r} (expected {MANIFEST_FORMAT})")
+    if (bundle or "format" in data) and (type(data.get("format")) is not int or data["format"] != MANIFEST_FORMAT):
+        raise ManifestError(f"{source}: unsupported manifest format {data.get('format')!r} "
+                            f"(expected {MANIFEST_FORMAT})")
     norm_prefix = posixpath.normpath(prefix.strip("/")) if prefix.strip("/") else ""
     result: dict[str, Expected] = {}
+    seen: dict[str, int] = {}
     for index, entry in enumerate(data["files"]):
         where = f"{source}: files[{index}]"
         if not isinstance(entry, dict):
@@ -232,6 +238,12 @@ def parse_manifest(
         if not isinstance(entry.get("path"), str):
             raise ManifestError(f"{where}: each entry needs a 'path' string")
         full = normalize_relpath(entry["path"], where)
+        if bundle and full != entry["path"]:
+            raise ManifestError(f"{where}: path {entry['path']!r} is not written as the bundle holds it "
+                                f"({full!r}); rebuild the bundle with `atlasctl bundle build`")
+        if full in seen:
+            raise ManifestError(f"{where}: {full} is listed twice (also files[{seen[full]}])")
+        seen[full] = index
         for key in required:
             if entry.get(key) is None:
                 raise ManifestError(f"{where} ({full}): no '{key}' given")
@@ -249,7 +261,7 @@ def parse_manifest(
         if rel is None:
             continue
         result[rel] = Expected(path=rel, size=size, **digests)
-    if not result:
+    if not result and not (bundle and not norm_prefix):
         hint = f" under prefix {norm_prefix!r}" if norm_prefix else ""
         raise ManifestError(f"{source}: no files{hint}; check the manifest path and prefix")
     return result
@@ -257,6 +269,36 @@ def parse_manifest(
 
 def load_manifest(path: str, prefix: str = "", required: tuple[str, ...] = ()) -> dict[str, Expected]:
     return parse_manifest(parse_json(read_text(path), path), prefix=prefix, source=path, required=required)
+
+
+BUNDLE_REQUIRED = ("size", "sha256")
+
+
+def parse_bundle_manifest(data: object, source: str, prefix: str = "") -> dict[str, Expected]:
+    """A bundle's manifest.json, parsed JSON -> {path relative to prefix: Expected}: the one reading of
+    it for ``atlasctl bundle build|verify|push``, the roles (filter ``manifest_sha256``) and the
+    controller kit's install.sh. Format 1 stated; every entry with a path as the bundle holds it, its
+    size and its sha256 (md5 too when the build wrote one); each path once."""
+    return parse_manifest(data, prefix=prefix, source=source, required=BUNDLE_REQUIRED, bundle=True)
+
+
+def sha256_index(data: object, source: str) -> dict[str, str]:
+    """A bundle's manifest.json, parsed JSON -> {path: sha256}, with each recorded zip member as
+    ``<zip>!<member>`` (what a role checks an extracted file against)."""
+    index = {rel: exp.sha256 for rel, exp in parse_bundle_manifest(data, source).items()}
+    for number, entry in enumerate(data["files"]):
+        members = entry.get("members")
+        if members is None:
+            continue
+        where = f"{source}: files[{number}] ({entry['path']}) members"
+        if not isinstance(members, list):
+            raise ManifestError(f"{where}: must be a list of {{path, size, sha256}}")
+        for m, member in enumerate(members):
+            if not isinstance(member, dict) or not isinstance(member.get("path"), str) or not member["path"]:
+                raise ManifestError(f"{where}[{m}]: each member needs a 'path' string")
+            index[f"{entry['path']}!{member['path']}"] = normalize_digest(member.get("sha256"), "sha256",
+                                                                           f"{where}[{m}]")
+    return index
 
 
 def merge_expected(
@@ -324,10 +366,16 @@ def render_sums(entries: list[tuple[str, str]], binary: bool = False) -> str:
     return "".join(line + "\n" for line in lines)
 
 
+def manifest_document(entries: list[dict], name: str | None = None) -> dict:
+    """[{path, size, md5, sha256, ...}] -> the manifest (format 1), entries sorted by path."""
+    return {"format": MANIFEST_FORMAT, "name": name, "files": sorted(entries, key=lambda e: e["path"])}
+
+
 def render_manifest(entries: list[dict], name: str | None = None) -> str:
-    """[{path, size, md5, sha256}] -> manifest.json text (format 1), sorted by path."""
-    doc = {"format": 1, "name": name, "files": sorted(entries, key=lambda e: e["path"])}
-    return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+    """[{path, size, md5, sha256, ...}] -> manifest.json text: the one writer of the format (bundles,
+    ``atlasctl models manifest --format json``). Keys sorted at every level, so the same entries give
+    the same bytes (the bytes a signature covers)."""
+    return json.dumps(manifest_document(entries, name), indent=1, sort_keys=True) + "\n"
 
 
 def read_text(path: str, trusted_sha256: str | None = None) -> str:

@@ -56,6 +56,14 @@ options:
     description: Files under O(path) that no list names are reported; with V(false) they fail the task.
     type: bool
     default: false
+  links:
+    description:
+      - V(follow) reads a symlinked file through its link (a model directory that links to its blobs).
+        V(refuse) reports every symlink or special file under O(path) as an error and reads none through
+        (a bundle; C(atlasctl bundle push) verifies the pushed bundle so, as C(atlasctl bundle verify) does).
+    type: str
+    choices: [follow, refuse]
+    default: follow
   full:
     description: Read every file even when a stamp vouches for it.
     type: bool
@@ -190,6 +198,7 @@ def run_module():
             prefix=dict(type="str", default="", aliases=["manifest_prefix"]),
             allow_extra=dict(type="bool", default=False),
             full=dict(type="bool", default=False),
+            links=dict(type="str", default="follow", choices=["follow", "refuse"]),
             stamps=dict(type="bool", default=True),
             stamp_file=dict(type="path", aliases=["stamp_path"]),
             workers=dict(type="int"),
@@ -233,6 +242,7 @@ def run_module():
             allow_extra=p["allow_extra"],
             write_stamps=not module.check_mode,
             ignore=ignore,
+            links=p["links"],
         )
     except VerifyError as exc:
         module.fail_json(msg=str(exc))
