@@ -138,3 +138,18 @@ def test_push_keeps_the_inventorys_own_ssh_options_but_never_relaxes_host_keys()
     argv = shared_inventory.target("n1", hv).ssh_argv()
     assert argv.index("StrictHostKeyChecking=yes") < argv.index("StrictHostKeyChecking=accept-new")
     assert "ProxyJump=bastion" in argv and argv[argv.index("-p") + 1] == "2222"
+
+
+def test_a_rebuilt_bundle_keeps_nothing_the_suite_no_longer_has(tmp_path):
+    """The lab's profiles left roles/serving/vars/profiles/: a bundle refreshed in place must not keep them
+    (its manifest would list them and the controller kit would install them beside the inventory's)."""
+    from atlasctl.paths import suite_root
+
+    out = tmp_path / "bundle"
+    step = bundle_sources.suite_step(suite_root())
+    step.run(out)
+    stale = out / "suite/roles/serving/vars/profiles/lab-gone.yml"
+    stale.write_text("__serving_profile: {}\n")
+    step.run(out)
+    assert not stale.exists()
+    assert (out / "suite/site.yml").is_file() and (out / "suite/roles/serving/tasks/resolve.yml").is_file()

@@ -110,6 +110,9 @@ def model_dir_step(model: dict) -> PlannedStep:
 
 def suite_step(repo: Path) -> PlannedStep:
     def run(out: Path) -> None:
+        # A fresh copy each build: a file the suite no longer has (a profile moved to an inventory, a task file
+        # removed) must not stay in the bundle, listed in its manifest and installed by the controller kit.
+        shutil.rmtree(out / "suite", ignore_errors=True)
         copy_items(repo, out / "suite")  # the same suite the wheel carries (atlasctl.paths)
 
     return PlannedStep("suite (playbooks, roles, collection)", run, "suite", ("suite/*",))
