@@ -715,6 +715,9 @@ class KeyedInventory:
         shutil.copy2(ROOT / "inventory/lab/hosts.yml", self.path / "hosts.yml")
         for path in (ROOT / "inventory/lab/group_vars").glob("*.yml"):
             shutil.copy2(path, self.path / "group_vars" / path.name)
+        # the lab inventory's own data beside it (serving_profile_dirs, atlas_compat_extra_tables: relative to it)
+        shutil.copytree(ROOT / "inventory/lab/profiles", self.path / "profiles")
+        shutil.copy2(ROOT / "inventory/lab/compat.yml", self.path / "compat.yml")
         self.west_vars = self.path / "group_vars" / "branch_west.yml"
         self.plain_west = self.west_vars.read_text()
 
