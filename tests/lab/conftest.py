@@ -1,11 +1,11 @@
 """Lab fixtures.
 
 ``fresh_lab`` (module): a lab brought up from scratch with its bundle, down afterwards.
-``converged_lab`` (session): one lab for every module that needs a serving fleet:
-``site.yml --check --diff`` on the bare nodes, then ``site.yml`` twice: the second time from the
-site's air-gapped controller (atlas-ctl), once the suite is installed there from the bundle's
-controller kit (tests/lab/test_controller.py). Modules that use
-it run after all the others (one lab per machine: a module's own fresh lab would
+``converged_lab`` (session): one lab for every module that needs a serving fleet: nodes started
+on the release's HDK (``atlas-lab up --hdk``), ``site.yml --check --diff`` on them, then
+``site.yml`` twice: the second time from the site's air-gapped controller (atlas-ctl), once the
+suite is installed there from the bundle's controller kit (tests/lab/test_controller.py). Modules
+that use it run after all the others (one lab per machine: a module's own fresh lab would
 destroy it), and it is brought down at the end of the session.
 """
 
@@ -28,6 +28,7 @@ from labtools import (
     lab_prerequisites,
     layout,
     playbook,
+    release_hdk,
 )
 
 
@@ -80,7 +81,9 @@ def converged_lab():
             second = controller_playbook("site.yml") if controller[1].returncode == 0 else None
             yield ConvergedLab(hosts, first, {}, first, second, controller, CONTROLLER if second else "host")
             return
-        stack.enter_context(fresh_lab_session(bundle=True))
+        # The nodes start on the release's HDK: the upgrade (firmware, driver, reboot) is
+        # test_offline_install's test_hdk_upgrade_*, on a lab of its own that starts on the older one.
+        stack.enter_context(fresh_lab_session(bundle=True, hdk=release_hdk()))
         hosts = lab_hosts()
         bare = playbook("site.yml", "--check", "--diff")
         leftovers = {

@@ -122,13 +122,20 @@ def lab_lock():
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def release_hdk() -> str:
+    """``DRIVER/FIRMWARE`` of the lab inventory's release (group_vars/all.yml): what site.yml installs."""
+    release = yaml.safe_load((ROOT / "inventory/lab/group_vars/all.yml").read_text())
+    return f"{release['driver_version']}/{release['driver_firmware_version']}"
+
+
 @contextlib.contextmanager
-def fresh_lab_session(*, bundle: bool):
-    """A lab brought up from scratch (and its bundle built), always brought down after."""
+def fresh_lab_session(*, bundle: bool, hdk: str | None = None):
+    """A lab brought up from scratch (and its bundle built), always brought down after. ``hdk``: the
+    HDK its nodes start on (``atlas-lab up --hdk``; default lab.yml's older one, which site.yml upgrades)."""
     with lab_lock():
         lab("down", check=False)
         try:
-            lab("up")
+            lab("up", *(["--hdk", hdk] if hdk else []))
             if bundle:
                 lab("bundle", timeout=1800)
             yield

@@ -124,3 +124,19 @@ def test_resolve_config_relative_to_repo_root(tmp_path: Path, monkeypatch: pytes
     assert paths.resolve_config(None) == REPO_LAB_YML.resolve()
     (tmp_path / "mine.yml").write_text("x")
     assert paths.resolve_config("mine.yml") == (tmp_path / "mine.yml").resolve()
+
+
+def test_hdk_override_replaces_the_versions_new_nodes_start_on() -> None:
+    cfg = config.load(paths.repo_root() / "inventory/lab/lab.yml")
+    assert config.with_hdk(cfg, None) is cfg
+    started = config.with_hdk(cfg, "25.5.0/7.8.0.2.212")
+    assert (started.driver_version, started.firmware_version) == ("25.5.0", "7.8.0.2.212")
+    assert started.nodes == cfg.nodes and cfg.driver_version == "24.1.rc1"
+
+
+@pytest.mark.parametrize("hdk", ["25.5.0", "/7.8.0", "25.5.0/", "25.5.0/7 8", "../x/7.8.0"])
+def test_hdk_override_that_is_not_driver_slash_firmware_is_refused(hdk: str) -> None:
+    cfg = config.load(paths.repo_root() / "inventory/lab/lab.yml")
+    with pytest.raises(UsageError, match="DRIVER/FIRMWARE") as err:
+        config.with_hdk(cfg, hdk)
+    assert "--hdk 25.5.0/7.8.0.2.212" in err.value.fix

@@ -230,11 +230,13 @@ def _write_known_hosts(cfg: LabConfig) -> None:
     paths.known_hosts().write_text("".join(node.host_key_line(n) + "\n" for n in cfg.nodes))
 
 
-def up(config_path: str | os.PathLike[str] | None = None, timeout: float = 120.0) -> LabState:
-    """Bring the lab up from lab.yml (no-op when it is already up and healthy)."""
+def up(config_path: str | os.PathLike[str] | None = None, timeout: float = 120.0, hdk: str | None = None) -> LabState:
+    """Bring the lab up from lab.yml (no-op when it is already up and healthy). ``hdk``
+    (``DRIVER/FIRMWARE``) replaces lab.yml's driver_version/firmware_version for the nodes this
+    call creates (a node keeps the HDK installed on it across power cycles)."""
     started = time.monotonic()
     _require_root()
-    cfg = load_config(config_path)
+    cfg = config.with_hdk(load_config(config_path), hdk)
     with _locked():
         if lab_is_up():
             return _resume(cfg, timeout, started)

@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--config", default=None, help="lab fleet file (default: inventory/lab/lab.yml)")
     up.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for SSH (default: 120)")
     up.add_argument("--json", action="store_true", help="print the lab state as JSON")
+    up.add_argument("--hdk", default=None, metavar="DRIVER/FIRMWARE",
+                    help="the HDK new nodes start on (default: lab.yml's driver_version/firmware_version)")
     up.set_defaults(func=_up)
 
     down = lsub.add_parser("down", help="power nodes off and remove the lab (keeps the base cache)")
@@ -73,7 +75,7 @@ def _print_table(state: api.LabState) -> None:
 
 
 def _up(args: argparse.Namespace) -> int:
-    state = api.up(args.config, timeout=args.timeout)
+    state = api.up(args.config, timeout=args.timeout, hdk=args.hdk)
     if args.json:
         print(json.dumps(state.to_dict(), indent=2))
         return exitcodes.OK

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +194,17 @@ def parse(data: Any, path: Path) -> LabConfig:
         nodes=nodes,
         **versions,
     )
+
+
+def with_hdk(cfg: LabConfig, hdk: str | None) -> LabConfig:
+    """The lab config with the HDK its new nodes start on replaced: ``DRIVER/FIRMWARE`` (``atlas-lab up
+    --hdk``), e.g. the release's own, so a lab whose tests do not exercise the upgrade does not pay for it."""
+    if hdk is None:
+        return cfg
+    driver, sep, firmware = hdk.partition("/")
+    if not sep or not VERSION_RE.match(driver) or not VERSION_RE.match(firmware):
+        raise UsageError(f"--hdk {hdk!r} is not DRIVER/FIRMWARE", fix="use e.g. --hdk 25.5.0/7.8.0.2.212")
+    return replace(cfg, driver_version=driver, firmware_version=firmware)
 
 
 def load(path: Path) -> LabConfig:
