@@ -240,6 +240,28 @@ def test_wheel_set_resolves_from_the_seeded_cache_without_an_index(tmp_path: Pat
     assert not list(dest.glob("beta-*"))
 
 
+def test_an_unchanged_resolution_is_taken_from_the_cache_and_a_changed_one_is_not(
+        tmp_path: Path, no_index: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    seed = tmp_path / "probe"
+    wh.build_metadata_wheel(seed, _shim("alpha", "1.0", "beta>=2"))
+    wh.build_metadata_wheel(seed, _shim("beta", "2.0"))
+    cache = tmp_path / "cache"
+    first, _ = wh.resolve_wheel_set(_toy_spec(seed), cache_dir=cache)
+    runs = []
+    real = wh._run_pip
+    monkeypatch.setattr(wh, "_run_pip", lambda command: runs.append(command) or real(command))
+    again, downloaded = wh.resolve_wheel_set(_toy_spec(seed), cache_dir=cache)
+    assert (again, downloaded, runs) == (first, False, [])  # same command, same candidates: pip not run
+    # a new candidate wheel (beta 2.1) can change pip's answer: pip runs again and takes it
+    wh.build_metadata_wheel(cache / "wheels" / "toy-1.0", _shim("beta", "2.1"))
+    newer, _ = wh.resolve_wheel_set(_toy_spec(seed), cache_dir=cache)
+    assert len(runs) == 1 and "beta-2.1-py3-none-any.whl" in [p.name for p in newer]
+    # a kept answer that cannot be read is no answer: pip runs again
+    (cache / "wheels" / "toy-1.0" / wh.RESOLVED_NAME).write_text("{not json")
+    assert wh.resolve_wheel_set(_toy_spec(seed), cache_dir=cache)[0] == newer
+    assert len(runs) == 2
+
+
 def test_wheel_set_reports_what_pip_could_not_resolve(tmp_path: Path, no_index: None) -> None:
     seed = tmp_path / "probe"
     wh.build_metadata_wheel(seed, _shim("alpha", "1.0", "missing-dep==9"))
