@@ -261,8 +261,30 @@ def test_figures_from_raw_json_and_main_raw(tmp_path, capsys):
     assert rb.main(["--raw", str(path), "--json", str(tmp_path / "out.json")]) == 0
     text = capsys.readouterr().out
     assert re.search(r"^1 wave of 8 .* 1\.90  MISSED", text, re.M)
-    assert "(target < 60 s with changed=0: MISSED)" in text
+    assert "(target <= 60 s with changed=0: MISSED)" in text
     assert json.loads((tmp_path / "out.json").read_text())["figures"]["t1_s"] == 21.0
+
+
+def test_noop_only_raw_gives_the_noop_figure_alone(tmp_path, capsys):
+    noop = {"seconds": 60.0, "changed": 0, "nodes": 8, "gateways": 2, "host_tasks": 600, "cpu_s": 90.0,
+            "plays": [["Serving | x", 12.5]]}
+    raw = {"noop": noop, "converge": {"seconds": 99.0}, "k": 4, "sized": {}, "extra": {"fleet": "8 nodes"}}
+    path = tmp_path / "raw.json"
+    path.write_text(json.dumps(raw))
+    assert rb.main(["--raw", str(path)]) == 0
+    text = capsys.readouterr().out
+    assert "no rollouts (--noop-only)" in text and "CASE" in text
+    assert ("no-op site.yml over 8 serving nodes + 2 gateways: 60.0 s, changed=0 "
+            "(target <= 60 s with changed=0: OK)") in text
+    assert "12.5 s  Serving | x" in text
+    raw["noop"] = {**noop, "seconds": 60.1}
+    path.write_text(json.dumps(raw))
+    rb.main(["--raw", str(path)])
+    assert "(target <= 60 s with changed=0: MISSED)" in capsys.readouterr().out
+
+
+def test_noop_only_boots_only_the_noop_subset():
+    assert rb.fleet_size([], 4, 0) == rb.NOOP_NODES
 
 
 def test_inotify_limit_raised_only_when_too_low(tmp_path):

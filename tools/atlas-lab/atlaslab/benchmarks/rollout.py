@@ -1,6 +1,7 @@
 """Benchmark: rollout wall time over the lab at scale (``python -m atlaslab.benchmarks.rollout``).
 
     python -m atlaslab.benchmarks.rollout [--sizes 4,8,16,24] [--json FILE] [--per-branch 4] [--overhead-waves 4]
+                                          [--noop-only]   (steps 1, 2 and 4 only: the no-op figure)
 
 One run, holding the machine's lab lock (/var/lib/atlas-lab.lock) from start to end:
   1. brings any lab down, writes inventory/scale/lab.yml (generated here: SGLang stand-in serving
@@ -353,7 +354,11 @@ def summarise(one: dict, multi: dict, sized: dict[int, dict], noop: dict, k: int
     return {"t1_s": round(t1, 2), "t1_samples": singles, "rows": rows, "growth_s_per_node": growth,
             "growth_range": [min(sized), max(sized)] if sized else [],
             "projection": projection(t1, rows[-1]) if sized else None,
-            "noop": {**noop, "target": noop.get("seconds", 1e9) < NOOP_TARGET_S and noop.get("changed") == 0}}
+            "noop": noop_figures(noop)}
+
+
+def noop_figures(noop: dict) -> dict[str, Any]:
+    return {**noop, "target": noop.get("seconds", 1e9) <= NOOP_TARGET_S and noop.get("changed") == 0}
 
 
 def projection(t1: float, row: dict, cores: int | None = None) -> dict[str, Any]:
@@ -380,8 +385,9 @@ def render(fig: dict[str, Any], extra: dict[str, Any]) -> str:
     code = extra.get("code", "?")
     if extra.get("code_end", code) != code:
         code += f" -> {extra['code_end']} (CHANGED during the run: figures may mix both)"
-    lines = [f"Rollout benchmark: {extra.get('fleet', '?')}, {os.cpu_count()} cores; "
-             f"T1 (one-node wave, median of {len(fig['t1_samples'])}) = {fig['t1_s']:.1f} s; code {code}",
+    t1 = (f"T1 (one-node wave, median of {len(fig['t1_samples'])}) = {fig['t1_s']:.1f} s" if fig["t1_s"] is not None
+          else "no rollouts (--noop-only)")
+    lines = [f"Rollout benchmark: {extra.get('fleet', '?')}, {os.cpu_count()} cores; {t1}; code {code}",
              "",
              f"{'CASE':<16}{'NODES':>6}{'WAVES':>6}{'WALL s':>9}{'WAVE s':>9}{'x T1':>7}  {'<=1.5xT1':<9}"
              f"{'OVERHEAD/WAVE s':>16}{'FIXED s':>9}{'TASK s':>8}{'BUSY':>6}{'CPU s/NODE':>12}{'CTRL':>6}"
@@ -396,7 +402,7 @@ def render(fig: dict[str, Any], extra: dict[str, Any]) -> str:
     lines += ["",
               f"no-op site.yml over {noop.get('nodes')} serving nodes + {noop.get('gateways')} gateways: "
               f"{noop.get('seconds', float('nan')):.1f} s, changed={noop.get('changed')} "
-              f"(target < {NOOP_TARGET_S:.0f} s with changed=0: {verdict(noop['target'])}); "
+              f"(target <= {NOOP_TARGET_S:.0f} s with changed=0: {verdict(noop['target'])}); "
               f"{noop.get('tasks', '?')} tasks, {noop.get('host_tasks', '?')} host tasks, "
               f"busy {noop.get('busy_pct', 0):.0f}%, CPU {noop.get('cpu_s', 0):.0f} s "
               f"(controller {noop.get('ctrl_cpu_s', 0):.0f} s, nodes {noop.get('nodes_cpu_s', 0):.0f} s; "
@@ -632,11 +638,16 @@ def roll(inventory: Path, release: str, rollout_waves: list[dict], hosts: Sequen
             **meter.figures(), "profile": task_profile(events), "report": report.get("report")}
 
 
-def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = False) -> dict[str, Any]:
+class _NoopOnly(Exception):
+    """Ends a --noop-only run after the no-op figure (the lab still comes down)."""
+
+
+def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = False,
+          noop_only: bool = False) -> dict[str, Any]:
     root = repo_root()
     inventory = root / SCALE_DIR
     fleet_path = root / FLEET_FILE
-    serving = fleet_size(sizes, per_branch, k)
+    serving = fleet_size([] if noop_only else sizes, per_branch, 0 if noop_only else k)
     names = [node_name(i) for i in range(1, serving + 1)]
     extra: dict[str, Any] = {"fleet": f"{serving} SGLang stand-in nodes + {serving // per_branch} gateways",
                              "sizes": sizes, "per_branch": per_branch, "logs": str(logdir)}
@@ -672,6 +683,8 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
             noop.update(nodes=len(noop_hosts), gateways=len(noop_gws))
             log(f"  {noop['seconds']} s, changed={noop['changed']}, CPU: controller {noop['ctrl_cpu_s']} s, "
                 f"nodes {noop['nodes_cpu_s']} s, other {noop['other_cpu_s']} s")
+            if noop_only:
+                raise _NoopOnly
             seq = iter(range(1, 1000))
 
             def release() -> str:
@@ -690,6 +703,8 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
                 log(f"  wave {sized[n]['waves'][0]['seconds']} s, wall {sized[n]['wall']} s, "
                     f"machine busy {sized[n]['busy_pct']} %, CPU/node {sized[n]['cpu_s'] / n:.1f} s, "
                     f"other {sized[n]['other_cpu_s']} s")
+        except _NoopOnly:
+            log("--noop-only: no rollouts")
         finally:
             if keep:
                 log("--keep: the scale lab stays up (inventory/scale/hosts.yml); `atlas-lab down` when done")
@@ -709,9 +724,13 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
 
 def figures_from_raw(raw: dict[str, Any]) -> dict[str, Any]:
     """The measurements (kept as raw.json in the run's log folder) -> figures, table inputs, JSON."""
+    extra = dict(raw["extra"])
+    if "one" not in raw:  # --noop-only
+        fig = {"t1_s": None, "t1_samples": [], "rows": [], "growth_s_per_node": None, "growth_range": [],
+               "projection": None, "noop": noop_figures(raw["noop"])}
+        return {"figures": fig, "extra": extra, "runs": {}, "converge": raw["converge"]}
     sized = {int(n): r for n, r in raw["sized"].items()}
     fig = summarise(raw["one"], raw["multi"], sized, raw["noop"], raw["k"])
-    extra = dict(raw["extra"])
     extra["profiles"] = {"one node": raw["one"]["profile"]}
     if sized:
         extra["profiles"][f"1 wave of {max(sized)}"] = sized[max(sized)]["profile"]
@@ -728,6 +747,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the per-wave overhead rollout: K nodes as K waves of one (default 4)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the figures as JSON")
     parser.add_argument("--keep", action="store_true", help="leave the scale lab up at the end (debugging)")
+    parser.add_argument("--noop-only", action="store_true",
+                        help="only the converge and the no-op site.yml figure (no rollouts)")
     parser.add_argument("--raw", type=Path, default=None, metavar="RAW_JSON",
                         help="print the figures of an earlier run from its raw.json (no lab)")
     args = parser.parse_args(argv)
@@ -741,7 +762,8 @@ def main(argv: list[str] | None = None) -> int:
     logdir = repo_root() / "artifacts" / "bench" / "rollout" / time.strftime("%Y%m%dT%H%M%S")
     logdir.mkdir(parents=True, exist_ok=True)
     try:
-        result = bench(args.sizes, args.per_branch, args.overhead_waves, logdir, keep=args.keep)
+        result = bench(args.sizes, args.per_branch, args.overhead_waves, logdir, keep=args.keep,
+                       noop_only=args.noop_only)
     except (BenchError, subprocess.TimeoutExpired) as exc:
         print(f"rollout_bench: {exc}", file=sys.stderr)
         return exitcodes.ENVIRONMENT
