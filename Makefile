@@ -32,7 +32,7 @@ demo: host-deps venv
 test: host-deps venv
 	@mkdir -p artifacts; \
 	setsid -w sh -c 'echo 19 > /proc/self/autogroup 2>/dev/null; \
-	  nice -n 15 $(MAKE) --no-print-directory lint; l=$$?; nice -n 15 $(VENV)/bin/pytest -ra -m "not lab" tests --ignore=tests/drills; \
+	  nice -n 15 $(MAKE) --no-print-directory lint; l=$$?; nice -n 15 $(VENV)/bin/pytest -ra --durations=15 -m "not lab" tests --ignore=tests/drills; \
 	  u=$$?; echo "lint exit $$l, unit tests exit $$u"; [ $$l -eq 0 ] && [ $$u -eq 0 ]' \
 	  > artifacts/lint-and-unit.log 2>&1 & unit=$$!; \
 	lab=0; $(VENV)/bin/pytest -ra --durations=20 -m lab tests --ignore=tests/drills || lab=$$?; \
