@@ -108,7 +108,8 @@ def test_large_files_are_read_with_o_direct_small_ones_buffered(tmp_path: Path, 
     checksums.hash_file(str(small), bufsize=MIB)
     assert calls == []
     assert checksums.hash_file(str(big), bufsize=MIB) == _digests(big.read_bytes())
-    assert calls[:3] == [0, MIB, 2 * MIB] and len(calls) == checksums.DIRECT_MIN_SIZE // MIB + 1
+    # every block read once, none past the end (the readers share the offsets: their order varies)
+    assert sorted(calls) == [i * MIB for i in range(checksums.DIRECT_MIN_SIZE // MIB + 1)]
 
 
 @pytest.mark.parametrize("how", ["refused at the first read", "short reads off the block grid", "read error"])
