@@ -439,7 +439,7 @@ def test_o_direct_reads_nothing_past_the_end_of_a_file_of_whole_buffers(tmp_path
 
 
 @pytest.mark.parametrize("change", ["grows", "shrinks"])
-def test_a_file_that_changes_size_during_an_o_direct_read_is_hashed_as_read(tmp_path: Path, monkeypatch, change) -> None:
+def test_a_file_that_changes_size_during_an_o_direct_read_is_hashed_as_read(tmp_path: Path, monkeypatch, change):
     data = os.urandom(3 * MIB)
     path = tmp_path / "f"
     path.write_bytes(data)
