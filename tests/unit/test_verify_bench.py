@@ -39,3 +39,4 @@ def test_a_figure_passes_at_90_percent_of_its_ceiling_and_not_below() -> None:
     assert verify_bench.goal_line("x", 621, 690, "capacity").endswith(" 90.0 %  PASS")
     assert verify_bench.goal_line("x", 620, 690, "capacity").endswith(" 89.9 %  MISSED")
     assert verify_bench.goal_line("x", 500, 0, "capacity").endswith("MISSED")
+    assert verify_bench.goal_line("x", 621, 690, "capacity", 0.9).endswith(" 90.0 %  (CPU  90 %)  PASS")
