@@ -4,16 +4,17 @@
 
 * Each file is read once, into reused buffers; md5 and sha256 are fed the same bytes.
 * Files are hashed in parallel threads (hashlib releases the GIL on buffers >= 2 KiB).
-* A file of at least ``DIRECT_MIN_SIZE`` read alone is read with O_DIRECT, a prefetch
-  thread reading the next buffer while the current one is hashed: the storage writes
-  straight into the buffer, so the kernel neither fills the page cache nor copies the data.
-  Measured on the project's 2-core machine, a cold buffered read costs 0.37-0.57 CPU-s/GB
-  of kernel time and an O_DIRECT one 0.05-0.07. Several files at once are read buffered:
-  the kernel's readahead keeps more requests in flight than one prefetcher, and that won
-  there (docs/verification-speed.md has the figures). Where O_DIRECT is refused (tmpfs,
-  some overlay and network filesystems: EINVAL) or a read ends short of the block size,
-  the rest of the file is read buffered.
-  Memory is at most ``workers x DIRECT_BUFFERS x bufsize`` whatever the file sizes.
+* A file of at least ``DIRECT_MIN_SIZE`` is read with O_DIRECT, alone or beside others, by
+  ``DIRECT_READERS`` prefetch threads (reads in flight) while the current buffer is hashed: the
+  storage writes straight into the buffer, so the kernel neither fills the page cache nor
+  copies the data. Measured on the project's 2-core machine, a cold buffered read costs
+  0.7 CPU-s/GB of kernel time and an O_DIRECT one 0.1, against 2.9 for md5+sha256: the
+  buffered read alone would take a fifth of the hashing's CPU (docs/verification-speed.md
+  has the figures). Where O_DIRECT is refused (tmpfs, some overlay and network filesystems:
+  EINVAL) or a read ends short of the block size, the rest of the file is read buffered.
+  Smaller files are read buffered, and a file of one buffer is hashed without the md5 lane.
+  Memory is at most ``(workers + 1) x (1 + DIRECT_READERS x DIRECT_BUFFERS_PER_READER) x bufsize``
+  whatever the file sizes; the buffers are kept per thread from file to file.
 * After a full check a *stamp* per file records (size, mtime_ns, ctime_ns, inode, device,
   md5, sha256). A later run trusts a stamp only when all five stat fields are unchanged
   and the stamp's digests equal the digests expected now. ctime cannot be set from user
