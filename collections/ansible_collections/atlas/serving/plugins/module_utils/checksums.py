@@ -323,7 +323,8 @@ def _direct_gen(fd: int, path: str, bufsize: int, buffers: list[mmap.mmap] | Non
     if buffers is None:
         buffers = direct_buffers(bufsize)
     elif len(buffers) != DIRECT_READERS * DIRECT_BUFFERS_PER_READER or any(len(b) != bufsize for b in buffers):
-        raise ValueError(f"direct buffers: pass direct_buffers({bufsize}), not {len(buffers)} of other sizes")
+        raise ValueError(f"O_DIRECT buffers: got {len(buffers)} of {sorted({len(b) for b in buffers})} bytes; "
+                         f"pass direct_buffers({bufsize})")  # fmt: skip
     try:
         end = os.fstat(fd).st_size
     except OSError:
@@ -477,9 +478,9 @@ def hash_many(
     """Hash {key: path} in parallel, largest first (keeps the tail short).
 
     ``workers`` files are read at once, and each reader thread has an md5 lane of its own, so
-    one file keeps up to two cores hashing. The last file does not wait for a free reader: it
-    starts at once beside the others, so the run never ends with one file hashed alone (md5
-    on one core) while a core idles: with equal shards, 3 on 2 workers finish together.
+    one file keeps up to two cores hashing (md5 on one, sha256 on part of the other). The last
+    file does not wait for a free reader: it starts at once beside the others, so equal shards
+    never end with one of them hashed alone while a core idles (3 on 2 workers finish together).
     """
     sizes = sizes or {}
     order = sorted(paths, key=lambda k: -sizes.get(k, 0))
