@@ -26,7 +26,8 @@ def test_bench_measures_every_shape_with_both_readers(tmp_path: Path, monkeypatc
     assert all(s["direct_mb_s"] > 0 and s["buffered_mb_s"] > 0 for s in shapes.values())
     # each figure has a ceiling measured beside it: the capacity, or for one file md5 on one core
     assert figures["capacity_beside_mb_s"] > 0 and figures["md5_1_mb_s"] > 0
-    assert all(s["ceiling_mb_s"] > 0 for s in shapes.values())
+    assert all(s["ceiling_mb_s"] > 0 and s["hash_cpu_s_per_gb"] > 0 for s in shapes.values())
+    assert figures["hash_cpu_beside_s_per_gb"] > 0
     assert shapes["one large file"]["ceiling_mb_s"] < 1.5 * figures["md5_1_mb_s"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "the generated data is removed"
     text = verify_bench.render(verify_bench.Figures(**figures))
