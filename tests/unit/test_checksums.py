@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -446,15 +447,17 @@ def test_a_file_that_changes_size_during_an_o_direct_read_is_hashed_as_read(tmp_
     extra = os.urandom(MIB + 7)
     real = os.preadv
     changed = []
+    lock = threading.Lock()  # the readers run in parallel: none reads before the change is complete
 
     def preadv(fd, bufs, off):
-        if not changed:
-            changed.append(off)
-            if change == "grows":
-                with open(path, "ab") as handle:
-                    handle.write(extra)
-            else:
-                os.truncate(path, MIB + MIB // 2)
+        with lock:
+            if not changed:
+                changed.append(off)
+                if change == "grows":
+                    with open(path, "ab") as handle:
+                        handle.write(extra)
+                else:
+                    os.truncate(path, MIB + MIB // 2)
         return real(fd, bufs, off)
 
     monkeypatch.setattr(checksums.os, "preadv", preadv)
@@ -505,8 +508,6 @@ def test_o_direct_buffers_are_made_once_per_thread_not_per_file(tmp_path: Path, 
 
 
 def _concurrency_probe(monkeypatch, seen: list, barrier=None):
-    import threading
-
     lock = threading.Lock()
     running: set[str] = set()
 
@@ -527,11 +528,9 @@ def _concurrency_probe(monkeypatch, seen: list, barrier=None):
 
 
 def test_the_last_file_starts_beside_the_others_not_after_them(tmp_path: Path, monkeypatch) -> None:
-    import threading
-
     seen: list = []
     # three files on two workers: all three must be read at once, or the barrier breaks
-    _concurrency_probe(monkeypatch, seen, threading.Barrier(3, timeout=5))
+    _concurrency_probe(monkeypatch, seen, threading.Barrier(3, timeout=30))
     paths = {k: str(tmp_path / k) for k in "abc"}
     for p in paths.values():
         Path(p).write_bytes(b"")
