@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -108,7 +109,8 @@ def test_large_files_are_read_with_o_direct_small_ones_buffered(tmp_path: Path, 
     checksums.hash_file(str(small), bufsize=MIB)
     assert calls == []
     assert checksums.hash_file(str(big), bufsize=MIB) == _digests(big.read_bytes())
-    assert calls[:3] == [0, MIB, 2 * MIB] and len(calls) == checksums.DIRECT_MIN_SIZE // MIB + 1
+    # every block read once, none past the end (the readers share the offsets: their order varies)
+    assert sorted(calls) == [i * MIB for i in range(checksums.DIRECT_MIN_SIZE // MIB + 1)]
 
 
 @pytest.mark.parametrize("how", ["refused at the first read", "short reads off the block grid", "read error"])
@@ -394,3 +396,157 @@ def test_memory_is_bounded_by_buffers_not_file_size(tmp_path: Path) -> None:
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 4 << 20
+
+
+# --- the read pipeline: lanes, readers, buffers, scheduling ----------------------------------
+
+
+class _CountingLane:
+    """An md5 lane that counts its hand-offs (a one-thread executor's submit, run inline)."""
+
+    def __init__(self) -> None:
+        self.submitted = 0
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+
+        self.submitted += 1
+        done: Future = Future()
+        done.set_result(fn(*args))
+        return done
+
+
+@pytest.mark.parametrize("size, handoffs", [(0, 0), (4096, 0), (MIB, 0), (MIB + 1, 2), (3 * MIB, 3)])
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_file_of_one_buffer_is_hashed_without_the_md5_lane(tmp_path: Path, size: int, handoffs: int, direct) -> None:
+    data = os.urandom(size)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    lane = _CountingLane()
+    assert checksums.hash_file(str(path), bufsize=MIB, md5_lane=lane, direct=direct) == _digests(data)
+    assert lane.submitted == handoffs
+
+
+@pytest.mark.parametrize("size", [MIB, 2 * MIB, 5 * MIB])
+def test_o_direct_reads_nothing_past_the_end_of_a_file_of_whole_buffers(tmp_path: Path, monkeypatch, size) -> None:
+    calls = []
+    real = os.preadv
+    monkeypatch.setattr(checksums.os, "preadv", lambda fd, bufs, off: calls.append(off) or real(fd, bufs, off))
+    data = os.urandom(size)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    assert checksums.hash_file(str(path), bufsize=MIB, direct=True) == _digests(data)
+    assert sorted(calls) == list(range(0, size, MIB))
+
+
+@pytest.mark.parametrize("change", ["grows", "shrinks"])
+def test_a_file_that_changes_size_during_an_o_direct_read_is_hashed_as_read(tmp_path: Path, monkeypatch, change):
+    data = os.urandom(3 * MIB)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    extra = os.urandom(MIB + 7)
+    real = os.preadv
+    changed = []
+    lock = threading.Lock()  # the readers run in parallel: none reads before the change is complete
+
+    def preadv(fd, bufs, off):
+        with lock:
+            if not changed:
+                changed.append(off)
+                if change == "grows":
+                    with open(path, "ab") as handle:
+                        handle.write(extra)
+                else:
+                    os.truncate(path, MIB + MIB // 2)
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(checksums.os, "preadv", preadv)
+    final = data + extra if change == "grows" else data[: MIB + MIB // 2]
+    # every byte there at the end is hashed once: past the size at open, the rest is read buffered
+    assert checksums.hash_file(str(path), bufsize=MIB, direct=True) == _digests(final)
+
+
+def test_verify_tree_reports_a_file_that_changed_during_its_read(tmp_path: Path, monkeypatch) -> None:
+    root = tmp_path / "m"
+    root.mkdir()
+    data = os.urandom(3 * MIB)
+    (root / "a.bin").write_bytes(data)
+    exp = {"a.bin": manifest.Expected("a.bin", len(data), hashlib.md5(data).hexdigest(), None)}
+    real = os.preadv
+
+    def preadv(fd, bufs, off):
+        if off == 0:
+            with open(root / "a.bin", "ab") as handle:
+                handle.write(b"late")
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(checksums.os, "preadv", preadv)
+    report = checksums.verify_tree(str(root), exp, bufsize=MIB, direct=True)
+    result = _by_path(report)["a.bin"]
+    assert result.status == "error" and "changed while it was being read" in result.message
+
+
+def test_direct_buffers_of_another_size_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(2 * MIB))
+    with pytest.raises(ValueError, match=r"direct_buffers\(1048576\)"):
+        checksums.hash_file(str(path), bufsize=MIB, direct=True, direct_buffers=checksums.direct_buffers(2 * MIB))
+
+
+def test_o_direct_buffers_are_made_once_per_thread_not_per_file(tmp_path: Path, monkeypatch) -> None:
+    made = []
+    real = checksums.direct_buffers
+    monkeypatch.setattr(checksums, "direct_buffers", lambda n: made.append(n) or real(n))
+    files = {}
+    for i in range(6):
+        data = os.urandom(2 * MIB + i)
+        (tmp_path / f"f{i}").write_bytes(data)
+        files[f"f{i}"] = data
+    outcomes = checksums.hash_many({k: str(tmp_path / k) for k in files}, workers=2, bufsize=MIB, direct=True)
+    assert {k: o.digests for k, o in outcomes.items()} == {k: _digests(d) for k, d in files.items()}
+    assert 1 <= len(made) <= 3  # one set per reader thread (workers + 1), whatever the number of files
+
+
+def _concurrency_probe(monkeypatch, seen: list, barrier=None):
+    lock = threading.Lock()
+    running: set[str] = set()
+
+    def fake(path, *args, **kwargs):
+        with lock:
+            running.add(path)
+            seen.append(frozenset(running))
+        try:
+            if barrier is not None:
+                barrier.wait()
+            time.sleep(0.05)
+            return checksums.Digests(0, "", "")
+        finally:
+            with lock:
+                running.discard(path)
+
+    monkeypatch.setattr(checksums, "hash_file", fake)
+
+
+def test_the_last_file_starts_beside_the_others_not_after_them(tmp_path: Path, monkeypatch) -> None:
+    seen: list = []
+    # three files on two workers: all three must be read at once, or the barrier breaks
+    _concurrency_probe(monkeypatch, seen, threading.Barrier(3, timeout=30))
+    paths = {k: str(tmp_path / k) for k in "abc"}
+    for p in paths.values():
+        Path(p).write_bytes(b"")
+    outcomes = checksums.hash_many(paths, workers=2, sizes={"a": 3, "b": 2, "c": 1})
+    assert all(o.error is None for o in outcomes.values())
+    assert max(len(s) for s in seen) == 3
+
+
+def test_at_most_workers_files_are_read_at_once_before_the_last(tmp_path: Path, monkeypatch) -> None:
+    seen: list = []
+    _concurrency_probe(monkeypatch, seen)
+    names = [f"f{i}" for i in range(7)]
+    paths = {k: str(tmp_path / k) for k in names}
+    for p in paths.values():
+        Path(p).write_bytes(b"")
+    checksums.hash_many(paths, workers=2, sizes={k: 10 - i for i, k in enumerate(names)})
+    last = paths["f6"]
+    assert all(len(s - {last}) <= 2 for s in seen)
+    assert len(seen) == 7

@@ -24,6 +24,20 @@ def test_bench_measures_every_shape_with_both_readers(tmp_path: Path, monkeypatc
     assert shapes["small"]["files"] == 30 and shapes["small"]["bytes"] == 30 * 512
     assert shapes["one large file"]["files"] == 1 and shapes["one large file"]["bytes"] == 10 << 20
     assert all(s["direct_mb_s"] > 0 and s["buffered_mb_s"] > 0 for s in shapes.values())
+    # each figure has a ceiling measured beside it: the capacity, or for one file md5 on one core
+    assert figures["capacity_beside_mb_s"] > 0 and figures["md5_1_mb_s"] > 0
+    assert all(s["ceiling_mb_s"] > 0 and s["hash_cpu_s_per_gb"] > 0 for s in shapes.values())
+    assert figures["hash_cpu_beside_s_per_gb"] > 0
+    assert shapes["one large file"]["ceiling_mb_s"] < 1.5 * figures["md5_1_mb_s"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "the generated data is removed"
     text = verify_bench.render(verify_bench.Figures(**figures))
     assert "through the page cache" in text and "one large file" in text and "many" not in text
+    goal = [line for line in text.splitlines() if line.endswith(("PASS", "MISSED"))]
+    assert len(goal) == 4, goal  # the model and the three shapes
+
+
+def test_a_figure_passes_at_90_percent_of_its_ceiling_and_not_below() -> None:
+    assert verify_bench.goal_line("x", 621, 690, "capacity").endswith(" 90.0 %  PASS")
+    assert verify_bench.goal_line("x", 620, 690, "capacity").endswith(" 89.9 %  MISSED")
+    assert verify_bench.goal_line("x", 500, 0, "capacity").endswith("MISSED")
+    assert verify_bench.goal_line("x", 621, 690, "capacity", 0.9).endswith(" 90.0 %  (CPU  90 %)  PASS")

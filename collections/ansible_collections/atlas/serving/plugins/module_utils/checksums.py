@@ -4,16 +4,17 @@
 
 * Each file is read once, into reused buffers; md5 and sha256 are fed the same bytes.
 * Files are hashed in parallel threads (hashlib releases the GIL on buffers >= 2 KiB).
-* A file of at least ``DIRECT_MIN_SIZE`` read alone is read with O_DIRECT, a prefetch
-  thread reading the next buffer while the current one is hashed: the storage writes
-  straight into the buffer, so the kernel neither fills the page cache nor copies the data.
-  Measured on the project's 2-core machine, a cold buffered read costs 0.37-0.57 CPU-s/GB
-  of kernel time and an O_DIRECT one 0.05-0.07. Several files at once are read buffered:
-  the kernel's readahead keeps more requests in flight than one prefetcher, and that won
-  there (docs/verification-speed.md has the figures). Where O_DIRECT is refused (tmpfs,
-  some overlay and network filesystems: EINVAL) or a read ends short of the block size,
-  the rest of the file is read buffered.
-  Memory is at most ``workers x DIRECT_BUFFERS x bufsize`` whatever the file sizes.
+* A file of at least ``DIRECT_MIN_SIZE`` is read with O_DIRECT, alone or beside others, by
+  ``DIRECT_READERS`` prefetch threads (reads in flight) while the current buffer is hashed: the
+  storage writes straight into the buffer, so the kernel neither fills the page cache nor
+  copies the data. Measured on the project's 2-core machine, a cold buffered read costs
+  0.7 CPU-s/GB of kernel time and an O_DIRECT one 0.1, against 2.9 for md5+sha256: the
+  buffered read alone would take a fifth of the hashing's CPU (docs/verification-speed.md
+  has the figures). Where O_DIRECT is refused (tmpfs, some overlay and network filesystems:
+  EINVAL) or a read ends short of the block size, the rest of the file is read buffered.
+  Smaller files are read buffered, and a file of one buffer is hashed without the md5 lane.
+  Memory is at most ``(workers + 1) x (1 + DIRECT_READERS x DIRECT_BUFFERS_PER_READER) x bufsize``
+  whatever the file sizes; the buffers are kept per thread from file to file.
 * After a full check a *stamp* per file records (size, mtime_ns, ctime_ns, inode, device,
   md5, sha256). A later run trusts a stamp only when all five stat fields are unchanged
   and the stamp's digests equal the digests expected now. ctime cannot be set from user
@@ -28,6 +29,7 @@ Standard library only: this file is shipped to managed nodes by Ansible.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import mmap
 import os
@@ -46,7 +48,8 @@ DEFAULT_BUFSIZE = 4 << 20
 # O_DIRECT for files of at least this size (smaller ones: a buffered read costs little and
 # a direct one a round trip to the storage per file); buffers in flight per file.
 DIRECT_MIN_SIZE = 8 << 20
-DIRECT_BUFFERS = 3
+DIRECT_READERS = 2  # O_DIRECT reads in flight per file: one alone leaves the device idle between requests
+DIRECT_BUFFERS_PER_READER = 2  # one being read into while the other is hashed
 STAMP_FILE_NAME = ".atlas-verified.json"
 STAMP_FORMAT = 1
 RACY_MARGIN_NS = 100_000_000  # > one kernel tick: coarse timestamps lag the real clock by <= 1 jiffy
@@ -233,6 +236,7 @@ def hash_file(
     buf: bytearray | None = None,
     md5_lane: ThreadPoolExecutor | None = None,
     direct: bool | None = None,
+    direct_buffers: list[mmap.mmap] | None = None,
 ) -> Digests:
     """md5 and sha256 of one file in a single sequential read.
 
@@ -241,15 +245,19 @@ def hash_file(
     cores busy and the slower md5 no longer serialises behind sha256.
 
     ``direct``: read with O_DIRECT (None: for files of at least ``DIRECT_MIN_SIZE``);
-    ``buf`` is then not used (O_DIRECT needs page-aligned buffers).
+    ``buf`` is then not used (O_DIRECT needs page-aligned buffers): ``direct_buffers``
+    (from ``direct_buffers()``) are, or fresh ones for this file.
     """
     md5 = hashlib.md5(usedforsecurity=False) if _md5_accepts_flag() else hashlib.md5()
     sha = hashlib.sha256()
     size = 0
     with open(path, "rb", buffering=0) as handle:
+        length = os.fstat(handle.fileno()).st_size
         if direct is None:
-            direct = os.fstat(handle.fileno()).st_size >= DIRECT_MIN_SIZE
-        chunks = _direct_chunks(path, bufsize) if direct and _HAVE_DIRECT else None
+            direct = length >= DIRECT_MIN_SIZE
+        if length <= bufsize:  # one buffer: a hand-off to the lane would cost more than it saves
+            md5_lane = None
+        chunks = _direct_chunks(path, bufsize, direct_buffers) if direct and _HAVE_DIRECT else None
         if chunks is None:
             chunks = _buffered_chunks(handle, bufsize, buf)
         for chunk in chunks:
@@ -285,10 +293,18 @@ _HAVE_DIRECT = hasattr(os, "O_DIRECT") and hasattr(os, "preadv")
 _DONE = object()
 
 
-def _direct_chunks(path: str, bufsize: int):
+def direct_buffers(bufsize: int) -> list[mmap.mmap]:
+    """The page-aligned buffers one O_DIRECT read uses; a thread that reads many files keeps
+    one set (fresh anonymous memory costs a page fault and a page of zeros per 4 KiB)."""
+    size = max(mmap.PAGESIZE, bufsize - bufsize % mmap.PAGESIZE)
+    return [mmap.mmap(-1, size) for _ in range(DIRECT_READERS * DIRECT_BUFFERS_PER_READER)]
+
+
+def _direct_chunks(path: str, bufsize: int, buffers: list[mmap.mmap] | None = None):
     """Chunks of ``path`` read with O_DIRECT, the next ones read ahead by a prefetch thread.
 
-    Yields memoryviews into ``DIRECT_BUFFERS`` page-aligned buffers; a buffer is read into
+    Yields memoryviews into ``buffers`` (``direct_buffers(bufsize)``; fresh ones, freed at
+    the end, when None); ``DIRECT_READERS`` reads are in flight; a buffer is read into
     again only after the consumer has asked for the chunk after it. Where O_DIRECT is
     refused, or a read ends off the block grid (the file's end, or a filesystem that returns
     less), the remainder is read buffered from that offset: every byte is yielded once.
@@ -298,22 +314,36 @@ def _direct_chunks(path: str, bufsize: int):
         fd = os.open(path, os.O_RDONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return None
-    return _direct_gen(fd, path, bufsize)
+    return _direct_gen(fd, path, bufsize, buffers)
 
 
-def _direct_gen(fd: int, path: str, bufsize: int):
+def _direct_gen(fd: int, path: str, bufsize: int, buffers: list[mmap.mmap] | None):
     bufsize = max(mmap.PAGESIZE, bufsize - bufsize % mmap.PAGESIZE)
-    buffers = [mmap.mmap(-1, bufsize) for _ in range(DIRECT_BUFFERS)]
-    free: queue.Queue = queue.Queue()
-    full: queue.Queue = queue.Queue()
-    for b in buffers:
-        free.put(b)
+    owned = buffers is None
+    if buffers is None:
+        buffers = direct_buffers(bufsize)
+    elif len(buffers) != DIRECT_READERS * DIRECT_BUFFERS_PER_READER or any(len(b) != bufsize for b in buffers):
+        raise ValueError(f"O_DIRECT buffers: got {len(buffers)} of {sorted({len(b) for b in buffers})} bytes; "
+                         f"pass direct_buffers({bufsize})")  # fmt: skip
+    try:
+        end = os.fstat(fd).st_size
+    except OSError:
+        end = 0
+    # Reader k reads chunks k, k + R, k + 2R, ... into buffers of its own, so R reads are in flight
+    # while the consumer hashes; chunk i is taken from reader i % R, in order.
+    lanes = [(queue.Queue(), queue.Queue()) for _ in range(DIRECT_READERS)]
+    for i, b in enumerate(buffers):
+        lanes[i % DIRECT_READERS][0].put(b)
     stop = threading.Event()
 
-    def prefetch() -> None:
-        offset = 0
+    def prefetch(k: int) -> None:
+        free, full = lanes[k]
+        offset = k * bufsize
         try:
             while not stop.is_set():
+                if offset >= end:  # past the size at open: what is there (normally nothing) is read buffered
+                    full.put(("fallback", offset, None))
+                    return
                 b = free.get()
                 if b is _DONE:
                     return
@@ -322,35 +352,43 @@ def _direct_gen(fd: int, path: str, bufsize: int):
                 except OSError as exc:
                     full.put(("fallback", offset, exc))
                     return
-                if n:
-                    full.put(("data", b, n))
-                    offset += n
-                if n < bufsize:  # the end, or a short read off the block grid: go on buffered
-                    full.put(("fallback", offset, None))
+                full.put(("data", b, n))
+                if n < bufsize:  # the end, or a short read off the block grid: the consumer goes on buffered
                     return
+                offset += DIRECT_READERS * bufsize
         except BaseException as exc:  # noqa: BLE001 (handed to the consumer)
             full.put(("error", 0, exc))
 
-    reader = threading.Thread(target=prefetch, name="verify-prefetch", daemon=True)
-    reader.start()
+    readers = [threading.Thread(target=prefetch, args=(k,), name=f"verify-prefetch-{k}", daemon=True)
+               for k in range(DIRECT_READERS)]  # fmt: skip
+    for reader in readers:
+        reader.start()
+    offset = 0
     try:
-        while True:
+        for i in itertools.count():
+            free, full = lanes[i % DIRECT_READERS]
             kind, a, b = full.get()
             if kind == "data":
-                yield memoryview(a)[:b]
-                free.put(a)
-            elif kind == "fallback":
-                with open(path, "rb", buffering=0) as handle:
-                    yield from _buffered_chunks(handle, bufsize, offset=a)
-                return
-            else:
+                if b:
+                    yield memoryview(a)[:b]
+                offset += b
+                if b == bufsize:
+                    free.put(a)
+                    continue
+                a = offset  # a short read: the rest from here, buffered
+            elif kind != "fallback":
                 raise b
+            with open(path, "rb", buffering=0) as handle:
+                yield from _buffered_chunks(handle, bufsize, offset=a)
+            return
     finally:
         stop.set()
-        free.put(_DONE)
-        reader.join()
+        for free, _ in lanes:
+            free.put(_DONE)
+        for reader in readers:
+            reader.join()
         os.close(fd)
-        for m in buffers:
+        for m in buffers if owned else ():
             try:
                 m.close()
             except BufferError:  # a view the consumer still holds: freed with it
@@ -417,10 +455,12 @@ def _read_one(
         if lane is None:
             lane = local.lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-md5")
             lanes.append(lane)
+    if direct is not False and _HAVE_DIRECT and getattr(local, "direct", None) is None:
+        local.direct = direct_buffers(bufsize)
     started = time.time_ns()
     try:
         before = FileStat.of(os.stat(path))
-        digests = hash_file(path, bufsize, counter.add, buf, lane, direct)
+        digests = hash_file(path, bufsize, counter.add, buf, lane, direct, getattr(local, "direct", None))
         after = FileStat.of(os.stat(path))
     except OSError as exc:
         return _ReadOutcome(None, None, None, started, error=f"cannot read: {exc.strerror or exc}")
@@ -437,9 +477,10 @@ def hash_many(
 ) -> dict[str, _ReadOutcome]:
     """Hash {key: path} in parallel, largest first (keeps the tail short).
 
-    Each reader thread has an md5 lane of its own, so ``workers`` files are read at once
-    and each keeps up to two cores hashing: the load spreads over the cores even when the
-    files are few or of uneven size.
+    ``workers`` files are read at once, and each reader thread has an md5 lane of its own, so
+    one file keeps up to two cores hashing (md5 on one, sha256 on part of the other). The last
+    file does not wait for a free reader: it starts at once beside the others, so equal shards
+    never end with one of them hashed alone while a core idles (3 on 2 workers finish together).
     """
     sizes = sizes or {}
     order = sorted(paths, key=lambda k: -sizes.get(k, 0))
@@ -450,13 +491,17 @@ def hash_many(
     try:
         if nworkers <= 1 or len(order) <= 1:
             return {k: _read_one(paths[k], bufsize, counter, local, lanes, direct) for k in order}
-        if direct is None:
-            # Several files at once: the kernel's readahead keeps several requests in flight per
-            # stream, one O_DIRECT prefetcher only one. Measured here (4 x 256 MiB, 2 workers, cold,
-            # median of 3): buffered 544 MB/s, O_DIRECT 497; one 1 GiB file: O_DIRECT 421, buffered 378.
-            direct = False
-        with ThreadPoolExecutor(max_workers=nworkers, thread_name_prefix="verify") as pool:
-            futures = {k: pool.submit(_read_one, paths[k], bufsize, counter, local, lanes, direct) for k in order}
+        slots = threading.BoundedSemaphore(nworkers)
+        last = order[-1]
+
+        def read(k: str) -> _ReadOutcome:
+            if k == last:
+                return _read_one(paths[k], bufsize, counter, local, lanes, direct)
+            with slots:
+                return _read_one(paths[k], bufsize, counter, local, lanes, direct)
+
+        with ThreadPoolExecutor(max_workers=nworkers + 1, thread_name_prefix="verify") as pool:
+            futures = {k: pool.submit(read, k) for k in order}
             return {k: f.result() for k, f in futures.items()}
     finally:
         for lane in lanes:
