@@ -18,7 +18,7 @@ description:
     unchanged C(template) or C(copy). Render templates on the controller (C(lookup('template', ...)))
     and pass the content. A task that writes secrets sets C(no_log), as it would for C(template).
   - With I(prune), removes the files of a directory that match a pattern and are not among the
-    I(files) and I(links) of this call (after they are written): the stale ones, in the same round trip.
+    I(files) and I(links) of this call (after they are written), the stale ones, in the same round trip.
   - Fails, naming the path and the fix, where a directory is wanted and something else is there, a
     link is wanted where a directory is, or a path I(prune) would remove is not a regular file or link.
 options:

@@ -41,15 +41,15 @@ options:
     elements: dict
     default: []
   mode:
-    description: Mode of the directories (octal string).
+    description: As for C(atlas.serving.paths) (the directories' mode).
     type: str
     default: "0755"
   owner:
-    description: Owner of the directories.
+    description: As for C(atlas.serving.paths) (the directories' owner).
     type: str
     default: root
   group:
-    description: Group of the directories.
+    description: As for C(atlas.serving.paths) (the directories' group).
     type: str
     default: root
   expect_links:
