@@ -171,3 +171,42 @@ def test_module_files_check_diff_then_write_then_unchanged(tmp_path: Path) -> No
     assert "FAILED" in status and "owner 'no-such-user-x' does not exist" in failed["msg"]
     status, planned = _module(tmp_path, bad, "--check")
     assert "CHANGED" in status, "check mode on a bare node: the account comes from an earlier task"
+
+
+def test_prune_removes_unmanaged_matches_only_and_names_what_it_cannot(tmp_path: Path) -> None:
+    d = tmp_path / "west"
+    d.mkdir()
+    for name in ("n1.conf", "gone.conf", ".hidden.conf", "notes.txt"):
+        (d / name).write_text("x")
+    (d / "old-link.conf").symlink_to("n1.conf")
+    actions = paths.plan_prune([(str(d), "*.conf")], [str(d / "n1.conf")])
+    assert [p for _, p, _ in actions] == [str(d / "gone.conf"), str(d / "old-link.conf")]
+    assert paths.describe_prune(actions)[0] == f"remove {d / 'gone.conf'} (matches *.conf, not managed)"
+    paths.apply_prune(actions)
+    assert sorted(p.name for p in d.iterdir()) == [".hidden.conf", "n1.conf", "notes.txt"]
+    assert paths.plan_prune([(str(d), "*.conf")], [str(d / "n1.conf")]) == []
+    assert paths.plan_prune([(str(tmp_path / "missing"), "*.conf")], []) == [], "no directory, nothing stale"
+    (d / "sub.conf").mkdir()
+    with pytest.raises(paths.PathError, match=r"sub.conf matches '\*.conf' .* not a regular file or link"):
+        paths.plan_prune([(str(d), "*.conf")], [str(d / "n1.conf")])
+    with pytest.raises(paths.PathError, match=r"prune: .*notes.txt is not a directory"):
+        paths.plan_prune([(str(d / "notes.txt"), "*.conf")], [])
+
+
+def test_module_prune_check_diff_then_remove_then_unchanged(tmp_path: Path) -> None:
+    d = tmp_path / "west"
+    d.mkdir()
+    (d / "gone.conf").write_text("server 10.0.0.9:8000;\n")
+    args = {"directories": [str(d)], "owner": ME[0], "group": ME[1],
+            "files": [{"dest": str(d / "n1.conf"), "content": "server 10.0.0.11:8000;\n", "owner": ME[0],
+                       "group": ME[1]}],
+            "prune": [{"path": str(d), "pattern": "*.conf"}]}
+    status, check = _module(tmp_path, args, "--check", "--diff")
+    assert "CHANGED" in status and check["removed"] == [str(d / "gone.conf")] and (d / "gone.conf").exists(), check
+    status, first = _module(tmp_path, args)
+    assert "CHANGED" in status and first["removed"] == [str(d / "gone.conf")] and not (d / "gone.conf").exists()
+    assert (d / "n1.conf").read_text() == "server 10.0.0.11:8000;\n", "the managed file is kept"
+    status, again = _module(tmp_path, args)
+    assert "SUCCESS" in status and again["removed"] == [] and again["changed"] is False
+    status, bad = _module(tmp_path, {**args, "prune": [{"pattern": "*.conf"}]})
+    assert "FAILED" in status and "each prune entry needs path" in bad["msg"]

@@ -12,12 +12,17 @@ context of its directory as ``template`` does). :func:`plan` compares what is on
 wanted and lists the actions; :func:`apply` carries them out, in order (missing parents first,
 with the same mode and owner, as ``ansible.builtin.file`` with ``state: directory`` does).
 A link is replaced atomically (a new link beside it, renamed over it), as
-``ansible.builtin.file`` does with ``force: true``.
+``ansible.builtin.file`` does with ``force: true``. :func:`plan_prune` lists the files of a
+directory that match a pattern and that the call does not manage (the stale ones a ``find`` +
+``file: state=absent`` loop would remove); :func:`apply_prune` removes them.
+:func:`file_entries` reads the ``files`` option of the modules that take one (``paths``,
+``stage_state``), so both compare the same way.
 Standard library only: this file is shipped to managed nodes by Ansible.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import grp
 import os
 import pwd
@@ -219,3 +224,63 @@ def file_diffs(actions, files):
 
     return [{"before": text(detail), "after": text(after[path]), "before_header": path, "after_header": path}
             for verb, path, detail in actions if verb == "write"]
+
+
+def file_entries(entries, tolerate_unknown_owner=False):
+    """The ``files`` option (dicts of dest, content, mode, owner, group) as plan_files' tuples.
+    ``tolerate_unknown_owner``: an owner or group missing on the node gives uid/gid -1 (check mode on
+    a bare node, where an earlier task creates the account) instead of an error."""
+    files = []
+    for entry in entries:
+        if not isinstance(entry.get("dest"), str) or not isinstance(entry.get("content"), str):
+            raise PathError(f"each file needs dest and content (strings), got dest {entry.get('dest')!r}")
+        raw = entry.get("mode", "0644")
+        try:
+            fmode = raw if isinstance(raw, int) else int(str(raw), 8)  # an int: YAML read 0644 already
+        except ValueError:
+            raise PathError(f"{entry['dest']}: mode {raw!r} is not an octal mode such as '0644'") from None
+        try:
+            fuid, fgid = ids(entry.get("owner", "root"), entry.get("group", "root"))
+        except PathError:
+            if not tolerate_unknown_owner:
+                raise
+            fuid, fgid = -1, -1
+        files.append((entry["dest"], entry["content"].encode("utf-8"), fmode, fuid, fgid))
+    return files
+
+
+def plan_prune(rules, keep):
+    """``remove`` actions (verb, path, pattern) for the entries of each rule's directory whose name
+    matches its pattern (fnmatch, as ``find`` matches; names starting with a dot are left alone, as
+    ``find`` and nginx's ``include *.conf`` do) and that are not in ``keep`` (the paths this call
+    manages). ``rules``: (directory, pattern) tuples; a missing directory has nothing to remove.
+    Only regular files and links are removed: anything else matching is an error naming it."""
+    keep = {os.path.normpath(path) for path in keep}
+    actions = []
+    for directory, pattern in rules:
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            continue
+        except NotADirectoryError:
+            raise PathError(f"prune: {directory} is not a directory: name the directory whose {pattern!r} "
+                            "files this call manages") from None
+        for name in sorted(names):
+            path = os.path.join(directory, name)
+            if name.startswith(".") or not fnmatch.fnmatch(name, pattern) or os.path.normpath(path) in keep:
+                continue
+            mode = os.lstat(path).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                raise PathError(f"{path} matches {pattern!r} in {directory} and is not managed here, but it is "
+                                "not a regular file or link, so it is not removed: move it away, then run again")
+            actions.append(("remove", path, pattern))
+    return actions
+
+
+def apply_prune(actions):
+    for _verb, path, _pattern in actions:
+        os.unlink(path)
+
+
+def describe_prune(actions):
+    return [f"remove {path} (matches {pattern}, not managed)" for _verb, path, pattern in actions]

@@ -17,8 +17,10 @@ description:
   - One round trip to the node instead of one C(ansible.builtin.file) task per path and two per
     unchanged C(template) or C(copy). Render templates on the controller (C(lookup('template', ...)))
     and pass the content. A task that writes secrets sets C(no_log), as it would for C(template).
-  - Fails, naming the path and the fix, where a directory is wanted and something else is there, or a
-    link is wanted where a directory is.
+  - With I(prune), removes the files of a directory that match a pattern and are not among the
+    I(files) and I(links) of this call (after they are written), the stale ones, in the same round trip.
+  - Fails, naming the path and the fix, where a directory is wanted and something else is there, a
+    link is wanted where a directory is, or a path I(prune) would remove is not a regular file or link.
 options:
   directories:
     description: Directories, parents before children.
@@ -41,6 +43,15 @@ options:
     default: []
   links:
     description: Links, as C(dest) (the link) and C(src) (what it points at, stored as given).
+    type: list
+    elements: dict
+    default: []
+  prune:
+    description:
+      - Directories whose stale entries are removed, as C(path) (the directory) and C(pattern) (a
+        glob on the name, default C(*)). An entry that matches, is not a I(files) or I(links) C(dest)
+        of this call and does not start with a dot is removed; it must be a regular file or a link
+        (anything else fails the task, named). A missing directory has nothing to remove.
     type: list
     elements: dict
     default: []
@@ -71,6 +82,14 @@ EXAMPLES = r"""
     directories: [/etc/atlas/serving, /etc/atlas/serving/releases]
     links:
       - {dest: /etc/atlas/serving/atlas-serving.env, src: current/atlas-serving.env}
+
+- name: Backend files of the branch; those of nodes no longer in it are removed
+  atlas.serving.paths:
+    directories: [/etc/nginx/atlas-backends/east]
+    files:
+      - {dest: /etc/nginx/atlas-backends/east/n1.conf, content: "server 10.0.0.11:8000;\n"}
+    prune:
+      - {path: /etc/nginx/atlas-backends/east, pattern: "*.conf"}
 """
 
 RETURN = r"""
@@ -88,17 +107,26 @@ written:
   returned: always
   type: list
   elements: str
+removed:
+  description: The paths I(prune) removed (or, in check mode, would remove).
+  returned: always
+  type: list
+  elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.atlas.serving.plugins.module_utils.paths import (  # noqa: E402
     PathError,
+    apply_prune,
     converge,
     describe,
     describe_files,
+    describe_prune,
     file_diffs,
+    file_entries,
     ids,
     inspect,
+    plan_prune,
 )
 
 
@@ -109,6 +137,7 @@ def main():
             "files": {"type": "list", "elements": "dict", "default": []},
             "inspect": {"type": "list", "elements": "path", "default": []},
             "links": {"type": "list", "elements": "dict", "default": []},
+            "prune": {"type": "list", "elements": "dict", "default": []},
             "mode": {"type": "str", "default": "0755"},
             "owner": {"type": "str", "default": "root"},
             "group": {"type": "str", "default": "root"},
@@ -125,36 +154,32 @@ def main():
         if not isinstance(entry.get("dest"), str) or not isinstance(entry.get("src"), str):
             module.fail_json(msg=f"each link needs dest and src (strings), got {entry!r}")
         links.append((entry["dest"], entry["src"]))
+    rules = []
+    for entry in p["prune"]:
+        if not isinstance(entry.get("path"), str) or not isinstance(entry.get("pattern", "*"), str):
+            module.fail_json(msg=f"each prune entry needs path (the directory) and pattern (a glob), got {entry!r}")
+        rules.append((entry["path"], entry.get("pattern", "*")))
     try:
         inspected = inspect(p["inspect"])
         uid, gid = ids(p["owner"], p["group"])
-        files = []
-        for entry in p["files"]:
-            if not isinstance(entry.get("dest"), str) or not isinstance(entry.get("content"), str):
-                module.fail_json(msg="each file needs dest and content (strings), got dest "
-                                     f"{entry.get('dest')!r}")
-            raw = entry.get("mode", "0644")
-            try:
-                fmode = raw if isinstance(raw, int) else int(str(raw), 8)  # an int: YAML read 0644 already
-            except ValueError:
-                module.fail_json(msg=f"{entry['dest']}: mode {raw!r} is not an octal mode such as '0644'")
-            try:
-                fuid, fgid = ids(entry.get("owner", "root"), entry.get("group", "root"))
-            except PathError:
-                if not module.check_mode:
-                    raise
-                fuid, fgid = -1, -1  # check mode on a bare node: the account is created by an earlier task
-            files.append((entry["dest"], entry["content"].encode("utf-8"), fmode, fuid, fgid))
+        # check mode on a bare node: the account is created by an earlier task
+        files = file_entries(p["files"], tolerate_unknown_owner=module.check_mode)
         dir_actions, file_actions, link_actions = converge(p["directories"], files, links, mode, uid, gid,
                                                            check=module.check_mode)
+        prune_actions = plan_prune(rules, [dest for dest, *_ in files] + [dest for dest, _ in links])
+        if not module.check_mode:
+            apply_prune(prune_actions)
     except (PathError, OSError) as exc:
         module.fail_json(msg=str(exc))
-    lines = describe(dir_actions) + describe_files(file_actions) + describe(link_actions)
+    lines = (describe(dir_actions) + describe_files(file_actions) + describe(link_actions)
+             + describe_prune(prune_actions))
     written = [path for verb, path, _ in file_actions if verb == "write"]
-    result = {"changed": bool(lines), "actions": lines, "written": written, "inspected": inspected}
+    result = {"changed": bool(lines), "actions": lines, "written": written, "inspected": inspected,
+              "removed": [path for _, path, _ in prune_actions]}
     if module._diff and lines:
-        diffs = [{"before": "", "after": "\n".join(describe(dir_actions + link_actions)) + "\n",
-                  "before_header": "paths", "after_header": "paths"}] if dir_actions or link_actions else []
+        listed = describe(dir_actions + link_actions) + describe_prune(prune_actions)
+        diffs = [{"before": "", "after": "\n".join(listed) + "\n",
+                  "before_header": "paths", "after_header": "paths"}] if listed else []
         result["diff"] = diffs + file_diffs(file_actions, files)
     module.exit_json(**result)
 
