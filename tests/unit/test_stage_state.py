@@ -4,11 +4,14 @@
 from __future__ import annotations
 
 import grp
+import hashlib
 import json
 import os
 import pwd
+import shutil
 import subprocess
 import sys
+import time
 from collections import namedtuple
 from pathlib import Path
 
@@ -218,3 +221,114 @@ def test_module_reports_converged_or_the_differences_and_changes_nothing(tmp_pat
     assert env.read_text() == "A=2\n", "the probe writes nothing"
     bad = run({"prune_oldest": {"path": str(tmp_path), "keep": "three"}})
     assert "prune_oldest needs path (a directory) and keep (a count)" in bad["msg"]
+
+
+# --- mirror: what rsync --recursive --times --delete would itemize (the models stage's copy) ------------------------
+
+RSYNC = ["rsync", "--recursive", "--times", "--delete", "--itemize-changes", "--chmod=D0755,F0644"]
+
+
+def _rsync(src: Path, dst: Path, *flags: str) -> str:
+    return subprocess.run([*RSYNC, *flags, f"{src}/", f"{dst}/"], check=True, capture_output=True,
+                          text=True, timeout=60).stdout
+
+
+def _mirrored(tmp_path: Path) -> tuple[Path, Path]:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "sub").mkdir(parents=True)
+    (src / "config.json").write_text("{}")
+    (src / "sub" / "model.safetensors").write_bytes(b"x" * 4096)
+    for path, when in ((src / "config.json", 1_700_000_000), (src / "sub" / "model.safetensors", 1_700_000_100),
+                       (src / "sub", 1_700_000_200), (src, 1_700_000_300)):
+        os.utime(path, (when, when))
+    _rsync(src, dst)
+    return src, dst
+
+
+def _touch(path: Path, when: float) -> None:
+    os.utime(path, (when, when))
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda s, d: (d / "extra.bin").write_text("x"), "extra.bin is not in"),
+    (lambda s, d: (d / "config.json").unlink(), "config.json is missing"),
+    (lambda s, d: (d / "sub" / "model.safetensors").write_bytes(b"y" * 10), "has 10 bytes, not 4096"),
+    (lambda s, d: _touch(d / "config.json", 1_600_000_000), "config.json has another mtime"),
+    (lambda s, d: _touch(d / "sub", 1_600_000_000), "sub has another mtime"),
+    (lambda s, d: (shutil.rmtree(d / "sub"), (d / "sub").write_text("")), "sub is not a directory"),
+    (lambda s, d: (s / "link").symlink_to("config.json"), "is neither a file nor a directory"),
+])
+def test_each_mirror_difference_is_one_rsync_would_act_on(tmp_path: Path, damage, says: str) -> None:
+    src, dst = _mirrored(tmp_path)
+    assert state.mirror_differences(str(src), str(dst)) == [] and _rsync(src, dst, "--dry-run") == ""
+    damage(src, dst)
+    _touch(src, 1_700_000_300)
+    found = state.mirror_differences(str(src), str(dst))
+    assert any(says in line for line in found), found
+    if "neither" not in says:  # rsync skips a symlink without --links; the fast path does not reason about it
+        assert _rsync(src, dst, "--dry-run") != "", "rsync agrees that it would act"
+
+
+def test_a_mirror_equal_to_the_second_is_converged_as_rsync_says(tmp_path: Path) -> None:
+    src, dst = _mirrored(tmp_path)
+    _touch(dst / "config.json", 1_700_000_000.4)  # same second, other nanoseconds: rsync's quick check passes
+    assert state.mirror_differences(str(src), str(dst)) == [] and _rsync(src, dst, "--dry-run") == ""
+    assert state.mirror_differences(str(src), str(tmp_path / "none")) == [f"{tmp_path / 'none'} does not exist"]
+
+
+# --- verified: model_verify would pass from its stamps alone ---------------------------------------------------------
+
+tree_check = module_utils("tree_check")
+
+
+def _verified_tree(tmp_path: Path) -> tuple[Path, dict]:
+    root = tmp_path / "model"
+    root.mkdir()
+    lines = {"md5": [], "sha256": []}
+    for name, data in (("a.bin", b"a" * 5000), ("b.json", b"{}")):
+        (root / name).write_bytes(data)
+        for alg in lines:
+            lines[alg].append(f"{hashlib.new(alg, data).hexdigest()}  {name}\n")
+    for alg, text in lines.items():
+        (root / f"{alg}sums.txt").write_text("".join(text))
+    for path in root.iterdir():
+        _touch(path, 1_700_000_000)
+    time.sleep(module_utils("checksums").RACY_MARGIN_NS / 1e9 + 0.05)  # ctime is now: past the racy window
+    opts = {"checksum_files": [str(root / "md5sums.txt"), str(root / "sha256sums.txt")],
+            "stamp_file": str(tmp_path / "stamps.json")}
+    report, _ = tree_check.check_tree(str(root), **opts)
+    assert not report.failed and report.stamps_written
+    return root, opts
+
+
+def test_a_tree_its_stamps_vouch_for_is_converged_and_nothing_is_read(tmp_path: Path, monkeypatch) -> None:
+    root, opts = _verified_tree(tmp_path)
+    checksums = module_utils("checksums")
+    monkeypatch.setattr(checksums, "hash_file", lambda *a, **k: pytest.fail("the fast path read a file"))
+    assert state.verified_differences(str(root), **opts) == []
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda r, o: _touch(r / "a.bin", 1_600_000_000), "a.bin: no stamp vouches for it"),
+    (lambda r, o: (r / "a.bin").unlink(), "a.bin: missing"),
+    (lambda r, o: (r / "c.bin").write_text("x"), "c.bin: not in"),
+    (lambda r, o: Path(o["stamp_file"]).unlink(), "b.json: no stamp vouches for it"),
+    (lambda r, o: (r / "md5sums.txt").write_text("garbage\n"), "md5sums.txt"),
+])
+def test_each_reason_model_verify_would_read_or_fail_is_found(tmp_path: Path, damage, says: str) -> None:
+    root, opts = _verified_tree(tmp_path)
+    stamps_before = Path(opts["stamp_file"]).read_bytes()
+    damage(root, opts)
+    found = state.verified_differences(str(root), **opts)
+    assert any(says in line for line in found), found
+    if Path(opts["stamp_file"]).exists():
+        assert Path(opts["stamp_file"]).read_bytes() == stamps_before, "the probe writes no stamp"
+
+
+def test_a_stamp_file_a_run_would_rewrite_is_a_difference(tmp_path: Path) -> None:
+    root, opts = _verified_tree(tmp_path)
+    (root / "b.json").unlink()
+    opts["checksum_files"], opts["allow_extra"] = [str(tmp_path / "only-a.txt")], True
+    Path(opts["checksum_files"][0]).write_text((root / "sha256sums.txt").read_text().splitlines()[0] + "\n")
+    assert state.verified_differences(str(root), **opts) == [
+        f"{opts['stamp_file']}: the stamps of {root} would be rewritten"]

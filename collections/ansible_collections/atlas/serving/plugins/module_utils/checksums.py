@@ -66,6 +66,7 @@ STATUS_ERROR = "error"
 LINKS = ("follow", "refuse")  # verify_tree's ``links``: model directories may link; a bundle never does
 REFUSED_LINK = "a symlink or special file, refused (a bundle holds regular files only; not followed)"
 NOT_REGULAR = "not a regular file"
+NOT_VOUCHED = "no stamp vouches for it (it would be read)"
 # What a bad file's problem is called (FileResult.problem), worst digest first: the bundle's words.
 PROBLEMS = ("missing", "unexpected", "size", "sha256", "md5", "symlink", "unreadable")
 
@@ -708,6 +709,7 @@ def verify_tree(
     direct: bool | None = None,
     links: str = "follow",
     listed_in: str = "the checksum list",
+    read: bool = True,
 ) -> Report:
     """Verify every expected file under root; report ok/mismatch/missing/extra/error per file.
 
@@ -717,6 +719,8 @@ def verify_tree(
     ``links``: ``follow`` symlinks (a model directory may link to its blobs), or ``refuse`` them:
     every symlink or special file under root is an error, never read through (a bundle).
     ``listed_in`` names the expectation in the message of an extra file.
+    ``read`` False reads no file: one that no stamp vouches for is an error (NOT_VOUCHED), so the
+    report proves from stamps alone that a run would read nothing (a stage's fast path).
     """
     if links not in LINKS:
         raise VerifyError(f"links must be one of {', '.join(LINKS)}, not {links!r}")
@@ -777,6 +781,11 @@ def verify_tree(
         to_read[rel] = path
         sizes[rel] = st.size
 
+    if not read:
+        for rel in to_read:
+            results[rel] = FileResult(rel, STATUS_ERROR, None, expected[rel].as_dict(), None, (), NOT_VOUCHED)
+        to_read = {}
+        write_stamps = False
     outcomes = hash_many(to_read, workers, bufsize, progress, sizes, direct)
     bytes_read = 0
     for rel, outcome in outcomes.items():

@@ -13,7 +13,11 @@ skipped. Any difference: they run as before. Each check states exactly what a fu
   :func:`paths.plan_files`, one comparison), plus links the stage reads but does not manage;
 - :func:`oldest_to_prune`: the release directories a ``find`` + ``file: state=absent`` prune by
   mtime would remove (the same listing and order as ``ansible.builtin.find``);
-- :func:`unit_differences`: ``systemd_service`` with ``enabled: true`` and ``state: started``.
+- :func:`unit_differences`: ``systemd_service`` with ``enabled: true`` and ``state: started``;
+- :func:`mirror_differences`: what ``rsync --recursive --times --delete`` from a source directory
+  would itemize (its quick check: kind, size and mtime in whole seconds; directories' mtimes too);
+- :func:`verified_differences`: what ``model_verify`` would read or rewrite: every listed file
+  vouched for by its stamp, no extra file, the stamp file as a run would leave it.
 
 Standard library only: this file is shipped to managed nodes by Ansible.
 """
@@ -25,6 +29,7 @@ import os
 import pwd
 import stat
 
+from ansible_collections.atlas.serving.plugins.module_utils.checksums import VerifyError
 from ansible_collections.atlas.serving.plugins.module_utils.health import parse_show
 from ansible_collections.atlas.serving.plugins.module_utils.paths import (
     PathError,
@@ -35,6 +40,7 @@ from ansible_collections.atlas.serving.plugins.module_utils.paths import (
     plan,
     plan_files,
 )
+from ansible_collections.atlas.serving.plugins.module_utils.tree_check import check_tree
 
 
 def sys_gid_max(login_defs="/etc/login.defs"):
@@ -156,3 +162,59 @@ def unit_differences(name, run):
     if props.get("ActiveState") != "active":
         diffs.append(f"unit {name} is {props.get('ActiveState', 'unknown')}, not active")
     return diffs
+
+
+def _tree(root):
+    """{relative path: lstat} of everything under ``root`` ('.' is root itself), links not followed."""
+    out = {".": os.lstat(root)}
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(directory, name)
+            out[os.path.relpath(path, root)] = os.lstat(path)
+    return out
+
+
+def mirror_differences(source, dest):
+    """What ``rsync --recursive --times --delete source/ dest/`` would itemize, one line each: an entry
+    missing, extra (deleted) or of another kind, a file of another size or mtime (rsync's quick check,
+    whole seconds: its default --modify-window 0), a directory of another mtime (--times sets them).
+    Anything in ``source`` that is neither a file nor a directory is a difference: rsync without
+    --links skips it, and the fast path does not reason about what it skips."""
+    try:
+        want = _tree(source)
+    except FileNotFoundError:
+        return [f"{source} does not exist"]
+    try:
+        have = _tree(dest)
+    except FileNotFoundError:
+        return [f"{dest} does not exist"]
+    out = []
+    for rel, st in sorted(want.items()):
+        path = os.path.normpath(os.path.join(dest, rel))
+        found = have.get(rel)
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            out.append(f"{os.path.join(source, rel)} is neither a file nor a directory")
+        elif found is None:
+            out.append(f"{path} is missing")
+        elif stat.S_IFMT(found.st_mode) != stat.S_IFMT(st.st_mode):
+            out.append(f"{path} is not a {'directory' if stat.S_ISDIR(st.st_mode) else 'file'}")
+        elif stat.S_ISREG(st.st_mode) and found.st_size != st.st_size:
+            out.append(f"{path} has {found.st_size} bytes, not {st.st_size}")
+        elif int(found.st_mtime) != int(st.st_mtime):
+            out.append(f"{path} has another mtime than {os.path.join(source, rel)}")
+    out += [f"{os.path.normpath(os.path.join(dest, rel))} is not in {source} (rsync --delete removes it)"
+            for rel in sorted(set(have) - set(want))]
+    return out
+
+
+def verified_differences(root, **check):
+    """Why ``model_verify`` with these options (``tree_check.check_tree``'s) would read a file, fail, or
+    write its stamp file; [] when stamps alone prove the tree as listed. Reads no file."""
+    try:
+        report, _stamps = check_tree(root, read=False, write_stamps=False, **check)
+    except VerifyError as exc:
+        return [str(exc)]
+    out = [f"{root}/{r.path}: {r.message or r.status}" for r in report.bad]
+    if not out and report.stamps_changed:
+        out.append(f"{report.stamps_path}: the stamps of {root} would be rewritten")
+    return out

@@ -166,27 +166,9 @@ stamps_written:
 """
 
 # Imports follow the documentation blocks, as in ansible-core's modules.
-import os  # noqa: E402
-import posixpath  # noqa: E402
-
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.atlas.serving.plugins.module_utils.checksums import (  # noqa: E402
-    STAMP_FILE_NAME,
-    VerifyError,
-    verify_tree,
-)
-from ansible_collections.atlas.serving.plugins.module_utils.manifest import (  # noqa: E402
-    ManifestError,
-    load_expected,
-)
-from ansible_collections.atlas.serving.plugins.module_utils.signature import SIGNATURE_NAME  # noqa: E402
-
-DEFAULT_LISTS = ("manifest.json", "md5sums.txt", "sha256sums.txt")
-
-
-def _relative_inside(root, path):
-    rel = os.path.relpath(os.path.realpath(path), os.path.realpath(root)).replace(os.sep, "/")
-    return None if rel.startswith("../") else rel
+from ansible_collections.atlas.serving.plugins.module_utils.checksums import VerifyError  # noqa: E402
+from ansible_collections.atlas.serving.plugins.module_utils.tree_check import check_tree  # noqa: E402
 
 
 def run_module():
@@ -207,43 +189,13 @@ def run_module():
         supports_check_mode=True,
     )
     p = module.params
-    root = p["path"]
-    lists = ([p["manifest"]] if p["manifest"] else []) + p["checksum_files"]
-    if not lists:
-        lists = [os.path.join(root, n) for n in DEFAULT_LISTS if os.path.isfile(os.path.join(root, n))]
-    if not lists:
-        module.fail_json(
-            msg=f"{root}: no checksum list given and none of {', '.join(DEFAULT_LISTS)} is there; "
-            "set manifest (a manifest.json) or checksum_files (md5sum/sha256sum output)"
-        )
     if p["workers"] is not None and p["workers"] < 1:
         module.fail_json(msg=f"workers must be at least 1, got {p['workers']}")
-    if p["manifest_sha256"] is not None and not p["manifest"]:
-        module.fail_json(msg="manifest_sha256 is set but manifest is not: name the manifest it vouches for")
-    trusted = {p["manifest"]: p["manifest_sha256"]} if p["manifest_sha256"] is not None else None
     try:
-        expected = load_expected(lists, prefix=p["prefix"], trusted=trusted)
-    except ManifestError as exc:
-        module.fail_json(msg=str(exc))
-    stamp_path = None
-    if p["stamps"]:
-        stamp_path = p["stamp_file"] or os.path.join(root, STAMP_FILE_NAME)
-    ignore = {rel for rel in (_relative_inside(root, x) for x in lists) if rel}
-    # a bundle root: the manifest's detached signature is not listed in it (DESIGN.md)
-    ignore |= {posixpath.join(posixpath.dirname(rel), SIGNATURE_NAME) for rel in list(ignore)
-               if posixpath.basename(rel) == "manifest.json"}
-    try:
-        report = verify_tree(
-            root,
-            expected,
-            stamps_path=stamp_path,
-            full=p["full"],
-            workers=p["workers"],
-            allow_extra=p["allow_extra"],
-            write_stamps=not module.check_mode,
-            ignore=ignore,
-            links=p["links"],
-        )
+        report, stamp_path = check_tree(
+            p["path"], p["manifest"], p["checksum_files"], prefix=p["prefix"], manifest_sha256=p["manifest_sha256"],
+            stamps=p["stamps"], stamp_file=p["stamp_file"], full=p["full"], workers=p["workers"],
+            allow_extra=p["allow_extra"], write_stamps=not module.check_mode, links=p["links"])
     except VerifyError as exc:
         module.fail_json(msg=str(exc))
     for warning in report.warnings:

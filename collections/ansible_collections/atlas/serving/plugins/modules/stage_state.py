@@ -70,6 +70,19 @@ options:
   unit:
     description: A systemd unit that must be loaded, enabled and active (so not failed).
     type: str
+  mirror:
+    description:
+      - C(source) and C(dest) directories; C(dest) must be what C(rsync --recursive --times --delete
+        source/ dest/) leaves, so that rsync would itemize nothing (its quick check: size and mtime).
+    type: dict
+  verified:
+    description:
+      - Trees that C(atlas.serving.model_verify) with these options (C(path), C(manifest),
+        C(checksum_files), C(prefix), C(manifest_sha256), C(allow_extra), C(stamp_file)) would pass
+        without reading a file or writing its stamp file; no file is read.
+    type: list
+    elements: dict
+    default: []
 attributes:
   check_mode:
     support: full
@@ -111,10 +124,14 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.atlas.serving.plugins.module_utils.paths import inspect  # noqa: E402
 from ansible_collections.atlas.serving.plugins.module_utils.stage_state import (  # noqa: E402
     account_differences,
+    mirror_differences,
     oldest_to_prune,
     path_differences,
     unit_differences,
+    verified_differences,
 )
+
+VERIFIED_KEYS = ("path", "manifest", "checksum_files", "prefix", "manifest_sha256", "allow_extra", "stamp_file")
 
 
 def main():
@@ -131,6 +148,8 @@ def main():
             "inspect": {"type": "list", "elements": "path", "default": []},
             "prune_oldest": {"type": "dict"},
             "unit": {"type": "str"},
+            "mirror": {"type": "dict"},
+            "verified": {"type": "list", "elements": "dict", "default": []},
         },
         supports_check_mode=True,
     )
@@ -162,6 +181,18 @@ def main():
             module.fail_json(msg=f"prune_oldest needs path (a directory) and keep (a count), got {prune!r}")
         differences += [f"{path} would be pruned (not among the newest {prune['keep']})"
                         for path in oldest_to_prune(prune["path"], int(prune["keep"]), prune.get("protect") or [])]
+    mirror = p["mirror"]
+    if mirror is not None:
+        if not all(isinstance(mirror.get(k), str) for k in ("source", "dest")):
+            module.fail_json(msg=f"mirror needs source and dest (directories), got {mirror!r}")
+        differences += mirror_differences(mirror["source"], mirror["dest"])
+    for entry in p["verified"]:
+        unknown = sorted(set(entry) - set(VERIFIED_KEYS))
+        if unknown or not isinstance(entry.get("path"), str):
+            module.fail_json(msg=f"each entry of verified needs path and takes only {', '.join(VERIFIED_KEYS)}; "
+                                 f"got {entry!r}")
+        options = {k: entry[k] for k in VERIFIED_KEYS[1:] if entry.get(k) is not None}
+        differences += verified_differences(entry["path"], **options)
     if p["unit"]:
         differences += unit_differences(p["unit"], lambda argv: module.run_command(argv))
     module.exit_json(changed=False, converged=not differences, differences=differences, inspected=inspected)
