@@ -292,8 +292,8 @@ def _placed(nbytes, place, kind, shape, layout):
 
 def layout_npus(layout):
     """NPUs the layout occupies: TP x PP x DP (SGLang's DP attention runs inside the TP group)."""
-    dp = 1 if layout.get("dp_attention") else layout["dp"]
-    return layout["tp"] * layout["pp"] * dp
+    dp = 1 if layout.get("dp_attention") else layout.get("dp", 1)
+    return layout.get("tp", 1) * layout.get("pp", 1) * dp
 
 
 def normalise_layout(layout):
