@@ -562,6 +562,9 @@ def plan_model(config, engine, flags, npu_count, hbm_bytes, weight_bytes=None,
     scheme = layout.pop("scheme") or "bf16"
     layout["nodes"] = nodes or layout["nodes"] or 1
     layout["npus_per_node"] = int(npu_count)
+    if layout["nodes"] == 1 and layout["pp"] == layout["dp"] == 1 and layout["tp"] > npu_count:
+        raise PlanError(f"{name}: tensor parallel {layout['tp']} needs {layout['tp']} NPUs, the host has {npu_count}: "
+                        f"plan it over {math.ceil(layout['tp'] / npu_count)} nodes (--nodes) or lower the TP size")
     wbytes = dtype_bytes(dtype, config) if scheme != "w8a8" else 1
     source = "safetensors headers"
     if weight_bytes is None:
