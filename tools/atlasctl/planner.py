@@ -183,18 +183,23 @@ class PlanRow:
 
 
 def plan_profile(name: str, npu_count: int | None = None, hbm_mb: int | None = None,
-                 model_dir: Path | None = None, reserve_gib: float | None = None, dirs: Dirs = ()) -> PlanRow:
-    """The memory plan of ``name`` on its declared hardware (or ``npu_count`` x ``hbm_mb``)."""
+                 model_dir: Path | None = None, reserve_gib: float | None = None, dirs: Dirs = (),
+                 nodes: int | None = None) -> PlanRow:
+    """The memory plan of ``name`` on its declared hardware (or ``npu_count`` x ``hbm_mb`` per node).
+
+    The layout (TP, PP, DP, expert parallel, W8A8) comes from the profile's engine flags; the node
+    count from ``nodes`` (``--nodes``), else the flags (``--nnodes``, DP size / local DP size), else the
+    profile's ``hardware.nodes``, else 1."""
     memplan = module_utils("memplan")
     try:
-        return _plan_profile(memplan, name, npu_count, hbm_mb, model_dir, reserve_gib, dirs)
+        return _plan_profile(memplan, name, npu_count, hbm_mb, model_dir, reserve_gib, dirs, nodes)
     except memplan.PlanError as exc:
         text = str(exc)
         raise UsageError(f"config plan {text if text.startswith(name + ':') else f'{name}: {text}'}") from None
 
 
 def _plan_profile(memplan, name: str, npu_count: int | None, hbm_mb: int | None, model_dir: Path | None,
-                  reserve_gib: float | None, dirs: Dirs) -> PlanRow:
+                  reserve_gib: float | None, dirs: Dirs, nodes: int | None = None) -> PlanRow:
     profile = load_profile(name, dirs)
     hardware = dict(profile.get("hardware") or {})
     count = npu_count if npu_count is not None else hardware.get("npu_count")
@@ -202,15 +207,18 @@ def _plan_profile(memplan, name: str, npu_count: int | None, hbm_mb: int | None,
     if not (count and hbm) or (model_dir is None and not (model_data_dir() / str(profile.get("model"))).is_dir()):
         return PlanRow(name, skipped="hardware or model comes from the inventory and bundle (preflight plans it)")
     config = model_config(str(profile.get("model")), model_dir)
-    weights = memplan.safetensors_weight_bytes(str(model_dir))["bytes"] if model_dir else None
+    weights = None
+    if model_dir:  # the headers' bytes, less the layers past num_hidden_layers (DeepSeek's MTP layer)
+        found = memplan.safetensors_weight_bytes(str(model_dir), memplan.model_shape(config)["layers"])
+        weights = found["bytes"] - found["beyond_layers_bytes"]
     reserve = int((reserve_gib if reserve_gib is not None else memplan.DEFAULT_RESERVE_GIB) * memplan.GIB)
     flags = {k: v for k, v in profile["flags"].items() if not (isinstance(v, str) and "{{" in v)}
     result = memplan.plan_model(config, profile["engine"], flags, int(count), int(hbm) * 1024 * 1024,
-                                weights, reserve, name)
+                                weights, reserve, name, nodes=nodes or hardware.get("nodes"))
     return PlanRow(name, result)
 
 
-PLAN_COLUMNS = (("profile", "PROFILE"), ("layout", "NPUs"), ("tp", "TP"), ("weights", "WEIGHTS/NPU"),
+PLAN_COLUMNS = (("profile", "PROFILE"), ("layout", "NPUs"), ("tp", "TP"), ("ppdp", "PPxDP"), ("weights", "WEIGHTS/NPU"),
                 ("usable", "USABLE/NPU"), ("kv_token", "KV B/TOKEN"), ("kv", "KV BUDGET"),
                 ("seqs", "SEQS@LEN"), ("headroom", "HEADROOM"), ("verdict", "VERDICT"))
 
@@ -224,8 +232,9 @@ def table_row(row: PlanRow) -> dict[str, str]:
         f"fits {p['seqs_at_max_len']} < max-num-seqs" if p["fits"] else "REFUSED")
     return {
         "profile": row.profile,
-        "layout": f"{p['npu_count']}x{g(p['hbm_bytes']):g}G",
+        "layout": (f"{p['nodes']}x" if p["nodes"] > 1 else "") + f"{p['npu_count']}x{g(p['hbm_bytes']):g}G",
         "tp": str(p["tp"]),
+        "ppdp": f"{p['pp']}x{p['dp']}" + ("+EP" if p["expert_parallel"] else ""),
         "weights": f"{g(p['weights_per_npu_bytes']):.2f} GiB",
         "usable": f"{g(p['usable_bytes']):.2f} GiB",
         "kv_token": str(p["kv_bytes_per_token"]),

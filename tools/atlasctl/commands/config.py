@@ -3,7 +3,8 @@
     atlasctl config render PROFILE [-i INV] [--out DIR] [--json]   args, env (0600) and systemd unit of a profile
     atlasctl config lint [PROFILE ...] [-i INV] [--json]           every flag/value/variable vs the release schema
     atlasctl config lint --release R --argv-file F [--env-file E]   lint a rendered .args/.env pair
-    atlasctl config plan [PROFILE ...] [-i INV] [--npus N --hbm-mb M] [--model-dir DIR] [--reserve-gib G] [--json]
+    atlasctl config plan [PROFILE ...] [-i INV] [--npus N --hbm-mb M] [--nodes K] [--model-dir DIR] [--reserve-gib G]
+                         [--json]                                   layout (TP x PP x DP, EP, W8A8) from the flags
     atlasctl config schema refresh [RELEASE ...] [--wheel-dir DIR]
 
 Profiles: the serving role's, and with -i INV also those in the directories INV's hosts name in
@@ -53,7 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = csub.add_parser("plan", help="NPU memory plan and capacity table")
     p.add_argument("profiles", nargs="*", help="profile names (default: all shipped, and -i INV's)")
     p.add_argument("-i", "--inventory", help=INVENTORY_HELP)
-    p.add_argument("--npus", type=int, help="NPU count (default: the profile's hardware)")
+    p.add_argument("--npus", type=int, help="NPUs per node (default: the profile's hardware)")
+    p.add_argument("--nodes", type=int, help="nodes of the instance (default: the profile's --nnodes, DP size / "
+                                             "local DP size, hardware.nodes, else 1)")
     p.add_argument("--hbm-mb", type=int, help="HBM per NPU in MB as npu-smi prints it (65536 for 64 GB)")
     p.add_argument("--model-dir", type=Path, help="model directory: config.json + *.safetensors headers")
     p.add_argument("--reserve-gib", type=float, help="activation/workspace reserve per NPU (default 2)")
@@ -148,11 +151,11 @@ def run_lint(args: argparse.Namespace) -> int:
 
 
 def _check_plan_args(args: argparse.Namespace) -> None:
-    for flag, value in (("--npus", args.npus), ("--hbm-mb", args.hbm_mb)):
+    examples = {"--npus": 8, "--hbm-mb": 65536, "--nodes": 2}
+    for flag, value in (("--npus", args.npus), ("--hbm-mb", args.hbm_mb), ("--nodes", args.nodes)):
         if value is not None and value < 1:
             raise UsageError(f"config plan {flag} {value}: must be a positive whole number",
-                             fix=f"pass e.g. {flag} {8 if flag == '--npus' else 65536}, or omit it for the "
-                                 "profile's hardware")
+                             fix=f"pass e.g. {flag} {examples[flag]}, or omit it for the profile's hardware")
     reserve = args.reserve_gib
     if reserve is not None and not (math.isfinite(reserve) and reserve >= 0):
         raise UsageError(f"config plan --reserve-gib {reserve}: must be a finite number of GiB >= 0",
@@ -162,7 +165,7 @@ def _check_plan_args(args: argparse.Namespace) -> None:
 def run_plan(args: argparse.Namespace) -> int:
     _check_plan_args(args)
     dirs = profile_dirs(args.inventory)
-    rows = [planner.plan_profile(n, args.npus, args.hbm_mb, args.model_dir, args.reserve_gib, dirs)
+    rows = [planner.plan_profile(n, args.npus, args.hbm_mb, args.model_dir, args.reserve_gib, dirs, args.nodes)
             for n in (args.profiles or planner.profile_names(dirs))]
     if args.json:
         print(json.dumps([{"profile": r.profile, "skipped": r.skipped, **r.plan} for r in rows], indent=1))

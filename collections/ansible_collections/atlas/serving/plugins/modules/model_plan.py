@@ -10,11 +10,13 @@ module: model_plan
 short_description: NPU memory plan of a serving profile for a model on this host
 description:
   - Reads the model's C(config.json) and the headers of its C(*.safetensors) files (8-byte length +
-    JSON; no tensor data) from O(model_dir), takes tensor parallel size, dtype, max model length,
-    concurrency and memory utilisation from the profile's O(flags), and computes per NPU the weights,
-    the KV cache bytes per token, how many sequences of max model length fit and the headroom.
-  - Fails, with the numbers and the nearest fix (more NPUs, lower max length, 8-bit weights), when the
-    plan cannot fit. Read-only; check mode supported; never changed.
+    JSON; no tensor data) from O(model_dir), takes the parallel layout (tensor, pipeline and data
+    parallel size, expert parallel), the weight scheme (dtype, W8A8 from C(--quantization)), max model
+    length, concurrency and memory utilisation from the profile's O(flags), and computes per NPU the
+    weights, the KV cache bytes per token (MLA's latent cache for DeepSeek-style models), how many
+    sequences of max model length fit and the headroom, over O(nodes) x O(npu_count) NPUs.
+  - Fails, with the numbers and the nearest fix (more nodes, more NPUs, lower max length, 8-bit
+    weights), when the plan cannot fit. Read-only; check mode supported; never changed.
 version_added: 0.2.0
 author:
   - atlas.serving contributors
@@ -33,14 +35,19 @@ options:
     required: true
     choices: [vllm, sglang]
   flags:
-    description: The profile's flag dict; only the planning flags are read (tensor parallel size, dtype,
-      max model length, max sequences, memory utilisation, by the engine's names).
+    description: The profile's flag dict; only the planning flags are read (tensor, pipeline and data
+      parallel size, expert parallel, quantization, node count, dtype, max model length, max sequences,
+      memory utilisation, by the engine's names).
     type: dict
     required: true
   npu_count:
-    description: NPUs in the host.
+    description: NPUs in each host of the instance.
     type: int
     required: true
+  nodes:
+    description: Hosts of the instance (default from the flags, C(--nnodes) or the data parallel size over
+      the local data parallel size, else 1).
+    type: int
   hbm_mb:
     description: HBM per NPU in MB as npu-smi prints it.
     type: int
@@ -79,7 +86,10 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.atlas.serving.plugins.module_utils import memplan  # noqa: E402
 
 _PLAN_FLAGS = ("--tensor-parallel-size", "--tp-size", "--dtype", "--max-model-len", "--context-length",
-               "--max-num-seqs", "--max-running-requests", "--gpu-memory-utilization", "--mem-fraction-static")
+               "--max-num-seqs", "--max-running-requests", "--gpu-memory-utilization", "--mem-fraction-static",
+               "--pipeline-parallel-size", "--pp-size", "--data-parallel-size", "--dp-size",
+               "--data-parallel-size-local", "--enable-expert-parallel", "--ep-size", "--enable-dp-attention",
+               "--nnodes", "--quantization")
 
 
 def main():
@@ -90,6 +100,7 @@ def main():
             "engine": {"type": "str", "required": True, "choices": ["vllm", "sglang"]},
             "flags": {"type": "dict", "required": True},
             "npu_count": {"type": "int", "required": True},
+            "nodes": {"type": "int"},
             "hbm_mb": {"type": "int", "required": True},
             "reserve_gib": {"type": "float", "default": 2.0},
             "name": {"type": "str", "default": "profile"},
@@ -110,9 +121,12 @@ def main():
                              "model in the bundle or ship roles/serving/files/models/<model>/config.json")
         has_weights = any(n.endswith(".safetensors") for n in os.listdir(p["model_dir"])) if os.path.isdir(
             p["model_dir"]) else False
-        weights = memplan.safetensors_weight_bytes(p["model_dir"])["bytes"] if has_weights else None
+        weights = None
+        if has_weights:  # less the layers past num_hidden_layers (DeepSeek's MTP layer, not loaded)
+            found = memplan.safetensors_weight_bytes(p["model_dir"], memplan.model_shape(config)["layers"])
+            weights = found["bytes"] - found["beyond_layers_bytes"]
         result = memplan.plan_model(config, p["engine"], flags, p["npu_count"], p["hbm_mb"] * 1024 * 1024,
-                                    weights, int(p["reserve_gib"] * memplan.GIB), p["name"])
+                                    weights, int(p["reserve_gib"] * memplan.GIB), p["name"], nodes=p["nodes"])
     except (memplan.PlanError, OSError, ValueError) as exc:
         module.fail_json(msg=f"{p['name']}: cannot plan: {exc}")
     if not result["fits"]:
