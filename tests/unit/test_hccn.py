@@ -35,7 +35,8 @@ REAL_CONF = ("address_0=29.1.137.205\nnetmask_0=255.255.0.0\nnetdetect_0=29.1.0.
     (hccn.set_argv("T", 0, "ip", ("192.168.2.10", MASK)),
      ["T", "-i", "0", "-ip", "-s", "address", "192.168.2.10", "netmask", MASK]),
     (hccn.set_argv("T", 0, "gateway", GW), ["T", "-i", "0", "-gateway", "-s", "gateway", GW]),
-    (hccn.set_argv("T", 0, "netdetect", "192.168.2.11"), ["T", "-i", "0", "-netdetect", "-s", "address", "192.168.2.11"]),
+    (hccn.set_argv("T", 0, "netdetect", "192.168.2.11"),
+     ["T", "-i", "0", "-netdetect", "-s", "address", "192.168.2.11"]),
     (hccn.set_argv("T", 2, "tls", 0), ["T", "-i", "2", "-tls", "-s", "enable", "0"]),
     (hccn.ping_argv("T", 3, "29.1.137.205"), ["T", "-i", "3", "-ping", "-g", "address", "29.1.137.205"]),
 ])
@@ -121,7 +122,8 @@ def test_get_output_round_trip(address, mask, gateway, tls, device) -> None:
     assert hccn.parse_ip(f"ipaddr:{address}\nnetmask:{mask}\n") == {"address": address, "netmask": mask}
     assert hccn.parse_gateway(f"default gateway:{gateway}, Iface:eth{device}\n") == gateway
     assert hccn.parse_netdetect(f"netdetect address: {gateway}\n") == gateway
-    assert hccn.parse_tls(REAL_TLS.replace("dev_id:0", f"dev_id:{device}").replace("switch[0]", f"switch[{tls}]")) == tls
+    line = REAL_TLS.replace("dev_id:0", f"dev_id:{device}").replace("switch[0]", f"switch[{tls}]")
+    assert hccn.parse_tls(line) == tls
 
 
 CURRENT = {0: {"address": "10.20.0.10", "netmask": MASK, "gateway": GW, "netdetect": GW, "tls": 0}}

@@ -137,7 +137,8 @@ HAVE = "(it has: enp-data 192.168.9.11, 192.168.9.12; eth0 10.77.0.11; lo 127.0.
     ({"GLOO_SOCKET_IFNAME": "eth1"}, [f"n1: GLOO_SOCKET_IFNAME=eth1 names eth1, which the node does not have {HAVE}"]),
     ({"TP_SOCKET_IFNAME": "eth0,bond0"}, [f"n1: TP_SOCKET_IFNAME=eth0,bond0 names bond0, which the node does not "
                                           f"have {HAVE}"]),
-    ({"HCCL_SOCKET_IFNAME": "=eth1"}, [f"n1: HCCL_SOCKET_IFNAME==eth1 names eth1, which the node does not have {HAVE}"]),
+    ({"HCCL_SOCKET_IFNAME": "=eth1"},
+     [f"n1: HCCL_SOCKET_IFNAME==eth1 names eth1, which the node does not have {HAVE}"]),
     ({"HCCL_SOCKET_IFNAME": "bond,ib"}, [f"n1: HCCL_SOCKET_IFNAME=bond,ib matches no interface of the node (its values "
                                          f"are interface name prefixes) {HAVE}"]),
     ({"HCCL_SOCKET_IFNAME": "^=lo,eth0,enp-data"}, [f"n1: HCCL_SOCKET_IFNAME=^=lo,eth0,enp-data excludes every "

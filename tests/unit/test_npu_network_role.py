@@ -146,5 +146,6 @@ def test_inconsistent_tls_is_refused_before_anything_changes(stage: Stage) -> No
     cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(stage.tmp / "inventory-tls.json"), str(stage.tmp / "play.yml")]
     refused = subprocess.run(cmd, cwd=stage.tmp, env=stage.env, capture_output=True, text=True, timeout=300)
     assert refused.returncode != 0
-    assert "instance ds: npu_network_tls_enable differs between its nodes (n1=0, n2=1)" in " ".join(refused.stdout.split())
+    out = " ".join(refused.stdout.split())
+    assert "instance ds: npu_network_tls_enable differs between its nodes (n1=0, n2=1)" in out
     assert stage.lab.state("n1")["devices"][0]["tls"] == before["devices"][0]["tls"] == 0

@@ -12,7 +12,6 @@ module_utils/hccn.py and module_utils/comm_env.py).
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-
 from ansible_collections.atlas.serving.plugins.module_utils import comm_env, hccn, npu_network
 
 
