@@ -156,12 +156,7 @@ def apply_changes(
         raise UsageError(f"--health {health!r} is not a health value", fix=f"use one of {', '.join(HEALTH_VALUES)}")
     if driver is not None and driver not in ("loaded", "unloaded"):
         raise UsageError(f"--driver {driver!r} is not valid", fix="use loaded or unloaded")
-    ids = [d["id"] for d in state["devices"]]
-    if device is not None and device not in ids:
-        raise UsageError(f"--device {device} does not exist on this node", fix=f"use one of {ids}")
-    for dev in state["devices"]:
-        if device is not None and dev["id"] != device:
-            continue
+    for dev in _selected(state, device):
         if health is not None:
             dev["health"] = health
         if hbm_used_mb is not None:
@@ -175,12 +170,24 @@ def apply_changes(
     return state
 
 
-def update_file(root: Path, **changes: Any) -> dict[str, Any]:
-    path = root / STATE_REL
-    state = apply_changes(json.loads(path.read_text()), **changes)
+def _selected(state: dict[str, Any], device: int | None) -> list[dict[str, Any]]:
+    """The devices a fault-test change applies to: ``device``, or every one (None)."""
+    ids = [d["id"] for d in state["devices"]]
+    if device is not None and device not in ids:
+        raise UsageError(f"--device {device} does not exist on this node", fix=f"use one of {ids}")
+    return [d for d in state["devices"] if device is None or d["id"] == device]
+
+
+def _replace_json(path: Path, state: dict[str, Any]) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(state, indent=2) + "\n")
     tmp.replace(path)
+
+
+def update_file(root: Path, **changes: Any) -> dict[str, Any]:
+    path = root / STATE_REL
+    state = apply_changes(json.loads(path.read_text()), **changes)
+    _replace_json(path, state)
     return state
 
 
@@ -202,12 +209,7 @@ def apply_network_changes(
     for flag, address in (("--unreachable", unreachable), ("--reachable", reachable)):
         if address is not None and not hccn_tool._ipv4(address):
             raise UsageError(f"{flag} {address!r} is not an IPv4 address", fix="pass a peer NPU's address")
-    ids = [d["id"] for d in state["devices"]]
-    if device is not None and device not in ids:
-        raise UsageError(f"--device {device} does not exist on this node", fix=f"use one of {ids}")
-    for dev in state["devices"]:
-        if device is not None and dev["id"] != device:
-            continue
+    for dev in _selected(state, device):
         if link is not None:
             dev["link"] = link
         if net_health is not None:
@@ -224,9 +226,7 @@ def update_network_file(root: Path, fabric: Path | None = None, **changes: Any) 
     """Apply fault-test changes to a node's hccn.json and publish its NPU links to the lab's fabric."""
     path = root / HCCN_STATE_REL
     state = apply_network_changes(json.loads(path.read_text()), **changes)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(state, indent=2) + "\n")
-    tmp.replace(path)
+    _replace_json(path, state)
     if fabric is not None:
         hccn_tool.publish(state, fabric)
     return state

@@ -24,9 +24,10 @@ import ipaddress
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+
+from ansible_collections.atlas.serving.plugins.module_utils.checksums import atomic_write_text
 
 # run_command(argv) -> (rc, stdout, stderr); AnsibleModule.run_command fits.
 Runner = Callable[[list], tuple]
@@ -187,21 +188,6 @@ def read_text(path: str) -> str:
             return handle.read()
     except FileNotFoundError:
         return ""
-
-
-def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` to a temporary file beside ``path``, then rename it over ``path``."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".hccn.conf.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 # --------------------------------------------------------------------------- wanted state
@@ -445,7 +431,7 @@ def configure(run: Runner, tool: str, wanted: list, tls_enable=None, conf_path: 
             detail = " ".join(((err or "") + " " + (out or "")).split())[:300] or "no output"
             raise HccnError(f"{' '.join(change['argv'])} exited {rc}: {detail} ({describe(change)})")
     if conf_changed:
-        write_atomic(conf_path, after)
+        atomic_write_text(conf_path, after)
     again = {d["id"]: d for d in _parallel(lambda n: read_device(run, tool, n), [w["id"] for w in wanted],
                                            workers)}
     left = changes(wanted, again, tls_enable, tool)
