@@ -27,7 +27,8 @@ def test_lab_is_not_up_without_recorded_state() -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["ssh", "atlas-n1", "true"], ["status"], ["npu", "atlas-n1", "--health", "Alarm"]],
+    [["ssh", "atlas-n1", "true"], ["status"], ["npu", "atlas-n1", "--health", "Alarm"],
+     ["npu", "atlas-n1", "--device", "3", "--link", "down"], ["npu", "atlas-n1", "--unreachable", "10.20.0.25"]],
 )
 def test_cli_refuses_to_reach_nodes_of_a_lab_that_is_down(argv: list[str], capsys: pytest.CaptureFixture) -> None:
     assert cli.main(argv) == exitcodes.ENVIRONMENT
@@ -40,6 +41,10 @@ def test_cli_rejects_bad_arguments() -> None:
     assert err.value.code == exitcodes.USAGE
     with pytest.raises(SystemExit):
         cli.main(["npu", "atlas-n1", "--health", "Fine"])
+    with pytest.raises(SystemExit):
+        cli.main(["npu", "atlas-n1", "--link", "sideways"])
+    with pytest.raises(SystemExit):
+        cli.main(["npu", "atlas-n1", "--net-health", "Init"])
 
 
 def test_ssh_argv_pins_key_and_known_hosts() -> None:
@@ -57,7 +62,8 @@ def test_nspawn_argv_follows_the_measured_recipe() -> None:
     argv = node.nspawn_argv(spec)
     for flag in ("--register=no", "--keep-unit", "--console=passive", "--link-journal=no", "-b",
                  "--capability=CAP_NET_ADMIN", "--resolv-conf=off", f"--network-namespace-path=/run/netns/{spec.netns}",
-                 f"--bind-ro={paths.bundle_dir()}:/srv/atlas-bundle"):
+                 f"--bind-ro={paths.bundle_dir()}:/srv/atlas-bundle",
+                 f"--bind={paths.fabric_dir()}:/srv/atlas-npu-fabric"):
         assert flag in argv
 
 

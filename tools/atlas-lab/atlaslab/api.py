@@ -5,6 +5,7 @@
     status() -> LabState
     power(name, "off" | "on", timeout=120.0) -> NodeStatus
     set_npu(name, device=None, health=None, hbm_used_mb=None, driver=None) -> dict
+    set_npu_network(name, device=None, link=None, net_health=None, unreachable=None, reachable=None) -> dict
     lab_is_up() -> bool;  require_lab_up() -> LabConfig
     ssh_argv(name, command=()) -> list[str];  run_on(name, command) -> CompletedProcess
 """
@@ -171,6 +172,9 @@ def _cleanup(bridge: str, inventory_path: Path | None) -> list[str]:
     if paths.nodes_dir().exists():
         _discard(paths.nodes_dir())
         removed.append(str(paths.nodes_dir()))
+    if paths.fabric_dir().exists():
+        shutil.rmtree(paths.fabric_dir())
+        removed.append(str(paths.fabric_dir()))
     hostkeys = paths.ssh_dir() / "hostkeys"
     if hostkeys.exists():
         shutil.rmtree(hostkeys)
@@ -249,6 +253,7 @@ def _fresh_up(cfg: LabConfig, timeout: float, started: float) -> LabState:
     image = base.build()
     base.ensure_unpacked(image)
     paths.bundle_dir().mkdir(parents=True, exist_ok=True)
+    paths.fabric_dir().mkdir(parents=True, exist_ok=True)
     node.ensure_controller_key()
     _write_state(cfg)
     net.ensure_bridge(cfg)
@@ -321,6 +326,16 @@ def power(name: str, action: str, timeout: float = 120.0) -> NodeStatus:
 
 def set_npu(name: str, **changes: object) -> dict:
     """Change a node's simulated NPU state (health, hbm_used_mb, driver, device) through its overlay root."""
+    return npu.update_file(_npu_root(name), **changes)
+
+
+def set_npu_network(name: str, **changes: object) -> dict:
+    """Change a node's NPU ports (link, net_health, unreachable, reachable, device): its hccn.json through its
+    overlay root, published to the lab's NPU fabric."""
+    return npu.update_network_file(_npu_root(name), paths.fabric_dir(), **changes)
+
+
+def _npu_root(name: str) -> Path:
     cfg = require_lab_up()
     spec = cfg.node(name)
     if spec.npu is None:
@@ -329,7 +344,7 @@ def set_npu(name: str, **changes: object) -> dict:
     root = node.merged(spec.name)
     if not os.path.ismount(root):
         raise EnvironmentProblem(f"lab node {name} has no mounted root at {root}", fix="run `atlas-lab up`")
-    return npu.update_file(root, **changes)
+    return root
 
 
 def ssh_argv(name: str, command: Sequence[str] = (), tty: bool = False) -> list[str]:

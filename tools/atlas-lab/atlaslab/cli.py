@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     npu_p.add_argument("--health", choices=npu.HEALTH_VALUES, default=None)
     npu_p.add_argument("--hbm-used-mb", type=int, default=None)
     npu_p.add_argument("--driver", choices=("loaded", "unloaded"), default=None)
+    npu_p.add_argument("--link", choices=("up", "down"), default=None, help="the NPU port's link (hccn_tool -link -g)")
+    npu_p.add_argument("--net-health", choices=npu.NET_HEALTH_VALUES, default=None,
+                       help="Fault holds the port's net health at Fault; Success lifts that")
+    npu_p.add_argument("--unreachable", metavar="ADDRESS", default=None,
+                       help="pings from this node's NPUs to ADDRESS fail (a peer NPU's address)")
+    npu_p.add_argument("--reachable", metavar="ADDRESS", default=None, help="undo --unreachable ADDRESS")
     npu_p.add_argument("--json", action="store_true", help="print the resulting npu.json")
     npu_p.set_defaults(func=_npu)
 
@@ -120,11 +126,17 @@ def _power(args: argparse.Namespace) -> int:
 def _npu(args: argparse.Namespace) -> int:
     state = api.set_npu(args.node, device=args.device, health=args.health, hbm_used_mb=args.hbm_used_mb,
                         driver=args.driver)
+    network = api.set_npu_network(args.node, device=args.device, link=args.link and args.link.upper(),
+                                  net_health=args.net_health, unreachable=args.unreachable,
+                                  reachable=args.reachable)
     if args.json:
-        print(json.dumps(state, indent=2))
+        print(json.dumps(dict(state, network=network), indent=2))
     else:
+        ports = {d["id"]: d for d in network["devices"]}
         print(f"{args.node}: driver {'loaded' if state['driver_loaded'] else 'unloaded'}; "
-              + ", ".join(f"npu{d['id']} {d['health']} {d['hbm_used_mb']}MB" for d in state["devices"]))
+              + ", ".join(f"npu{d['id']} {d['health']} {d['hbm_used_mb']}MB"
+                          f" link {ports.get(d['id'], {}).get('link', '?')}" for d in state["devices"])
+              + (f"; unreachable: {', '.join(network['unreachable'])}" if network.get("unreachable") else ""))
     return exitcodes.OK
 
 

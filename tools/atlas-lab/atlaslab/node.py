@@ -90,6 +90,9 @@ def write_identity(root: Path, cfg: LabConfig, node: NodeSpec) -> None:
     (root / BUNDLE_MOUNT.lstrip("/")).mkdir(parents=True, exist_ok=True)
     if node.npu is not None:
         npu.install(root, cfg, node)
+        paths.fabric_dir().mkdir(parents=True, exist_ok=True)
+        npu.update_network_file(root, paths.fabric_dir())  # no change: publishes this node's NPU ports afresh
+    (root / npu.FABRIC_MOUNT.lstrip("/")).mkdir(parents=True, exist_ok=True)
 
 
 def prepare(cfg: LabConfig, node: NodeSpec) -> None:
@@ -110,7 +113,8 @@ def nspawn_argv(node: NodeSpec) -> list[str]:
         "systemd-nspawn", "-D", str(merged(node.name)), "-M", node.name, f"--hostname={node.name}",
         "--register=no", "--keep-unit", "--console=passive", "--link-journal=no",
         f"--network-namespace-path={net.netns_path(node)}", "--capability=CAP_NET_ADMIN",
-        "--resolv-conf=off", f"--bind-ro={paths.bundle_dir()}:{BUNDLE_MOUNT}", "-b",
+        "--resolv-conf=off", f"--bind-ro={paths.bundle_dir()}:{BUNDLE_MOUNT}",
+        f"--bind={paths.fabric_dir()}:{npu.FABRIC_MOUNT}", "-b",
     ]
 
 
@@ -143,6 +147,7 @@ def start(node: NodeSpec) -> None:
         return
     ndir = paths.node_dir(node.name)
     (ndir / supervisor.SUPERVISOR_PID).unlink(missing_ok=True)
+    paths.fabric_dir().mkdir(parents=True, exist_ok=True)  # bound into every node (nspawn_argv)
     cgroups = ",".join(str(d) for d in cgroup_dirs(node.name))
     argv = ["setsid", "-f", sys.executable, "-m", "atlaslab.supervisor", str(ndir), cgroups, "--",
             *nspawn_argv(node)]

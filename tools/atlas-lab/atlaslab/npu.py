@@ -1,4 +1,5 @@
-"""The simulated NPU driver layer of a lab node: npu.json state, version files, npu-smi install."""
+"""The simulated NPU driver layer of a lab node: npu.json state, version files, npu-smi install; the NPU
+network ports (hccn.json, the hccn_tool double at the driver's tools path, the lab's NPU fabric)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from atlasctl.errors import UsageError
 from atlaslab.config import LabConfig, NodeSpec
+from atlaslab.doubles import hccn_tool
 
 STATE_REL = Path("etc/atlas-lab/npu.json")
 NPU_SMI_REL = Path("usr/local/bin/npu-smi")
@@ -40,6 +42,16 @@ WantedBy=multi-user.target
 BUS_IDS = ("C1", "C2", "81", "82", "01", "02", "41", "42", "C3", "C4", "83", "84", "03", "04", "43", "44")
 HEALTH_VALUES = ("OK", "Warning", "Alarm", "Critical")
 IDLE_HBM_USED_MB = 3318
+# The NPU network: the real tool's path (Huawei: the driver installs hccn_tool in <driver>/tools,
+# docs/npu-network.md section 2), its state, and where every node publishes its NPU addresses.
+HCCN_TOOL = Path(__file__).resolve().parent / "doubles" / "hccn_tool.py"
+HCCN_TOOL_REL = Path("usr/local/Ascend/driver/tools/hccn_tool")
+HCCN_STATE_REL = Path(hccn_tool.STATE_PATH.lstrip("/"))
+FABRIC_MOUNT = hccn_tool.FABRIC_DIR
+LINK_VALUES = ("UP", "DOWN")
+NET_HEALTH_VALUES = ("Fault", "Success")
+# A new node's NPU ports: no address, link up, TLS switch on (the stage turns it off).
+INITIAL_TLS = 1
 
 
 def device_state(node: NodeSpec, dev_id: int) -> dict[str, Any]:
@@ -73,6 +85,12 @@ def initial_state(cfg: LabConfig, node: NodeSpec) -> dict[str, Any]:
         "firmware_version": cfg.firmware_version,
         "devices": [device_state(node, i) for i in range(node.npu.count)],
     }
+
+
+def hccn_initial_state(node: NodeSpec) -> dict[str, Any]:
+    devices = [{"id": i, "address": None, "netmask": None, "gateway": None, "netdetect": None, "link": "UP",
+                "net_health": None, "tls": INITIAL_TLS} for i in range(node.npu.count)]
+    return {"format": 1, "node": node.name, "devices": devices, "unreachable": []}
 
 
 def driver_version_info(version: str) -> str:
@@ -109,7 +127,10 @@ def install(root: Path, cfg: LabConfig, node: NodeSpec) -> None:
     new node (an HDK install on the node survives power cycles)."""
     _write(root, NPU_SMI_REL, SIMULATOR.read_text(), 0o755)
     _write(root, LAB_DRIVER_REL, LAB_DRIVER.read_text(), 0o755)
+    _write(root, HCCN_TOOL_REL, HCCN_TOOL.read_text(), 0o755)
     _write(root, BOOT_UNIT_REL, BOOT_UNIT)
+    if not (root / HCCN_STATE_REL).is_file():
+        _write(root, HCCN_STATE_REL, json.dumps(hccn_initial_state(node), indent=2) + "\n")
     link = root / BOOT_UNIT_LINK_REL
     link.parent.mkdir(parents=True, exist_ok=True)
     if not link.is_symlink():
@@ -135,12 +156,7 @@ def apply_changes(
         raise UsageError(f"--health {health!r} is not a health value", fix=f"use one of {', '.join(HEALTH_VALUES)}")
     if driver is not None and driver not in ("loaded", "unloaded"):
         raise UsageError(f"--driver {driver!r} is not valid", fix="use loaded or unloaded")
-    ids = [d["id"] for d in state["devices"]]
-    if device is not None and device not in ids:
-        raise UsageError(f"--device {device} does not exist on this node", fix=f"use one of {ids}")
-    for dev in state["devices"]:
-        if device is not None and dev["id"] != device:
-            continue
+    for dev in _selected(state, device):
         if health is not None:
             dev["health"] = health
         if hbm_used_mb is not None:
@@ -154,10 +170,63 @@ def apply_changes(
     return state
 
 
-def update_file(root: Path, **changes: Any) -> dict[str, Any]:
-    path = root / STATE_REL
-    state = apply_changes(json.loads(path.read_text()), **changes)
+def _selected(state: dict[str, Any], device: int | None) -> list[dict[str, Any]]:
+    """The devices a fault-test change applies to: ``device``, or every one (None)."""
+    ids = [d["id"] for d in state["devices"]]
+    if device is not None and device not in ids:
+        raise UsageError(f"--device {device} does not exist on this node", fix=f"use one of {ids}")
+    return [d for d in state["devices"] if device is None or d["id"] == device]
+
+
+def _replace_json(path: Path, state: dict[str, Any]) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(state, indent=2) + "\n")
     tmp.replace(path)
+
+
+def update_file(root: Path, **changes: Any) -> dict[str, Any]:
+    path = root / STATE_REL
+    state = apply_changes(json.loads(path.read_text()), **changes)
+    _replace_json(path, state)
+    return state
+
+
+def apply_network_changes(
+    state: dict[str, Any],
+    *,
+    device: int | None = None,
+    link: str | None = None,
+    net_health: str | None = None,
+    unreachable: str | None = None,
+    reachable: str | None = None,
+) -> dict[str, Any]:
+    """Return the NPU network ``state`` with fault-test changes (device None: every NPU). ``net_health``
+    Fault holds the NPU's net health at Fault; Success lifts that (it is then derived again)."""
+    if link is not None and link not in LINK_VALUES:
+        raise UsageError(f"--link {link!r} is not valid", fix="use up or down")
+    if net_health is not None and net_health not in NET_HEALTH_VALUES:
+        raise UsageError(f"--net-health {net_health!r} is not valid", fix=f"use {' or '.join(NET_HEALTH_VALUES)}")
+    for flag, address in (("--unreachable", unreachable), ("--reachable", reachable)):
+        if address is not None and not hccn_tool._ipv4(address):
+            raise UsageError(f"{flag} {address!r} is not an IPv4 address", fix="pass a peer NPU's address")
+    for dev in _selected(state, device):
+        if link is not None:
+            dev["link"] = link
+        if net_health is not None:
+            dev["net_health"] = "Fault" if net_health == "Fault" else None
+    blocked = state.setdefault("unreachable", [])
+    if unreachable is not None and unreachable not in blocked:
+        blocked.append(unreachable)
+    if reachable is not None and reachable in blocked:
+        blocked.remove(reachable)
+    return state
+
+
+def update_network_file(root: Path, fabric: Path | None = None, **changes: Any) -> dict[str, Any]:
+    """Apply fault-test changes to a node's hccn.json and publish its NPU links to the lab's fabric."""
+    path = root / HCCN_STATE_REL
+    state = apply_network_changes(json.loads(path.read_text()), **changes)
+    _replace_json(path, state)
+    if fabric is not None:
+        hccn_tool.publish(state, fabric)
     return state

@@ -44,6 +44,11 @@ def bundle_dir() -> Path:
     return lab_dir() / "bundle"
 
 
+def fabric_dir() -> Path:
+    """Where every node's hccn_tool double publishes its NPU addresses (bind-mounted into each node)."""
+    return lab_dir() / "npu-fabric"
+
+
 def state_file() -> Path:
     return lab_dir() / "state.json"
 
