@@ -108,8 +108,79 @@ def _comment(text: str) -> str:
     return "\n".join(f"# {line}" if line else "#" for line in str(text).splitlines())
 
 
-def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = "", dirs: Dirs = ()) -> Rendered:
-    """What the serving role renders for profile ``name`` (same filters, same templates)."""
+@dataclass(frozen=True)
+class Rank:
+    """One node of an inventory as the serving role resolves it: its profile, its rank in its serving
+    instance (module_utils/serving_instance.py ``rank``; instance None for a single-node host) and the
+    HCCL/Gloo/TP variables of a multi-node rank (atlas.serving.hccl_env from what the inventory says of
+    the node: ``npu_network_comm_interface`` and ``npu_network_comm_address`` or ``ansible_host``; on a
+    node the role reads them from its facts)."""
+
+    host: str
+    profile: str
+    rank: dict[str, Any]
+    comm_env: dict[str, Any]
+    note: str = ""
+
+
+def _inventory_hostvars(inventory: str | Path) -> dict[str, dict[str, Any]]:
+    from atlasctl import inventory as shared
+    from atlasctl.runner import resolve_inventory
+
+    return shared.hostvars(shared.listing(resolve_inventory(inventory)))
+
+
+def instance_ranks(inventory: str | Path, hostvars: dict[str, dict[str, Any]] | None = None) -> list[tuple[str, str]]:
+    """(instance, host) of every node of every serving instance of two or more nodes, by name then rank."""
+    hv = hostvars if hostvars is not None else _inventory_hostvars(inventory)
+    instances = _instances(hv)
+    return [(name, host) for name in sorted(instances) for host in (instances[name].get("nodes") or [])
+            if len(instances[name].get("nodes") or []) >= 2]
+
+
+def _instances(hv: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    found = [h.get("serving_instances") for h in hv.values() if h.get("serving_instances")]
+    return found[0] if found else {}
+
+
+def rank_of(inventory: str | Path, host: str, dirs: Dirs = (),
+            hostvars: dict[str, dict[str, Any]] | None = None) -> Rank:
+    """``host``'s profile and rank in ``inventory`` (errors name the instance, the field and the fix)."""
+    hv = hostvars if hostvars is not None else _inventory_hostvars(inventory)
+    if host not in hv:
+        raise UsageError(f"host {host} is not in inventory {inventory}", fix="pass a host of the inventory "
+                         f"({', '.join(sorted(hv)[:8])}{', ...' if len(hv) > 8 else ''})")
+    mine = hv[host]
+    name = mine.get("serving_profile")
+    if not name:
+        raise UsageError(f"host {host} has no serving_profile in inventory {inventory}",
+                         fix="set serving_profile for the host (group_vars)")
+    profile = load_profile(str(name), dirs)
+    si = module_utils("serving_instance")
+    hardware = mine.get("atlas_hardware") or {}
+    npus = hardware.get("npu_count") or (profile.get("hardware") or {}).get("npu_count")
+    try:
+        rank = si.rank(host, _instances(hv), hv, profile["engine"], profile["engine_release"], npus)
+    except si.InstanceError as exc:
+        raise UsageError(f"inventory {inventory}, host {host}: {exc}",
+                         fix="see docs/multinode-serving.md, 'The inventory contract'") from None
+    if rank["instance"] is None:
+        return Rank(host, str(name), rank, {})
+    interface = mine.get("npu_network_comm_interface")
+    if not interface:
+        return Rank(host, str(name), rank, {}, note=f"{host}: HCCL_IF_IP and the *_SOCKET_IFNAME variables come "
+                    "from the node's facts on the node (set npu_network_comm_interface to render them here)")
+    address = mine.get("npu_network_comm_address") or mine.get("ansible_host") or host
+    facts = {"interfaces": [interface], interface: {"ipv4": {"address": address}},
+             "default_ipv4": {"interface": interface, "address": address}}
+    env = module_utils("comm_env").render(facts, interface, address, mine.get("npu_network_comm_env") or {})
+    return Rank(host, str(name), rank, si.comm_env_for(profile["engine"], env))
+
+
+def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = "", dirs: Dirs = (),
+           rank: Rank | None = None) -> Rendered:
+    """What the serving role renders for profile ``name`` (same filters, same templates); with ``rank``
+    (:func:`rank_of`), what it renders on that node of a multi-node instance."""
     profile = load_profile(name, dirs)
     model = profile.get("model", "model")
     # The node layout (roles/layout) with this profile's model, as the roles resolve it.
@@ -139,8 +210,9 @@ def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = ""
     venv = variables["serving_engine_venv"]
     command = [resolve(c) for c in profile["command"]]
     command = [f"{venv}/{c}" if c.startswith("bin/") else c for c in command]
-    flags = {k: resolve(v) for k, v in profile["flags"].items()}
-    envd = {k: resolve(v) for k, v in profile["env"].items()}
+    # As roles/serving/tasks/profile.yml: the profile, then the rank's flags and variables.
+    flags = {k: resolve(v) for k, v in {**profile["flags"], **(rank.rank["flags"] if rank else {})}.items()}
+    envd = {k: resolve(v) for k, v in {**profile["env"], **(rank.comm_env if rank else {})}.items()}
     keys_text = ""
     if api_key:  # as roles/serving (profile.yml, config.yml): a --config keys file, never the command line
         release = variables.get("atlas_release_id") or "unnamed"

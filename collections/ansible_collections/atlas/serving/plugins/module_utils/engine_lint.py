@@ -117,6 +117,11 @@ def _flag_table(schema):
     return table
 
 
+def flag_options(release, schema_dir=None):
+    """The ``--long`` options of ``release``'s schema (a set)."""
+    return set(_flag_table(load(release, schema_dir)[0]))
+
+
 def _fiction(fictions, kind, name, engine, value=None):
     for entry in fictions.get("entries", []):
         if entry["kind"] != kind or entry["name"] != name or engine not in entry["engines"]:

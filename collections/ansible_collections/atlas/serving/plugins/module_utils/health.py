@@ -12,6 +12,9 @@ What the probe proves, in order (each step names the node's state and the fix wh
 4. ``GET /v1/models`` lists the served model name;
 5. ``POST /v1/completions`` returns one choice with text and ``usage.completion_tokens >= 1``.
 
+A non-head rank of a multi-node instance (the record's ``instance.entry`` is false) serves no HTTP:
+steps 3-5 are skipped there (``headless: true`` in the result); its instance is probed on its head.
+
 Both engines answer these endpoints with these shapes (vLLM's OpenAI server and SGLang's
 ``sglang.launch_server``; docs/engines.md). Requests never go through a proxy: the probe asks
 the node's own engine. Standard library only: this file is shipped to managed nodes by Ansible.
@@ -128,6 +131,14 @@ def check_completion(url, model, headers, prompt, max_tokens, get=request):
     return tokens
 
 
+def headless(record):
+    """The record's ``instance`` when it is a non-entry rank of a multi-node instance, else None."""
+    instance = record.get("instance") if isinstance(record, dict) else None
+    if isinstance(instance, dict) and instance.get("entry") is False:
+        return instance
+    return None
+
+
 def probe(record, url, model, service, unit_state, api_key, timeout_s, poll_s, prompt, max_tokens,
           get=request, clock=time.monotonic, sleep=time.sleep):
     """Steps 2-5 of the module docstring; returns the result (without the record)."""
@@ -138,6 +149,12 @@ def probe(record, url, model, service, unit_state, api_key, timeout_s, poll_s, p
     if unit.get("ActiveState") != "active":
         raise ProbeError(f"{service} is {unit.get('ActiveState', '?')} ({unit.get('SubState', '?')}). "
                          f"See `journalctl -u {service}`.")
+    instance = headless(record)
+    if instance is not None:
+        # A non-head rank serves no HTTP (vLLM --headless; SGLang rank >= 1 answers a dummy /health):
+        # its unit is what this node can show; the instance is probed through its entry, the head.
+        return {"url": None, "model": model, "unit": unit, "health": None, "waited_s": 0.0, "models": [],
+                "completion_tokens": None, "headless": True, "instance": instance}
     status, waited = wait_health(url, service, unit_state, timeout_s, poll_s, clock=clock, sleep=sleep, get=get)
     ids = check_models(url, model, headers, get=get)
     tokens = check_completion(url, model, headers, prompt, max_tokens, get=get)

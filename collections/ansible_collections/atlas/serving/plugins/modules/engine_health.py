@@ -17,6 +17,9 @@ description:
   - One round trip to the node where the tasks it replaces made six, and the wait for C(/health)
     polls on the node, not from the controller. A unit that fails or stops during the wait ends it at
     once, naming the unit's state.
+  - On a non-head rank of a multi-node instance (its record's C(instance.entry) is false) only the
+    record and the unit are checked; C(/health), C(/v1/models) and the completion are the head's
+    (C(headless=true) in the result).
   - Read-only. In check mode a node without a service record (a bare node) is not an error - the
     result has C(record=null); outside check mode it fails, naming the stage to run.
 options:
@@ -97,9 +100,17 @@ waited_s:
   returned: when the record exists
   type: float
 completion_tokens:
-  description: C(usage.completion_tokens) of the completion.
+  description: C(usage.completion_tokens) of the completion (null on a headless rank).
   returned: when the record exists
   type: int
+headless:
+  description: True on a non-head rank of a multi-node instance (no HTTP probed).
+  returned: on a headless rank
+  type: bool
+instance:
+  description: The record's C(instance) (name, nodes, rank, head, role, entry, mode).
+  returned: on a headless rank
+  type: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
