@@ -228,9 +228,9 @@ def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = ""
                     texts["serving.args"], texts["serving.env"], texts["serving.service"], keys_text)
 
 
-def lint_profile(name: str, dirs: Dirs = ()) -> list[dict[str, str]]:
-    """Findings of the rendered argv + env of ``name`` against its release's schema (empty: all real)."""
-    rendered = render(name, api_key="lint-placeholder", dirs=dirs)
+def lint_profile(name: str, dirs: Dirs = (), rank: Rank | None = None) -> list[dict[str, str]]:
+    """Findings of the rendered argv + env of ``name`` (on ``rank``) against its release's schema (empty: all real)."""
+    rendered = render(name, api_key="lint-placeholder", dirs=dirs, rank=rank)
     return module_utils("engine_lint").lint(rendered.argv, rendered.env, rendered.release)
 
 
@@ -256,23 +256,27 @@ class PlanRow:
 
 def plan_profile(name: str, npu_count: int | None = None, hbm_mb: int | None = None,
                  model_dir: Path | None = None, reserve_gib: float | None = None, dirs: Dirs = (),
-                 nodes: int | None = None) -> PlanRow:
+                 nodes: int | None = None, rank: Rank | None = None) -> PlanRow:
     """The memory plan of ``name`` on its declared hardware (or ``npu_count`` x ``hbm_mb`` per node).
 
     The layout (TP, PP, DP, expert parallel, W8A8) comes from the profile's engine flags; the node
     count from ``nodes`` (``--nodes``), else the flags (``--nnodes``, DP size / local DP size), else the
-    profile's ``hardware.nodes``, else 1."""
+    profile's ``hardware.nodes``, else 1. With ``rank`` (:func:`rank_of`): its instance's layout flags and
+    node count, as preflight plans it."""
     memplan = module_utils("memplan")
     try:
-        return _plan_profile(memplan, name, npu_count, hbm_mb, model_dir, reserve_gib, dirs, nodes)
+        return _plan_profile(memplan, name, npu_count, hbm_mb, model_dir, reserve_gib, dirs, nodes, rank)
     except memplan.PlanError as exc:
         text = str(exc)
         raise UsageError(f"config plan {text if text.startswith(name + ':') else f'{name}: {text}'}") from None
 
 
 def _plan_profile(memplan, name: str, npu_count: int | None, hbm_mb: int | None, model_dir: Path | None,
-                  reserve_gib: float | None, dirs: Dirs, nodes: int | None = None) -> PlanRow:
+                  reserve_gib: float | None, dirs: Dirs, nodes: int | None = None, rank: Rank | None = None) -> PlanRow:
     profile = load_profile(name, dirs)
+    if rank is not None and rank.rank["instance"] is not None:  # as roles/preflight/tasks/plan.yml
+        profile = {**profile, "flags": {**profile["flags"], **rank.rank["flags"]}}
+        nodes = nodes or len(rank.rank["nodes"])
     hardware = dict(profile.get("hardware") or {})
     count = npu_count if npu_count is not None else hardware.get("npu_count")
     hbm = hbm_mb if hbm_mb is not None else hardware.get("hbm_mb")

@@ -1,10 +1,14 @@
 """`atlasctl config`: serving profiles checked against the real engines, and the NPU memory planner.
 
     atlasctl config render PROFILE [-i INV] [--out DIR] [--json]   args, env (0600) and systemd unit of a profile
+    atlasctl config render -i INV --host HOST [--out DIR] [--json]  ... of the host's profile and rank in its
+                                                                    serving instance (docs/multinode-serving.md)
     atlasctl config lint [PROFILE ...] [-i INV] [--json]           every flag/value/variable vs the release schema
+                                                                    (with -i and no PROFILE: every rank too)
     atlasctl config lint --release R --argv-file F [--env-file E]   lint a rendered .args/.env pair
     atlasctl config plan [PROFILE ...] [-i INV] [--npus N --hbm-mb M] [--nodes K] [--model-dir DIR] [--reserve-gib G]
                          [--json]                                   layout (TP x PP x DP, EP, W8A8) from the flags
+    atlasctl config plan -i INV --host HOST [...]                    the plan of the host's serving instance
     atlasctl config schema refresh [RELEASE ...] [--wheel-dir DIR]
 
 Profiles: the serving role's, and with -i INV also those in the directories INV's hosts name in
@@ -29,6 +33,7 @@ from atlasctl.inputs import read_text
 from atlasctl.site_data import profile_dirs
 
 INVENTORY_HELP = "also the profiles in the serving_profile_dirs of this inventory's hosts"
+HOST_HELP = "a host of -i INV: its profile with its rank's flags and variables (serving_instances)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,8 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     csub = parser.add_subparsers(dest="config_command", metavar="ACTION", required=True)
 
     p = csub.add_parser("render", help="render a profile (args, env, unit)")
-    p.add_argument("profile")
+    p.add_argument("profile", nargs="?", help="profile name (with --host: default the host's serving_profile)")
     p.add_argument("-i", "--inventory", help=INVENTORY_HELP)
+    p.add_argument("--host", help=HOST_HELP)
     p.add_argument("--out", type=Path, default=None, help="write <service>.args/.env (0600)/.service here")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_render)
@@ -54,6 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = csub.add_parser("plan", help="NPU memory plan and capacity table")
     p.add_argument("profiles", nargs="*", help="profile names (default: all shipped, and -i INV's)")
     p.add_argument("-i", "--inventory", help=INVENTORY_HELP)
+    p.add_argument("--host", help=HOST_HELP)
     p.add_argument("--npus", type=int, help="NPUs per node (default: the profile's hardware)")
     p.add_argument("--nodes", type=int, help="nodes of the instance (default: the profile's --nnodes, DP size / "
                                              "local DP size, hardware.nodes, else 1)")
@@ -71,9 +78,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.set_defaults(func=run_schema_refresh)
 
 
+def _host_rank(args: argparse.Namespace, dirs) -> planner.Rank | None:
+    if not args.host:
+        return None
+    if not args.inventory:
+        raise UsageError("--host needs -i INV", fix="e.g. -i inventory/example-multinode --host atlas-dc1-02")
+    rank = planner.rank_of(args.inventory, args.host, dirs)
+    if rank.note:
+        print(f"note: {rank.note}", file=sys.stderr)
+    return rank
+
+
 def run_render(args: argparse.Namespace) -> int:
-    rendered = planner.render(args.profile, api_key=os.environ.get("ATLAS_SERVING_API_KEY", ""),
-                              dirs=profile_dirs(args.inventory))
+    dirs = profile_dirs(args.inventory)
+    rank = _host_rank(args, dirs)
+    name = args.profile or (rank.profile if rank else None)
+    if not name:
+        raise UsageError("config render needs a PROFILE (or -i INV --host HOST)",
+                         fix="e.g. atlasctl config render vllm-ascend-0.11.0-mistral-7b-8x64g")
+    if rank and name != rank.profile:
+        raise UsageError(f"profile {name} is not {args.host}'s serving_profile ({rank.profile})",
+                         fix="omit PROFILE with --host, or drop --host")
+    rendered = planner.render(name, api_key=os.environ.get("ATLAS_SERVING_API_KEY", ""), dirs=dirs, rank=rank)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         for suffix, text, mode in ((".args", rendered.args_text, 0o640), (".env", rendered.env_text, 0o600),
@@ -140,6 +166,10 @@ def run_lint(args: argparse.Namespace) -> int:
         dirs = profile_dirs(args.inventory)
         for name in args.profiles or planner.profile_names(dirs):
             results[name] = planner.lint_profile(name, dirs)
+        if args.inventory and not args.profiles:
+            for instance, host in planner.instance_ranks(args.inventory):
+                rank = planner.rank_of(args.inventory, host, dirs)
+                results[f"{instance} rank {rank.rank['rank']} ({host})"] = planner.lint_profile(rank.profile, dirs, rank)
     if args.json:
         print(json.dumps(results, indent=1))
     else:
@@ -165,8 +195,13 @@ def _check_plan_args(args: argparse.Namespace) -> None:
 def run_plan(args: argparse.Namespace) -> int:
     _check_plan_args(args)
     dirs = profile_dirs(args.inventory)
-    rows = [planner.plan_profile(n, args.npus, args.hbm_mb, args.model_dir, args.reserve_gib, dirs, args.nodes)
-            for n in (args.profiles or planner.profile_names(dirs))]
+    rank = _host_rank(args, dirs)
+    if rank is not None:
+        rows = [planner.plan_profile(rank.profile, args.npus, args.hbm_mb, args.model_dir, args.reserve_gib, dirs,
+                                     args.nodes, rank=rank)]
+    else:
+        rows = [planner.plan_profile(n, args.npus, args.hbm_mb, args.model_dir, args.reserve_gib, dirs, args.nodes)
+                for n in (args.profiles or planner.profile_names(dirs))]
     if args.json:
         print(json.dumps([{"profile": r.profile, "skipped": r.skipped, **r.plan} for r in rows], indent=1))
     else:

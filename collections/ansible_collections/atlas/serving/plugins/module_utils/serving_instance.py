@@ -182,10 +182,11 @@ def membership(serving_instances):
     return out
 
 
-def problems(serving_instances, hostvars, engine_of=None, default_npus=None):
+def problems(serving_instances, hostvars, engine_of=None, default_npus=None, engine=None):
     """Every problem of ``serving_instances`` over the inventory (shape, unknown hosts, a host in two
     instances, the layout against the nodes' NPUs, the nodes' serving_profile against ``profile``).
-    ``engine_of(profile)``: the engine of a profile name, or None to skip the engine checks."""
+    ``engine_of(profile)``: the engine of a profile name (or ``engine``: the one engine of them all), or
+    None to skip the engine checks."""
     if serving_instances in (None, {}):
         return []
     out = npu_network.instance_problems(serving_instances)
@@ -208,9 +209,9 @@ def problems(serving_instances, hostvars, engine_of=None, default_npus=None):
             out.append(f"serving_instances.{name}: its nodes have different serving_profile values "
                        f"({', '.join(f'{n}={p}' for n, p in profiles.items())}): one instance runs one profile")
         first = next(iter(profiles.values()), None)
-        engine = engine_of(wanted or first) if engine_of and (wanted or first) else None
+        found = engine_of(wanted or first) if engine_of and (wanted or first) else engine
         try:
-            normalise(name, spec, hostvars, engine, default_npus)
+            normalise(name, spec, hostvars, found, default_npus)
         except InstanceError as exc:
             out.append(str(exc))
     return out
@@ -298,7 +299,7 @@ def rank(host, serving_instances, hostvars, engine, release, default_npus=None, 
     if found is None:
         return {"instance": None, "flags": {}, "record": {}, "entry": True}
     name, spec = found
-    issues = problems({name: spec}, hostvars, default_npus=default_npus)
+    issues = problems({name: spec}, hostvars, default_npus=default_npus, engine=engine)
     if issues:
         raise InstanceError(" | ".join(issues))
     inst = normalise(name, spec, hostvars, engine, default_npus)
