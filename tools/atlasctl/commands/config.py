@@ -169,7 +169,8 @@ def run_lint(args: argparse.Namespace) -> int:
         if args.inventory and not args.profiles:
             for instance, host in planner.instance_ranks(args.inventory):
                 rank = planner.rank_of(args.inventory, host, dirs)
-                results[f"{instance} rank {rank.rank['rank']} ({host})"] = planner.lint_profile(rank.profile, dirs, rank)
+                label = f"{instance} rank {rank.rank['rank']} ({host})"
+                results[label] = planner.lint_profile(rank.profile, dirs, rank)
     if args.json:
         print(json.dumps(results, indent=1))
     else:

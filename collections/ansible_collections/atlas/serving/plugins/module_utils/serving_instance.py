@@ -22,7 +22,7 @@ Inventory (group_vars; docs/multinode-serving.md, roles/serving/README.md)::
 A host in no instance (or in an instance of one node) is a single-node instance: no flag is added, nothing
 changes. The NPU network stage reads the same ``nodes`` (module_utils/npu_network.py parses the shape).
 
-The flags per mode (sources: docs/multinode-serving.md, which cites /work/shared/domain facts section 3):
+The flags per mode (their sources: docs/multinode-serving.md, section 2):
 
 - ``vllm-dp`` (vllm-ascend's DeepSeek recipe): ``--tensor-parallel-size``, ``--data-parallel-size``,
   ``--data-parallel-size-local``, ``--data-parallel-address`` (the head's), ``--data-parallel-rpc-port`` (the
@@ -153,16 +153,16 @@ def _roles(name, spec, nodes):
 def _check_npus(inst):
     name, tp, pp, dp, npus = inst["name"], inst["tp"], inst["pp"], inst["dp"], inst["npus"]
     if None in npus:
-        missing = [n for n, c in zip(inst["nodes"], npus) if c is None]
+        missing = [n for n, c in zip(inst["nodes"], npus, strict=True) if c is None]
         raise InstanceError(f"serving_instances.{name}: the NPU count of {', '.join(missing)} is unknown: set "
                             "atlas_hardware.npu_count for the node(s)")
-    listing = " + ".join(f"{n} {c}" for n, c in zip(inst["nodes"], npus))
+    listing = " + ".join(f"{n} {c}" for n, c in zip(inst["nodes"], npus, strict=True))
     if tp * pp * dp != sum(npus):
         raise InstanceError(f"serving_instances.{name}: tp {tp} x pp {pp} x dp {dp} = {tp * pp * dp} NPUs, but its "
                             f"nodes have {sum(npus)} ({listing}): make the layout use every NPU of the nodes "
                             "(or change the nodes)")
     if inst["dp_local"] is not None:
-        for node, local, count in zip(inst["nodes"], inst["dp_local"], npus):
+        for node, local, count in zip(inst["nodes"], inst["dp_local"], npus, strict=True):
             if local * tp * pp != count:
                 raise InstanceError(f"serving_instances.{name}: {node} runs dp_local {local} x tp {tp} x pp {pp} = "
                                     f"{local * tp * pp} NPUs but has {count}: set dp_local per rank to its "
