@@ -94,8 +94,10 @@ class Request:
 class Engine:
     """Requests beyond the running-request slots wait in a queue, as in SGLang's scheduler."""
 
-    def __init__(self, knobs: Knobs, max_running: int, context_len: int, eos_token_id: int, radix_cache: bool):
+    def __init__(self, knobs: Knobs, max_running: int, context_len: int, eos_token_id: int, radix_cache: bool,
+                 group: Any = None):
         self.knobs = knobs
+        self.group = group  # multi-node rank 0: a dist.HeadGroup; every token is then one collective step
         self.max_running = max_running
         self.context_len = context_len
         self.eos_token_id = eos_token_id
@@ -164,12 +166,12 @@ class Engine:
         stop_at_eos = not req.ignore_eos and 0 < self.knobs.eos_after < limit
         count = self.knobs.eos_after if stop_at_eos else limit
         started = time.perf_counter()
-        time.sleep(self.knobs.ttft_s)
+        self._pace(self.knobs.ttft_s)
         last = time.perf_counter()
         self.record_prefill(req, last - started)
         for i, word in enumerate(output_words(req.prompt_tokens, count)):
             if i:
-                time.sleep(self.knobs.itl_s)
+                self._pace(self.knobs.itl_s)
                 now = time.perf_counter()
                 self.record_token(now - last)
                 last = now
@@ -181,6 +183,11 @@ class Engine:
                 req.matched_stop = self.eos_token_id if stop_at_eos else None
             yield word
         self.record_finish(time.perf_counter() - started)
+
+    def _pace(self, seconds: float) -> None:
+        time.sleep(seconds)
+        if self.group is not None:
+            self.group.step()
 
     def record_prefill(self, req: Request, ttft: float) -> None:
         with self._lock:

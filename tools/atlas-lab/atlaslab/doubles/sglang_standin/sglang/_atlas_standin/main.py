@@ -5,15 +5,16 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
 from typing import Any
 
-from sglang._atlas_standin import cli
+from sglang._atlas_standin import cli, dist
 from sglang._atlas_standin.engine import Engine
 from sglang._atlas_standin.knobs import Knobs
-from sglang._atlas_standin.server import StandinHTTPServer, State
+from sglang._atlas_standin.server import DummyHealthServer, StandinHTTPServer, State
 
 logger = logging.getLogger("sglang.srt.entrypoints.http_server")
 uvicorn = logging.getLogger("uvicorn.error")
@@ -79,6 +80,71 @@ def _announce_ready(state: State) -> None:
         state.ready = True
 
 
+def _run_rank(args: dict[str, Any], host: str, port: int, node_rank: int, nnodes: int) -> int:
+    """Node rank >= 1: the scheduler child joins the head; then the dummy health server until SIGTERM."""
+    proc = dist.spawn_scheduler(host, port, node_rank, nnodes)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        logger.error("Scheduler or DataParallelController %d terminated with %s", proc.pid, proc.wait())
+        return 1
+    try:
+        server = DummyHealthServer((args["host"], int(args["port"])))
+    except OSError as exc:
+        logger.error("Failed to bind %s:%s: %s", args["host"], args["port"], exc)
+        proc.kill()
+        return 1
+    stopping = threading.Event()
+
+    def stop(signum: int, _frame: Any) -> None:
+        stopping.set()
+        threading.Thread(target=server.shutdown, daemon=True).start()
+
+    def watch() -> None:
+        code = proc.wait()
+        if code != 0 and not stopping.is_set():
+            logger.warning("Child process unexpectedly failed with an exit code %d. pid=%d", code, proc.pid)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    threading.Thread(target=watch, daemon=True).start()
+    logger.info("Starting dummy health check server at %s:%s", args["host"], server.server_address[1])
+    server.serve_forever(poll_interval=0.2)
+    server.server_close()
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return 0
+
+
+def _join_head(args: dict[str, Any]) -> tuple[dist.HeadGroup | None, int] | int:
+    """Multi-node: rank 0 waits here until every rank has joined (its HTTP port stays closed meanwhile);
+    a rank >= 1 runs to its end here (an int: the exit status). Single node: (None, 0)."""
+    nnodes, node_rank = int(args.get("nnodes") or 1), int(args.get("node_rank") or 0)
+    if nnodes == 1 and node_rank == 0:
+        return None, 0
+    try:
+        dist.check_layout(nnodes, node_rank)
+        host, port = dist.parse_addr(args.get("dist_init_addr"), nnodes)
+        timeout = dist.health_check_timeout()
+    except dist.DistError as exc:
+        sys.stderr.write(f"atlas stand-in: {exc}\n")
+        return 1
+    if node_rank >= 1:
+        return _run_rank(args, host, port, node_rank, nnodes)
+    group = dist.HeadGroup(host, port, nnodes)
+    try:
+        group.listen()
+    except OSError as exc:
+        logger.error("Failed to bind --dist-init-addr %s:%d: %s", host, port, exc)
+        return 1
+    group.wait_joined()
+    group.start_watchdog(float(args["watchdog_timeout"]))
+    return group, timeout
+
+
 def main(argv: list[str]) -> int:
     schema = cli.load_schema()
     parser = cli.build_parser(schema)
@@ -97,8 +163,12 @@ def main(argv: list[str]) -> int:
     args = _effective(args, config, knobs)
     _configure_logging(args.get("log_level") or "info")
     logger.info("server_args=ServerArgs(%s)", ", ".join(f"{k}={v!r}" for k, v in args.items()))
+    joined = _join_head(args)
+    if isinstance(joined, int):
+        return joined
+    group, health_timeout = joined
     engine = Engine(knobs, int(args["max_running_requests"]), args["context_length"], _eos_token_id(config),
-                    radix_cache=not args.get("disable_radix_cache"))
+                    radix_cache=not args.get("disable_radix_cache"), group=group)
     logger.info("Load weight begin. avail mem=60.00 GB")
     time.sleep(knobs.load_seconds)
     logger.info("Load weight end. type=%s, dtype=%s, avail mem=58.00 GB",
@@ -108,6 +178,7 @@ def main(argv: list[str]) -> int:
                 "context_len=%d", engine.max_total_num_tokens, args.get("chunked_prefill_size"),
                 args.get("max_prefill_tokens"), engine.max_running, engine.context_len)
     state = State(args, engine, time.monotonic() + knobs.startup_seconds, knobs.fail_health_file)
+    state.health_timeout = health_timeout
     try:
         server = StandinHTTPServer((args["host"], int(args["port"])), state)
     except OSError as exc:

@@ -32,6 +32,8 @@ class State:
         self.served_model_name: str = args["served_model_name"]
         self.shutting_down = False
         self.ready = False  # set once the ready line is logged, at ready_at (main._announce_ready)
+        self.group = engine.group  # multi-node rank 0: /health is a 1-token step through every rank
+        self.health_timeout = 0
 
     def healthy(self) -> bool:
         if self.shutting_down or not self.ready:
@@ -118,7 +120,11 @@ class Handler(BaseHTTPRequestHandler):
 
     # ---- native routes --------------------------------------------------------------------------------
     def health(self) -> None:
-        self._send(200 if self.server.state.healthy() else 503, b"", "text/plain")
+        state = self.server.state
+        ok = state.healthy()
+        if ok and state.group is not None:
+            ok = state.group.probe(state.health_timeout)
+        self._send(200 if ok else 503, b"", "text/plain")
 
     def model_info(self) -> None:
         args = self.server.state.args
@@ -292,3 +298,35 @@ POST_ROUTES = {
     "/v1/completions": Handler.completions,
     "/v1/chat/completions": Handler.chat_completions,
 }
+
+
+class DummyHealthServer(ThreadingHTTPServer):
+    """Node rank >= 1: SGLang's ``launch_dummy_health_check_server`` (``/health``, ``/health_generate``,
+    ``/ping`` always 200, empty body; uvicorn at log level warning: no access log). Its ``/metrics`` (with
+    ``--enable-metrics``) is not modelled: 404 like any other path."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int]):
+        super().__init__(address, DummyHandler)
+
+
+class DummyHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "uvicorn"
+    sys_version = ""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path in ("/health", "/health_generate", "/ping"):
+            status, body, ctype = 200, b"", "text/plain"
+        else:
+            status, body, ctype = 404, json.dumps(NOT_FOUND, separators=(",", ":")).encode(), "application/json"
+        self.send_response(status)
+        self.send_header("content-type", ctype)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
