@@ -9,6 +9,13 @@ the wheel as ``sglang/_atlas_standin/schema.json``.
 ``requirements.lock`` next to it; a node installs it with::
 
     python3 -m venv V && V/bin/pip install --no-index --no-deps --find-links DIR -r DIR/requirements.lock
+
+Multi-node (``--nnodes N --node-rank R --dist-init-addr HOST:PORT``, the lab's multi-node engine): rank 0
+opens its HTTP port only once every rank has joined the dist-init address; every generation step is a
+collective with all ranks, so a stopped or dead rank stalls the instance (rank 0's ``/health`` 503 after
+``SGLANG_HEALTH_CHECK_TIMEOUT``, exit by the ``--watchdog-timeout`` watchdog); ranks >= 1 serve only the
+dummy ``/health``, ``/health_generate``, ``/ping`` (always 200). Behaviour and sources:
+``sglang/_atlas_standin/dist.py`` and docs/multinode-serving.md, section "Lab".
 """
 
 from __future__ import annotations

@@ -15,8 +15,10 @@ What the real SGLang 0.5.6 does, and what the stand-in does for it (sources: the
   that connects to the head (retrying until it is up), joins, and answers every step; the child dies with
   its parent (``PR_SET_PDEATHSIG``, as SGLang's ``kill_itself_when_parent_died``). SIGSTOP the child and the
   dummy health still says 200.
-- Every forward step of rank 0 is a collective with all ranks. The stand-in: one step loop on rank 0 sends
-  ``step K`` to every rank and waits for each ``ok K``; all running requests advance one token per step.
+- Every forward step of rank 0 is a collective with all ranks. The stand-in: one step loop on rank 0 runs
+  batches: a step lasts the prefill or decode time its requests ask (``ATLAS_STANDIN_TTFT_MS``, ``_ITL_MS``),
+  then sends ``step K`` to every rank and waits for each ``ok K``; every running request advances one token
+  per step.
   A stopped rank (SIGSTOP) or a dead one stalls the step: tokens stop, requests stay running. A dead
   rank's closed connection is not an error (a collective with a dead NCCL/HCCL peer hangs): the step never
   completes. SIGCONT before the watchdog and the step completes: it recovers.
@@ -124,6 +126,7 @@ class HeadGroup:
         self.completed = 0
         self.completed_at = float("-inf")
         self._demand = 0
+        self._want = 0.0
 
     # ---- rendezvous ---------------------------------------------------------------------------------
     def listen(self) -> None:
@@ -178,11 +181,14 @@ class HeadGroup:
         logger.info("atlas stand-in: node rank %d joined from %s", rank, ip)
 
     # ---- steps --------------------------------------------------------------------------------------
-    def step(self) -> None:
-        """Called by a request for each token: wait for the next step that begins from now to complete."""
+    def step(self, duration: float = 0.0) -> None:
+        """Called by a request for each token (``duration``: its prefill or decode time): wait for the next
+        step that begins from now to complete. Steps are batches: one step advances every running request
+        and lasts the longest duration asked of it, as one forward of SGLang's running batch."""
         with self._cond:
             target = self.started + 1
             self._demand = max(self._demand, target)
+            self._want = max(self._want, duration)
             self._cond.notify_all()
             while self.completed < target:
                 self._cond.wait()
@@ -197,6 +203,8 @@ class HeadGroup:
                     self._cond.wait()
                 self.started += 1
                 k = self.started
+                duration, self._want = self._want, 0.0
+            time.sleep(duration)
             self._collective(k)
             with self._cond:
                 self.completed = k

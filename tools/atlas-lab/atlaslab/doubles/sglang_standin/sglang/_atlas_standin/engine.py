@@ -185,9 +185,10 @@ class Engine:
         self.record_finish(time.perf_counter() - started)
 
     def _pace(self, seconds: float) -> None:
-        time.sleep(seconds)
         if self.group is not None:
-            self.group.step()
+            self.group.step(seconds)
+        else:
+            time.sleep(seconds)
 
     def record_prefill(self, req: Request, ttft: float) -> None:
         with self._lock:
