@@ -1,0 +1,71 @@
+"""A two-node serving instance on the converged lab: atlas-n3 (rank 0, the entry) and atlas-n4 (rank 1) of
+branch west run one SGLang instance (the lab's stand-in, which joins its ranks over --dist-init-addr and
+takes every decode step as a collective, as SGLang does). A second inventory source declares it; the lab's
+own inventory stays as it is, and the module puts the fleet back with site.yml without it.
+
+site.yml converges the instance and a second run changes nothing; the ranks get their real flags (rank,
+node count, the head's address), only the entry serves HTTP and is the branch gateway's backend, and a
+completion goes through the gateway to the instance."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from labtools import changed_tasks, lab_hosts, on_node, playbook, recap
+
+pytestmark = pytest.mark.lab
+
+HEAD, RANK1 = "atlas-n3", "atlas-n4"
+GATEWAY = "atlas-gw-west"
+ARGS = "/etc/atlas/serving/current/atlas-serving.args"
+RECORD = "/etc/atlas/serving/current/atlas-serving.json"
+
+
+@pytest.fixture(scope="module")
+def instance(converged_lab, tmp_path_factory):
+    assert converged_lab.first.returncode == 0, converged_lab.first.stdout[-6000:]
+    path = tmp_path_factory.mktemp("instance") / "instance.yml"
+    path.write_text(yaml.safe_dump({"all": {"vars": {
+        "npu_network_comm_interface": "eth0",
+        "serving_instances": {"lab-west": {"nodes": [HEAD, RANK1], "mode": "sglang", "tp": 8}}}}}))
+    first = playbook("-i", str(path), "site.yml")
+    second = playbook("-i", str(path), "site.yml") if first.returncode == 0 else None
+    try:
+        yield first, second
+    finally:
+        back = playbook("site.yml")  # the fleet as the lab's inventory has it, for the modules after this one
+        assert back.returncode == 0, back.stdout[-6000:]
+
+
+def test_site_yml_converges_the_instance_and_a_second_run_changes_nothing(instance) -> None:
+    first, second = instance
+    assert first.returncode == 0, first.stdout[-6000:]
+    assert second is not None and second.returncode == 0, second.stdout[-6000:]
+    stats = recap(second.stdout)
+    assert {h: s["changed"] for h, s in stats.items()} == dict.fromkeys(stats, 0), changed_tasks(second.stdout)
+
+
+def test_each_rank_gets_its_multi_node_flags_and_record(instance) -> None:
+    head_ip = lab_hosts()[HEAD]["ansible_host"]
+    for host, rank in ((HEAD, 0), (RANK1, 1)):
+        argv = on_node(host, f"grep -v '^#' {ARGS}").stdout.split("\n")
+        flags = dict(zip(argv, argv[1:], strict=False))
+        assert flags["--nnodes"] == "2" and flags["--node-rank"] == str(rank), (host, argv)
+        assert flags["--dist-init-addr"].startswith(f"{head_ip}:"), (host, argv)
+        assert flags["--tp-size"] == "8", (host, argv)
+        record = json.loads(on_node(host, f"cat {RECORD}").stdout)
+        assert record["instance"]["rank"] == rank and record["instance"]["entry"] is (rank == 0), record
+        env = on_node(host, "cat /etc/atlas/serving/current/atlas-serving.env").stdout
+        assert f"HCCL_IF_IP={lab_hosts()[host]['ansible_host']}\n" in env, (host, env)
+
+
+def test_only_the_entry_is_the_gateways_backend_and_it_serves_through_it(instance) -> None:
+    backends = on_node(GATEWAY, "cat /etc/nginx/atlas-backends/west/*.conf").stdout
+    head_ip, rank1_ip = lab_hosts()[HEAD]["ansible_host"], lab_hosts()[RANK1]["ansible_host"]
+    assert f"server {head_ip}:" in backends and rank1_ip not in backends, backends
+    body = json.dumps({"model": "atlas-tiny-llama", "prompt": "Hello", "max_tokens": 5})
+    out = json.loads(on_node(GATEWAY, f"curl -sf -m 60 -H 'Content-Type: application/json' -d '{body}' "
+                                      "http://127.0.0.1:8080/v1/completions").stdout)
+    assert out["usage"]["completion_tokens"] >= 1, out
