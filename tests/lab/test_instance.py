@@ -13,23 +13,27 @@ import json
 
 import pytest
 import yaml
-from labtools import changed_tasks, lab_hosts, on_node, playbook, recap
+from labtools import changed_tasks, lab_hosts, layout, on_node, playbook, recap
 
 pytestmark = pytest.mark.lab
 
 HEAD, RANK1 = "atlas-n3", "atlas-n4"
 GATEWAY = "atlas-gw-west"
-ARGS = "/etc/atlas/serving/current/atlas-serving.args"
-RECORD = "/etc/atlas/serving/current/atlas-serving.json"
+# rank = position in nodes; tp x pp = 8 = the two nodes' NPUs (the tiny model has 4 heads and 2 layers);
+# the NPU network stage needs every rank's NPU addresses (docs/npu-network.md)
+OVERLAY = {"all": {
+    "vars": {"npu_network_comm_interface": "eth0", "npu_network_netmask": "255.255.255.0",
+             "npu_network_gateway": "10.20.1.1",
+             "serving_instances": {"lab-west": {"nodes": [HEAD, RANK1], "mode": "sglang", "tp": 4, "pp": 2}}},
+    "hosts": {HEAD: {"npu_network_addresses": [f"10.20.1.3{n}" for n in range(4)]},
+              RANK1: {"npu_network_addresses": [f"10.20.1.4{n}" for n in range(4)]}}}}
 
 
 @pytest.fixture(scope="module")
 def instance(converged_lab, tmp_path_factory):
     assert converged_lab.first.returncode == 0, converged_lab.first.stdout[-6000:]
     path = tmp_path_factory.mktemp("instance") / "instance.yml"
-    path.write_text(yaml.safe_dump({"all": {"vars": {
-        "npu_network_comm_interface": "eth0",
-        "serving_instances": {"lab-west": {"nodes": [HEAD, RANK1], "mode": "sglang", "tp": 8}}}}}))
+    path.write_text(yaml.safe_dump(OVERLAY))
     first = playbook("-i", str(path), "site.yml")
     second = playbook("-i", str(path), "site.yml") if first.returncode == 0 else None
     try:
@@ -50,14 +54,15 @@ def test_site_yml_converges_the_instance_and_a_second_run_changes_nothing(instan
 def test_each_rank_gets_its_multi_node_flags_and_record(instance) -> None:
     head_ip = lab_hosts()[HEAD]["ansible_host"]
     for host, rank in ((HEAD, 0), (RANK1, 1)):
-        argv = on_node(host, f"grep -v '^#' {ARGS}").stdout.split("\n")
+        paths = layout(host)
+        argv = on_node(host, f"grep -v '^#' {paths['serving_args_file']}").stdout.split("\n")
         flags = dict(zip(argv, argv[1:], strict=False))
         assert flags["--nnodes"] == "2" and flags["--node-rank"] == str(rank), (host, argv)
         assert flags["--dist-init-addr"].startswith(f"{head_ip}:"), (host, argv)
-        assert flags["--tp-size"] == "8", (host, argv)
-        record = json.loads(on_node(host, f"cat {RECORD}").stdout)
+        assert flags["--tp-size"] == "4" and flags["--pp-size"] == "2", (host, argv)
+        record = json.loads(on_node(host, f"cat {paths['serving_record']}").stdout)
         assert record["instance"]["rank"] == rank and record["instance"]["entry"] is (rank == 0), record
-        env = on_node(host, "cat /etc/atlas/serving/current/atlas-serving.env").stdout
+        env = on_node(host, f"cat {paths['serving_env_file']}").stdout
         assert f"HCCL_IF_IP={lab_hosts()[host]['ansible_host']}\n" in env, (host, env)
 
 
