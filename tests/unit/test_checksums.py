@@ -83,6 +83,7 @@ def _digests(data: bytes):
 
 
 MIB = 1 << 20
+GIB = 1 << 30
 
 
 @pytest.mark.parametrize("direct", [True, False, None])
@@ -534,7 +535,8 @@ def test_the_last_file_starts_beside_the_others_not_after_them(tmp_path: Path, m
     paths = {k: str(tmp_path / k) for k in "abc"}
     for p in paths.values():
         Path(p).write_bytes(b"")
-    outcomes = checksums.hash_many(paths, workers=2, sizes={"a": 3, "b": 2, "c": 1})
+    # sizes of more than one buffer (the files themselves are empty: hash_file is the probe's)
+    outcomes = checksums.hash_many(paths, workers=2, sizes={"a": 3 * GIB, "b": 2 * GIB, "c": GIB})
     assert all(o.error is None for o in outcomes.values())
     assert max(len(s) for s in seen) == 3
 
@@ -546,7 +548,7 @@ def test_at_most_workers_files_are_read_at_once_before_the_last(tmp_path: Path, 
     paths = {k: str(tmp_path / k) for k in names}
     for p in paths.values():
         Path(p).write_bytes(b"")
-    checksums.hash_many(paths, workers=2, sizes={k: 10 - i for i, k in enumerate(names)})
+    checksums.hash_many(paths, workers=2, sizes={k: (10 - i) * GIB for i, k in enumerate(names)})
     last = paths["f6"]
     assert all(len(s - {last}) <= 2 for s in seen)
     assert len(seen) == 7
