@@ -36,6 +36,7 @@ import json
 import mmap
 import os
 import queue
+import stat
 import tempfile
 import threading
 import time
@@ -981,7 +982,7 @@ def verify_tree(
             results[rel] = FileResult(rel, STATUS_MISSING, None, exp.as_dict(), None, (), "missing")
             continue
         try:
-            st = FileStat.of(os.stat(path))
+            raw = os.stat(path)
         except FileNotFoundError:
             results[rel] = FileResult(rel, STATUS_MISSING, None, exp.as_dict(), None, (), "missing")
             continue
@@ -990,9 +991,10 @@ def verify_tree(
                 rel, STATUS_ERROR, None, exp.as_dict(), None, (), f"cannot stat: {exc.strerror}"
             )
             continue
-        if not os.path.isfile(path):
+        if not stat.S_ISREG(raw.st_mode):  # what os.path.isfile says, from the same stat
             results[rel] = FileResult(rel, STATUS_ERROR, None, exp.as_dict(), None, (), NOT_REGULAR)
             continue
+        st = FileStat.of(raw)
         stamp = old_stamps.get(rel)
         if not full and stamp_vouches(stamp, st, exp):
             actual = {"size": st.size, "md5": stamp["md5"], "sha256": stamp["sha256"]}
