@@ -12,9 +12,16 @@
   buffered read alone would take a fifth of the hashing's CPU (docs/verification-speed.md
   has the figures). Where O_DIRECT is refused (tmpfs, some overlay and network filesystems:
   EINVAL) or a read ends short of the block size, the rest of the file is read buffered.
-  Smaller files are read buffered, and a file of one buffer is hashed without the md5 lane.
-  Memory is at most ``(workers + 1) x (1 + DIRECT_READERS x DIRECT_BUFFERS_PER_READER) x bufsize``
-  whatever the file sizes; the buffers are kept per thread from file to file.
+  Files between one buffer and ``DIRECT_MIN_SIZE`` are read buffered, advised to the kernel
+  (WILLNEED) a window ahead of the readers.
+* A file of at most one buffer is read in one O_DIRECT read into a page-aligned buffer of its
+  reader (``hash_small_file``) and hashed in that thread: no md5 lane, no future per file, one
+  open, one fstat, one read, one stat after. Once the large files are all taken, more readers
+  join (``SMALL_READERS_PER_WORKER``): a cold small file is a round trip to the storage, and
+  its reader hashes nothing meanwhile.
+  Memory is at most ``(2 x workers - 1) x (2 + DIRECT_READERS x DIRECT_BUFFERS_PER_READER) x bufsize``
+  plus ``workers x bufsize`` for the extra small-file readers, whatever the file sizes; the
+  buffers are kept per thread from file to file (a small file touches only its own pages).
 * After a full check a *stamp* per file records (size, mtime_ns, ctime_ns, inode, device,
   md5, sha256). A later run trusts a stamp only when all five stat fields are unchanged
   and the stamp's digests equal the digests expected now. ctime cannot be set from user
