@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import threading
@@ -83,6 +84,7 @@ def _digests(data: bytes):
 
 
 MIB = 1 << 20
+GIB = 1 << 30
 
 
 @pytest.mark.parametrize("direct", [True, False, None])
@@ -466,10 +468,11 @@ def test_a_file_that_changes_size_during_an_o_direct_read_is_hashed_as_read(tmp_
     assert checksums.hash_file(str(path), bufsize=MIB, direct=True) == _digests(final)
 
 
-def test_verify_tree_reports_a_file_that_changed_during_its_read(tmp_path: Path, monkeypatch) -> None:
+@pytest.mark.parametrize("size, direct", [(3 * MIB, True), (5000, None)], ids=["large, O_DIRECT", "small"])
+def test_verify_tree_reports_a_file_that_changed_during_its_read(tmp_path: Path, monkeypatch, size, direct) -> None:
     root = tmp_path / "m"
     root.mkdir()
-    data = os.urandom(3 * MIB)
+    data = os.urandom(size)
     (root / "a.bin").write_bytes(data)
     exp = {"a.bin": manifest.Expected("a.bin", len(data), hashlib.md5(data).hexdigest(), None)}
     real = os.preadv
@@ -481,7 +484,7 @@ def test_verify_tree_reports_a_file_that_changed_during_its_read(tmp_path: Path,
         return real(fd, bufs, off)
 
     monkeypatch.setattr(checksums.os, "preadv", preadv)
-    report = checksums.verify_tree(str(root), exp, bufsize=MIB, direct=True)
+    report = checksums.verify_tree(str(root), exp, bufsize=MIB, direct=direct)
     result = _by_path(report)["a.bin"]
     assert result.status == "error" and "changed while it was being read" in result.message
 
@@ -534,7 +537,8 @@ def test_the_last_file_starts_beside_the_others_not_after_them(tmp_path: Path, m
     paths = {k: str(tmp_path / k) for k in "abc"}
     for p in paths.values():
         Path(p).write_bytes(b"")
-    outcomes = checksums.hash_many(paths, workers=2, sizes={"a": 3, "b": 2, "c": 1})
+    # sizes of more than one buffer (the files themselves are empty: hash_file is the probe's)
+    outcomes = checksums.hash_many(paths, workers=2, sizes={"a": 3 * GIB, "b": 2 * GIB, "c": GIB})
     assert all(o.error is None for o in outcomes.values())
     assert max(len(s) for s in seen) == 3
 
@@ -546,7 +550,166 @@ def test_at_most_workers_files_are_read_at_once_before_the_last(tmp_path: Path, 
     paths = {k: str(tmp_path / k) for k in names}
     for p in paths.values():
         Path(p).write_bytes(b"")
-    checksums.hash_many(paths, workers=2, sizes={k: 10 - i for i, k in enumerate(names)})
+    checksums.hash_many(paths, workers=2, sizes={k: (10 - i) * GIB for i, k in enumerate(names)})
     last = paths["f6"]
     assert all(len(s - {last}) <= 2 for s in seen)
     assert len(seen) == 7
+
+
+# --- small files: one read each, more readers, read-ahead --------------------------------------
+
+
+def _count_preadv(monkeypatch) -> list:
+    calls = []
+    real = os.preadv
+    monkeypatch.setattr(checksums.os, "preadv", lambda fd, bufs, off: calls.append(off) or real(fd, bufs, off))
+    return calls
+
+
+@pytest.mark.parametrize("direct", [None, False, True])
+@pytest.mark.parametrize("size, reads", [(0, 1), (1, 1), (4095, 1), (4096, 1), (4097, 1), (MIB - 1, 1), (MIB, 2)])
+def test_a_small_file_is_read_in_one_read_in_its_reader(tmp_path: Path, monkeypatch, size, reads, direct) -> None:
+    data = os.urandom(size)
+    (tmp_path / "f").write_bytes(data)
+    monkeypatch.setattr(checksums, "hash_file", lambda *a, **k: pytest.fail("a small file went the large files' way"))
+    calls = _count_preadv(monkeypatch)
+    outcomes = checksums.hash_many({"f": str(tmp_path / "f")}, bufsize=MIB, sizes={"f": size}, direct=direct)
+    assert outcomes["f"].digests == _digests(data) and outcomes["f"].before == outcomes["f"].after
+    assert len(calls) == reads  # a full buffer (size == bufsize) cannot prove the end: one more read
+
+
+@pytest.mark.parametrize("direct", [False, True])
+@pytest.mark.parametrize("change", ["grows", "shrinks", "larger than the buffer"])
+def test_a_small_file_is_hashed_to_its_end_whatever_its_size_at_fstat(tmp_path: Path, monkeypatch, change, direct):
+    path = tmp_path / "f"
+    data = os.urandom(3 * MIB + 5 if change == "larger than the buffer" else 300_000)
+    path.write_bytes(data)
+    real = os.preadv
+    done = []
+
+    def preadv(fd, bufs, off):
+        if not done:
+            done.append(off)
+            if change == "grows":
+                with open(path, "ab") as handle:
+                    handle.write(b"late")
+            elif change == "shrinks":
+                os.truncate(path, 1000)
+        return real(fd, bufs, off)
+
+    monkeypatch.setattr(checksums.os, "preadv", preadv)
+    final = {"grows": data + b"late", "shrinks": data[:1000]}.get(change, data)
+    digests, before = checksums.hash_small_file(str(path), mmap.mmap(-1, MIB), direct)
+    assert digests == _digests(final)
+    assert before.size == len(data)  # fstat's size, before the change: the caller's after-stat differs
+
+
+@pytest.mark.parametrize("refused", ["open", "read"])
+def test_a_small_file_is_read_buffered_where_o_direct_is_refused(tmp_path: Path, monkeypatch, refused) -> None:
+    import errno
+
+    data = os.urandom(70_000)
+    (tmp_path / "f").write_bytes(data)
+    real_open, real_preadv = os.open, os.preadv
+    direct_fds = set()
+
+    def fake_open(p, flags, *args):
+        if flags & getattr(os, "O_DIRECT", 0):
+            if refused == "open":
+                raise OSError(errno.EINVAL, "Invalid argument")
+            fd = real_open(p, flags, *args)
+            direct_fds.add(fd)
+            return fd
+        return real_open(p, flags, *args)
+
+    def fake_preadv(fd, bufs, off):
+        import fcntl
+
+        if fd in direct_fds and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_preadv(fd, bufs, off)
+
+    monkeypatch.setattr(checksums.os, "open", fake_open)
+    monkeypatch.setattr(checksums.os, "preadv", fake_preadv)
+    digests, _ = checksums.hash_small_file(str(tmp_path / "f"), mmap.mmap(-1, MIB), True)
+    assert digests == _digests(data)
+
+
+@pytest.mark.parametrize("make", [lambda p: p.mkdir(), lambda p: os.mkfifo(p)], ids=["directory", "fifo"])
+def test_an_expected_name_that_is_not_a_regular_file_is_an_error_and_never_opened(tmp_path: Path, make) -> None:
+    root = tmp_path / "m"
+    root.mkdir()
+    make(root / "x")
+    report = checksums.verify_tree(str(root), {"x": manifest.Expected("x", 1, "0" * 32, None)})
+    assert _by_path(report)["x"].status == "error" and _by_path(report)["x"].message == checksums.NOT_REGULAR
+
+
+def test_small_files_get_more_readers_once_the_large_files_are_all_taken(tmp_path: Path, monkeypatch) -> None:
+    lock = threading.Lock()
+    events: list[tuple[str, str]] = []
+    workers = 2
+    readers = checksums.SMALL_READERS_PER_WORKER * workers
+    barrier = threading.Barrier(readers, timeout=30)  # breaks unless that many small files are read at once
+
+    def fake_large(path, *args, **kwargs):
+        with lock:
+            events.append(("large", path))
+        return checksums.Digests(0, "", "")
+
+    def fake_small(path, buf, direct=False):
+        with lock:
+            events.append(("small", path))
+        barrier.wait()
+        return checksums.Digests(0, "", ""), checksums.FileStat.of(os.stat(path))
+
+    monkeypatch.setattr(checksums, "hash_file", fake_large)
+    monkeypatch.setattr(checksums, "hash_small_file", fake_small)
+    names = [f"L{i}" for i in range(4)] + [f"s{i}" for i in range(2 * readers)]
+    paths = {k: str(tmp_path / k) for k in names}
+    for p in paths.values():
+        Path(p).write_bytes(b"")
+    sizes = {k: (GIB if k.startswith("L") else 1) for k in names}
+    outcomes = checksums.hash_many(paths, workers=workers, sizes=sizes)
+    assert all(o.error is None for o in outcomes.values())
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["large"] * 4 + ["small"] * 2 * readers  # no small file before every large one is taken
+
+
+@pytest.mark.parametrize("n_large, most_at_once", [(2, 2), (3, 3), (4, 2), (5, 3), (6, 2)])
+def test_large_files_run_in_pairs_with_an_odd_one_started_beside_them(tmp_path: Path, monkeypatch, n_large,
+                                                                       most_at_once) -> None:
+    seen: list = []
+    _concurrency_probe(monkeypatch, seen)
+    names = [f"f{i}" for i in range(n_large)]
+    paths = {k: str(tmp_path / k) for k in names}
+    for p in paths.values():
+        Path(p).write_bytes(b"")
+    checksums.hash_many(paths, workers=2, sizes={k: GIB for k in names})
+    assert max(len(s) for s in seen) <= most_at_once
+
+
+def test_a_reader_thread_failure_is_raised_in_the_caller(tmp_path: Path, monkeypatch) -> None:
+    def broken(path, *args, **kwargs):
+        raise ValueError(f"broken reader for {path}")
+
+    monkeypatch.setattr(checksums, "hash_file", broken)
+    paths = {k: str(tmp_path / k) for k in "abc"}
+    for p in paths.values():
+        Path(p).write_bytes(b"")
+    with pytest.raises(ValueError, match="broken reader"):
+        checksums.hash_many(paths, workers=2, sizes={k: GIB for k in paths})
+
+
+@pytest.mark.parametrize("files, ahead_bytes, buffered, takes", [
+    # (sizes, READAHEAD_BYTES, which are read through the page cache, [(taken, advised), ...]); READAHEAD_FILES = 2
+    ([1, 1, 1, 1, 1], 1 << 30, "abcde", [("a", ["b", "c"]), ("b", ["d"]), ("c", ["e"]), ("d", []), ("e", [])]),
+    ([6, 6, 6, 6], 10, "abcd", [("a", ["b", "c"]), ("b", ["d"]), ("c", []), ("d", [])]),
+    ([1, 1, 1, 1], 1 << 30, "bd", [("a", ["b"]), ("b", ["d"]), ("c", []), ("d", [])]),  # O_DIRECT ones: no advice
+], ids=["files", "bytes", "direct"])
+def test_the_read_ahead_window_advises_each_buffered_file_once(monkeypatch, files, ahead_bytes, buffered, takes):
+    monkeypatch.setattr(checksums, "READAHEAD_FILES", 2)
+    monkeypatch.setattr(checksums, "READAHEAD_BYTES", ahead_bytes)
+    keys = "abcde"[: len(files)]
+    jobs = checksums._Jobs(list(keys), dict(zip(keys, files, strict=True)), lambda k: k in buffered, small_from=0)
+    assert [jobs.take() for _ in takes] == takes
+    assert jobs.take() == (None, [])

@@ -304,7 +304,8 @@ def _verified_tree(tmp_path: Path) -> tuple[Path, dict]:
 def test_a_tree_its_stamps_vouch_for_is_converged_and_nothing_is_read(tmp_path: Path, monkeypatch) -> None:
     root, opts = _verified_tree(tmp_path)
     checksums = module_utils("checksums")
-    monkeypatch.setattr(checksums, "hash_file", lambda *a, **k: pytest.fail("the fast path read a file"))
+    for reader in ("hash_file", "hash_small_file"):
+        monkeypatch.setattr(checksums, reader, lambda *a, **k: pytest.fail("the fast path read a file"))
     assert state.verified_differences(str(root), **opts) == []
 
 

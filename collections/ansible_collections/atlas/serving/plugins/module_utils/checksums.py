@@ -12,9 +12,16 @@
   buffered read alone would take a fifth of the hashing's CPU (docs/verification-speed.md
   has the figures). Where O_DIRECT is refused (tmpfs, some overlay and network filesystems:
   EINVAL) or a read ends short of the block size, the rest of the file is read buffered.
-  Smaller files are read buffered, and a file of one buffer is hashed without the md5 lane.
-  Memory is at most ``(workers + 1) x (1 + DIRECT_READERS x DIRECT_BUFFERS_PER_READER) x bufsize``
-  whatever the file sizes; the buffers are kept per thread from file to file.
+  Files between one buffer and ``DIRECT_MIN_SIZE`` are read buffered, advised to the kernel
+  (WILLNEED) a window ahead of the readers.
+* A file of at most one buffer is read in one O_DIRECT read into a page-aligned buffer of its
+  reader (``hash_small_file``) and hashed in that thread: no md5 lane, no future per file, one
+  open, one fstat, one read, one stat after. Once the large files are all taken, more readers
+  join (``SMALL_READERS_PER_WORKER``): a cold small file is a round trip to the storage, and
+  its reader hashes nothing meanwhile.
+  Memory is at most ``(2 x workers - 1) x (2 + DIRECT_READERS x DIRECT_BUFFERS_PER_READER) x bufsize``
+  plus ``workers x bufsize`` for the extra small-file readers, whatever the file sizes; the
+  buffers are kept per thread from file to file (a small file touches only its own pages).
 * After a full check a *stamp* per file records (size, mtime_ns, ctime_ns, inode, device,
   md5, sha256). A later run trusts a stamp only when all five stat fields are unchanged
   and the stamp's digests equal the digests expected now. ctime cannot be set from user
@@ -28,12 +35,15 @@ Standard library only: this file is shipped to managed nodes by Ansible.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import itertools
 import json
 import mmap
 import os
 import queue
+import stat
 import tempfile
 import threading
 import time
@@ -50,6 +60,11 @@ DEFAULT_BUFSIZE = 4 << 20
 DIRECT_MIN_SIZE = 8 << 20
 DIRECT_READERS = 2  # O_DIRECT reads in flight per file: one alone leaves the device idle between requests
 DIRECT_BUFFERS_PER_READER = 2  # one being read into while the other is hashed
+# Files read through the page cache are advised to the kernel (WILLNEED) this far ahead of the readers.
+READAHEAD_FILES = 32
+READAHEAD_BYTES = 32 << 20
+# Readers of small files per hashing worker: a cold small file is a round trip to the storage.
+SMALL_READERS_PER_WORKER = 2
 STAMP_FILE_NAME = ".atlas-verified.json"
 STAMP_FORMAT = 1
 RACY_MARGIN_NS = 100_000_000  # > one kernel tick: coarse timestamps lag the real clock by <= 1 jiffy
@@ -447,9 +462,7 @@ def _read_one(
     path: str, bufsize: int, counter: _ByteCounter, local: threading.local, lanes: list | None = None,
     direct: bool | None = None,
 ) -> _ReadOutcome:
-    buf = getattr(local, "buf", None)
-    if buf is None or len(buf) != bufsize:
-        buf = local.buf = bytearray(bufsize)
+    buf = _thread_buffer(local, bufsize)
     lane = None
     if lanes is not None:
         lane = getattr(local, "lane", None)
@@ -468,6 +481,170 @@ def _read_one(
     return _ReadOutcome(digests, before, after, started)
 
 
+def _thread_buffer(local: threading.local, bufsize: int) -> bytearray:
+    buf = getattr(local, "buf", None)
+    if buf is None or len(buf) != bufsize:
+        buf = local.buf = bytearray(bufsize)
+    return buf
+
+
+def hash_small_file(path: str, buf: mmap.mmap | bytearray, direct: bool = False) -> tuple[Digests, FileStat]:
+    """md5 and sha256 of a file expected to fit in ``buf``, and the fstat of the file read.
+
+    One open, one fstat (of the file being read: the caller's ``before``), one read into
+    ``buf``, hashed in this thread: with many small files the per-file costs limit, not the
+    hashing. ``direct``: that read is an O_DIRECT one (``buf`` page-aligned: an mmap) of a
+    block more than fstat's size, so a short read proves the end: the storage writes into
+    ``buf``, and the kernel neither fills the page cache nor copies (0.5 CPU-s/GB less than a
+    cold buffered read of 4-256 KiB files). Where O_DIRECT is refused, the read is buffered.
+    When the read does not end where fstat said the file ends (it grew, shrank, or does not
+    fit in ``buf``), the rest is read on through the page cache to the file's end, so every
+    byte there is hashed once; the caller's stat after the read then tells a changed file.
+    """
+    md5 = hashlib.md5(usedforsecurity=False) if _md5_accepts_flag() else hashlib.md5()
+    sha = hashlib.sha256()
+    view = memoryview(buf)
+    fd = _open_direct(path) if direct else None
+    if fd is None:
+        fd = os.open(path, _O_RDONLY)
+        direct = False
+    try:
+        st = os.fstat(fd)
+        n, asked = _first_read(fd, view, st.st_size, direct)
+        md5.update(view[:n])
+        sha.update(view[:n])
+        size = n
+        if n != st.st_size or n == asked:  # not at the end fstat saw: read on, buffered, to the end
+            if direct:
+                _drop_direct(fd)
+            while n := os.preadv(fd, [view], size):
+                md5.update(view[:n])
+                sha.update(view[:n])
+                size += n
+    finally:
+        os.close(fd)
+    return Digests(size=size, md5=md5.hexdigest(), sha256=sha.hexdigest()), FileStat.of(st)
+
+
+_O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
+_DIRECT_ALIGN = 4096  # O_DIRECT lengths: a multiple of the logical block size (512 or 4096)
+
+
+def _open_direct(path: str) -> int | None:
+    if not _HAVE_DIRECT:
+        return None
+    try:
+        return os.open(path, _O_RDONLY | os.O_DIRECT)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:  # this filesystem refuses O_DIRECT: read buffered
+            return None
+        raise
+
+
+def _drop_direct(fd: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+
+
+def _first_read(fd: int, view: memoryview, expected: int, direct: bool) -> tuple[int, int]:
+    """(bytes read, bytes asked) of the first read from offset 0."""
+    if direct:
+        asked = min(len(view), (expected // _DIRECT_ALIGN + 1) * _DIRECT_ALIGN)
+        try:
+            return os.preadv(fd, [view[:asked]], 0), asked
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:  # EINVAL: alignment refused here; anything else is the file's
+                raise
+            _drop_direct(fd)
+    return os.preadv(fd, [view], 0), len(view)
+
+
+def _small_buffer(local: threading.local, bufsize: int) -> mmap.mmap:
+    """This thread's page-aligned buffer for small files, kept from file to file."""
+    buf = getattr(local, "small", None)
+    if buf is None or len(buf) != _aligned(bufsize):
+        buf = local.small = mmap.mmap(-1, _aligned(bufsize))
+    return buf
+
+
+def _aligned(bufsize: int) -> int:
+    return max(mmap.PAGESIZE, bufsize - bufsize % mmap.PAGESIZE)
+
+
+def _read_small(
+    path: str, bufsize: int, counter: _ByteCounter, local: threading.local, direct: bool | None
+) -> _ReadOutcome:
+    started = time.time_ns()
+    try:
+        digests, before = hash_small_file(path, _small_buffer(local, bufsize), direct is not False)
+        after = FileStat.of(os.stat(path))
+    except OSError as exc:
+        return _ReadOutcome(None, None, None, started, error=f"cannot read: {exc.strerror or exc}")
+    counter.add(digests.size)
+    return _ReadOutcome(digests, before, after, started)
+
+
+def _will_need(path: str) -> None:
+    """Ask the kernel to start reading a whole file into the page cache (it returns at once)."""
+    try:
+        fd = os.open(path, _O_RDONLY)
+    except OSError:
+        return  # its own read reports it
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class _Jobs:
+    """The files a pool of readers takes in order (large ones first), with a read-ahead window.
+
+    Taking a file hands back the files that have just come within ``READAHEAD_FILES`` files
+    and ``READAHEAD_BYTES`` bytes of it, among those read through the page cache: the taker
+    advises them (POSIX_FADV_WILLNEED), so the storage reads them while this one is hashed.
+    ``small_from``: the index of the first small file; ``small_open`` is set once it is taken
+    (or at once when there are no large files), for the readers that read small files only."""
+
+    def __init__(self, keys: list[str], sizes: dict[str, int], buffered: Callable[[str], bool], small_from: int):
+        self.keys = keys
+        self.sizes = [sizes.get(k, 0) if _HAVE_WILLNEED and buffered(k) else -1 for k in keys]
+        self.small_from = small_from
+        self.small_open = threading.Event()
+        if small_from == 0:
+            self.small_open.set()
+        self.taken = 0
+        self.advised = 0
+        self.ahead = 0  # bytes advised and not taken yet
+        self.lock = threading.Lock()
+
+    def take(self) -> tuple[str | None, list[str]]:
+        with self.lock:
+            i = self.taken
+            if i >= len(self.keys):
+                self.small_open.set()
+                return None, []
+            self.taken = i + 1
+            if i == self.small_from:
+                self.small_open.set()
+            if i < self.advised:
+                self.ahead -= max(0, self.sizes[i])
+            else:
+                self.advised = i + 1  # being read now: no advice
+            new = []
+            while (self.advised < len(self.keys) and self.advised - i <= READAHEAD_FILES
+                   and self.ahead < READAHEAD_BYTES):  # fmt: skip
+                j = self.advised
+                self.advised += 1
+                if self.sizes[j] >= 0:
+                    self.ahead += self.sizes[j]
+                    new.append(self.keys[j])
+            return self.keys[i], new
+
+
+_HAVE_WILLNEED = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_WILLNEED")
+
+
 def hash_many(
     paths: dict[str, str],
     workers: int | None = None,
@@ -476,12 +653,22 @@ def hash_many(
     sizes: dict[str, int] | None = None,
     direct: bool | None = None,
 ) -> dict[str, _ReadOutcome]:
-    """Hash {key: path} in parallel, largest first (keeps the tail short).
+    """Hash {key: path} in parallel, largest first, by a pool of ``workers`` reader threads.
 
-    ``workers`` files are read at once, and each reader thread has an md5 lane of its own, so
-    one file keeps up to two cores hashing (md5 on one, sha256 on part of the other). The last
-    file does not wait for a free reader: it starts at once beside the others, so equal shards
-    never end with one of them hashed alone while a core idles (3 on 2 workers finish together).
+    * A file of more than one buffer (by ``sizes``) is read by ``hash_file`` with an md5 lane
+      of its reader's own, so one file keeps up to two cores hashing (md5 on one, sha256 on
+      part of the other).
+    * A file of at most one buffer is read in one read by ``hash_small_file`` (O_DIRECT unless
+      ``direct`` is False) and hashed in its reader thread: no lane, no future per file. Once
+      the large files are all taken, ``SMALL_READERS_PER_WORKER - 1`` more readers per worker
+      join in: one cold small file is a round trip to the storage, during which its reader
+      hashes nothing, so more reads must be in flight than there are cores.
+    * Files read through the page cache are advised to the kernel a window ahead of the
+      readers (``_Jobs``).
+    * The tail: ``n_large % workers`` of the smallest large files do not wait for a free
+      reader, they start at once beside the others, so equal shards end together (3 on 2
+      workers are read at once, 6 in pairs) rather than with one hashed alone at md5's rate.
+      Small files come after the large ones, spread over every reader.
     """
     sizes = sizes or {}
     order = sorted(paths, key=lambda k: -sizes.get(k, 0))
@@ -489,24 +676,67 @@ def hash_many(
     nworkers = workers or default_workers(len(order))
     local = threading.local()
     lanes: list[ThreadPoolExecutor] = []
+    results: dict[str, _ReadOutcome] = {}
+
+    def small(k: str) -> bool:
+        return 0 <= sizes.get(k, bufsize + 1) <= bufsize
+
+    def buffered(k: str) -> bool:
+        if small(k):
+            return direct is False or not _HAVE_DIRECT
+        return direct is not True and sizes.get(k, DIRECT_MIN_SIZE) < DIRECT_MIN_SIZE
+
+    def read(k: str) -> None:
+        if small(k):
+            results[k] = _read_small(paths[k], bufsize, counter, local, direct)
+        else:
+            results[k] = _read_one(paths[k], bufsize, counter, local, lanes, direct)
+
+    large = [k for k in order if not small(k)]
+    extra = large[len(large) - len(large) % nworkers:] if nworkers > 1 and len(order) > 1 else []
+    started_apart = set(extra)
+    keys = [k for k in order if k not in started_apart]
+    jobs = _Jobs(keys, sizes, buffered, len(large) - len(extra))
+    failures: list[BaseException] = []
+
+    def work(small_only: bool = False) -> None:
+        if small_only:
+            jobs.small_open.wait()
+        while not failures:
+            k, advise = jobs.take()
+            for rel in advise:
+                _will_need(paths[rel])
+            if k is None:
+                return
+            read(k)
+
+    def guarded(fn: Callable, *args) -> None:
+        try:
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 (raised again in the caller's thread)
+            failures.append(exc)
+
+    helpers = min(len(keys) - jobs.small_from, (SMALL_READERS_PER_WORKER - 1) * nworkers)
     try:
-        if nworkers <= 1 or len(order) <= 1:
-            return {k: _read_one(paths[k], bufsize, counter, local, lanes, direct) for k in order}
-        slots = threading.BoundedSemaphore(nworkers)
-        last = order[-1]
-
-        def read(k: str) -> _ReadOutcome:
-            if k == last:
-                return _read_one(paths[k], bufsize, counter, local, lanes, direct)
-            with slots:
-                return _read_one(paths[k], bufsize, counter, local, lanes, direct)
-
-        with ThreadPoolExecutor(max_workers=nworkers + 1, thread_name_prefix="verify") as pool:
-            futures = {k: pool.submit(read, k) for k in order}
-            return {k: f.result() for k, f in futures.items()}
+        if len(order) <= 1 or nworkers <= 1 and helpers <= 0:
+            work()
+        else:
+            threads = [threading.Thread(target=guarded, args=(read, k), name=f"verify-tail-{i}", daemon=True)
+                       for i, k in enumerate(extra)]  # fmt: skip
+            threads += [threading.Thread(target=guarded, args=(work,), name=f"verify-{i}", daemon=True)
+                        for i in range(nworkers)]  # fmt: skip
+            threads += [threading.Thread(target=guarded, args=(work, True), name=f"verify-small-{i}", daemon=True)
+                        for i in range(max(0, helpers))]  # fmt: skip
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
     finally:
         for lane in lanes:
             lane.shutdown(wait=True)
+    if failures:
+        raise failures[0]
+    return {k: results[k] for k in order}
 
 
 # --- tree listing ----------------------------------------------------------------------------
@@ -759,7 +989,7 @@ def verify_tree(
             results[rel] = FileResult(rel, STATUS_MISSING, None, exp.as_dict(), None, (), "missing")
             continue
         try:
-            st = FileStat.of(os.stat(path))
+            raw = os.stat(path)
         except FileNotFoundError:
             results[rel] = FileResult(rel, STATUS_MISSING, None, exp.as_dict(), None, (), "missing")
             continue
@@ -768,9 +998,10 @@ def verify_tree(
                 rel, STATUS_ERROR, None, exp.as_dict(), None, (), f"cannot stat: {exc.strerror}"
             )
             continue
-        if not os.path.isfile(path):
+        if not stat.S_ISREG(raw.st_mode):  # what os.path.isfile says, from the same stat
             results[rel] = FileResult(rel, STATUS_ERROR, None, exp.as_dict(), None, (), NOT_REGULAR)
             continue
+        st = FileStat.of(raw)
         stamp = old_stamps.get(rel)
         if not full and stamp_vouches(stamp, st, exp):
             actual = {"size": st.size, "md5": stamp["md5"], "sha256": stamp["sha256"]}
