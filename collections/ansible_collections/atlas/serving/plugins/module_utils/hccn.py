@@ -267,6 +267,12 @@ def find_tool(explicit: str | None = None, path_env: str | None = None) -> str |
     return shutil.which(TOOL, path=search)
 
 
+def tool_missing(explicit: str | None = None) -> str:
+    """Why a module that needs ``hccn_tool`` stops when :func:`find_tool` found none."""
+    return (f"hccn_tool not found ({explicit or 'PATH and ' + ', '.join(TOOL_DIRS)}): "
+            "it comes with the Ascend NPU driver; run the driver stage first")
+
+
 def _safe_run(run: Runner, argv: list) -> tuple:
     try:
         return run(argv)

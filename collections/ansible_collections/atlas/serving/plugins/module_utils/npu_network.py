@@ -22,12 +22,17 @@ PREFIX = "npu_network_"
 TLS_DEFAULT = 0
 
 
-def _var(hostvars, host, name, default=None):
-    if not _known(hostvars, host):
+def host_var(hostvars, host, name, default=None):
+    """``hostvars[host][name]``, or ``default`` for an unknown host or an unset (None) variable."""
+    if not known(hostvars, host):
         return default
     values = hostvars[host]
-    value = values.get(PREFIX + name) if hasattr(values, "get") else None
+    value = values.get(name) if hasattr(values, "get") else None
     return default if value is None else value
+
+
+def _var(hostvars, host, name, default=None):
+    return host_var(hostvars, host, PREFIX + name, default)
 
 
 def instance_problems(serving_instances) -> list:
@@ -119,7 +124,7 @@ def instance_node_problems(instance: dict, hostvars) -> list:
     switch everywhere, no address on two NPUs."""
     name, nodes = instance["name"], instance["nodes"]
     out = []
-    unknown = [n for n in nodes if not _known(hostvars, n)]
+    unknown = [n for n in nodes if not known(hostvars, n)]
     if unknown:
         out.append(f"instance {name}: {', '.join(unknown)} not in the inventory")
     missing = [n for n in nodes if n not in unknown and not _var(hostvars, n, "addresses")]
@@ -141,7 +146,7 @@ def instance_node_problems(instance: dict, hostvars) -> list:
     return out
 
 
-def _known(hostvars, host) -> bool:
+def known(hostvars, host) -> bool:
     """Ansible's hostvars answers an unknown host with an undefined value, not a KeyError: ask ``in``."""
     return host in hostvars
 

@@ -54,18 +54,6 @@ class InstanceError(ValueError):
     """A bad serving instance: the message names the instance, the field and the fix."""
 
 
-def _known(hostvars, host):
-    return host in hostvars
-
-
-def _hv(hostvars, host, name, default=None):
-    if not _known(hostvars, host):
-        return default
-    values = hostvars[host]
-    value = values.get(name) if hasattr(values, "get") else None
-    return default if value is None else value
-
-
 def _int(spec, name, field, default, minimum=1):
     value = spec.get(field, default)
     if isinstance(value, bool) or not isinstance(value, (int, str)) or not str(value).isdigit() \
@@ -76,7 +64,7 @@ def _int(spec, name, field, default, minimum=1):
 
 
 def npus_of(hostvars, host, default=None):
-    hardware = _hv(hostvars, host, "atlas_hardware", {}) or {}
+    hardware = npu_network.host_var(hostvars, host, "atlas_hardware", {}) or {}
     count = hardware.get("npu_count") if hasattr(hardware, "get") else None
     return int(count) if count not in (None, "") else (int(default) if default else None)
 
@@ -88,7 +76,7 @@ def normalise(name, spec, hostvars, engine=None, default_npus=None):
     if shape:
         raise InstanceError(shape[0])
     nodes = list(spec["nodes"])
-    unknown = [n for n in nodes if not _known(hostvars, n)]
+    unknown = [n for n in nodes if not npu_network.known(hostvars, n)]
     if unknown:
         raise InstanceError(f"serving_instances.{name}.nodes names {', '.join(unknown)}, not in the inventory: "
                             "add the host(s) to the inventory or fix the name")
@@ -114,8 +102,8 @@ def normalise(name, spec, hostvars, engine=None, default_npus=None):
     inst = {"name": name, "nodes": nodes, "mode": mode, "tp": tp, "pp": pp, "dp": dp, "port": port,
             "head": nodes[0], "npus": npus, "profile": spec.get("profile"), "roles": None}
     inst["dp_local"] = _dp_local(name, spec, inst) if mode == "vllm-dp" else None
-    inst["address"] = str(spec.get("address") or _hv(hostvars, nodes[0], "npu_network_comm_address")
-                          or _hv(hostvars, nodes[0], "ansible_host") or nodes[0])
+    inst["address"] = str(spec.get("address") or npu_network.host_var(hostvars, nodes[0], "npu_network_comm_address")
+                          or npu_network.host_var(hostvars, nodes[0], "ansible_host") or nodes[0])
     inst["roles"] = _roles(name, spec, nodes)
     _check_npus(inst)
     return inst
@@ -198,7 +186,8 @@ def problems(serving_instances, hostvars, engine_of=None, default_npus=None, eng
                        "instance; remove it from all but one")
     for name in sorted(serving_instances):
         spec = serving_instances[name]
-        profiles = {n: _hv(hostvars, n, "serving_profile") for n in spec["nodes"] if _known(hostvars, n)}
+        profiles = {n: npu_network.host_var(hostvars, n, "serving_profile")
+                    for n in spec["nodes"] if npu_network.known(hostvars, n)}
         wanted = spec.get("profile")
         differ = {n: p for n, p in profiles.items() if wanted is not None and p != wanted}
         if differ:
@@ -219,7 +208,7 @@ def problems(serving_instances, hostvars, engine_of=None, default_npus=None, eng
 
 def instance_of(host, serving_instances):
     """The name and spec of the instance of two or more nodes ``host`` is in, or None."""
-    names = membership(serving_instances if isinstance(serving_instances, dict) else {}).get(host, [])
+    names = [i["name"] for i in npu_network.instances_of(host, serving_instances)]
     if len(names) > 1:
         raise InstanceError(f"{host} is in {len(names)} serving instances ({', '.join(names)}): a host serves one "
                             "instance; remove it from all but one")
@@ -230,11 +219,7 @@ def instance_of(host, serving_instances):
 
 def entry(host, serving_instances):
     """False only for a non-head rank of an instance of two or more nodes (it serves no HTTP)."""
-    for spec in (serving_instances or {}).values():
-        nodes = spec.get("nodes") if isinstance(spec, dict) else None
-        if isinstance(nodes, list) and len(nodes) >= 2 and host in nodes[1:]:
-            return False
-    return True
+    return not any(i["rank"] > 0 for i in npu_network.multi_node_instances(host, serving_instances))
 
 
 def entry_nodes(hosts, serving_instances):

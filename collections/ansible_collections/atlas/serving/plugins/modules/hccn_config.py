@@ -102,8 +102,7 @@ def main():
     p = module.params
     tool = hccn.find_tool(p["hccn_tool_path"])
     if tool is None:
-        module.fail_json(msg=f"hccn_tool not found ({p['hccn_tool_path'] or 'PATH and ' + ', '.join(hccn.TOOL_DIRS)}): "
-                             "it comes with the Ascend NPU driver; run the driver stage first")
+        module.fail_json(msg=hccn.tool_missing(p["hccn_tool_path"]))
     wanted = hccn.wanted_devices(p["addresses"], p["netmask"], p["gateway"], p["netdetect"])
 
     def run(argv):

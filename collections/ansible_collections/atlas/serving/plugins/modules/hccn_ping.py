@@ -93,7 +93,7 @@ def main():
         module.fail_json(msg=f"each target needs node and address (strings), got {bad[0]!r}")
     tool = hccn.find_tool(p["hccn_tool_path"])
     if tool is None:
-        module.fail_json(msg="hccn_tool not found: it comes with the Ascend NPU driver; run the driver stage first")
+        module.fail_json(msg=hccn.tool_missing(p["hccn_tool_path"]))
 
     def run(argv):
         return module.run_command(argv, handle_exceptions=False)
