@@ -1,10 +1,16 @@
 """Rollout wave plan of the atlas.serving collection.
 
-``rollout_plan``  inventory groups + wave data -> ordered waves [{name, hosts, serial}]
+``rollout_plan``  inventory groups + wave data (+ serving_instances) -> ordered waves
+                  [{name, hosts, serial, units, batches}]
 
 A wave is data: ``{name, hosts: <group or list of hosts>, serial: <batch size>}``.
 Without waves: the ``canary`` group first, then every ``branch_*`` group in
 ``branch_order`` (default: sorted). A host runs in its first wave only.
+
+A multi-node serving instance is one unit (docs/multinode-serving.md): the wave of its first rank takes
+every rank of it, and ``serial`` counts units, not hosts. ``batches`` is what the wave's play runs with
+(Ansible's ``serial`` list, in hosts): one unit's ranks are always in one batch, one after the other in
+rank order.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.atlas.serving.plugins.module_utils import serving_instance
 
 MAX_WAVES = 16
 
@@ -37,9 +44,47 @@ def _members(wave: dict, groups: dict[str, list[str]], index: int) -> list[str]:
     raise AnsibleFilterError(f"rollout_waves[{index}]: hosts must be a group name or a list of hosts, got {hosts!r}")
 
 
+def _units_per_batch(serial: Any, units: int, index: int, name: str) -> list[int]:
+    """``serial`` (a count, ``"N%"``, or a list of them, the last repeating, as Ansible reads it) in units."""
+    values = serial if isinstance(serial, list) and serial else [serial]
+    out = []
+    for value in values:
+        text = str(value).strip()
+        pct = text.endswith("%") and text[:-1].strip().isdigit()
+        if not (pct or text.isdigit()) or isinstance(value, bool) or int(text.rstrip("%")) < 1:
+            raise AnsibleFilterError(f"rollout_waves[{index}] ({name}): serial {serial!r} is not a batch size: "
+                                     "use a whole number >= 1, a percentage such as \"25%\", or a list of them")
+        out.append(max(1, int(int(text[:-1]) * units / 100)) if pct else int(text))
+    return out
+
+
+def _batches(units: list[list[str]], sizes: list[int]) -> list[int]:
+    """Hosts per batch when each batch takes the next ``sizes[i]`` units (the last size repeats)."""
+    out, i, step = [], 0, 0
+    while i < len(units):
+        take = sizes[min(step, len(sizes) - 1)]
+        out.append(sum(len(u) for u in units[i:i + take]))
+        i, step = i + take, step + 1
+    return out
+
+
+def _wave_units(members: list[str], instances: dict, fleet_hosts: set[str], seen: set[str]) -> list[list[str]]:
+    try:
+        found = serving_instance.units([h for h in members if h in fleet_hosts and h not in seen], instances)
+    except serving_instance.InstanceError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+    for unit in found:
+        outside = [h for h in unit if h not in fleet_hosts]
+        if outside:
+            raise AnsibleFilterError(f"the serving instance of {unit[0]} names {', '.join(outside)}, not in the "
+                                     "fleet (atlas_nodes): a rollout moves every rank of an instance together; "
+                                     "add the node(s) to atlas_nodes or fix serving_instances")
+    return [u for u in found if not seen.intersection(u)]
+
+
 def rollout_plan(waves: list[dict] | None, groups: dict[str, list[str]], fleet: str = "atlas_nodes",
                  resume_from: str | None = None, branch_order: list[str] | None = None,
-                 batch: int | str = 1) -> list[dict[str, Any]]:
+                 batch: int | str = 1, serving_instances: dict | None = None) -> list[dict[str, Any]]:
     """Ordered waves of fleet hosts; waves before ``resume_from`` are marked ``skipped``."""
     if not waves:
         waves = default_waves(groups, branch_order, batch)
@@ -49,10 +94,14 @@ def rollout_plan(waves: list[dict] | None, groups: dict[str, list[str]], fleet: 
     for i, wave in enumerate(waves):
         if not isinstance(wave, dict) or not wave.get("name"):
             raise AnsibleFilterError(f"rollout_waves[{i}] must be a mapping with name and hosts, got {wave!r}")
-        hosts = [h for h in _members(wave, groups, i) if h in fleet_hosts and h not in seen]
+        units = _wave_units(_members(wave, groups, i), serving_instances or {}, fleet_hosts, seen)
+        hosts = [h for unit in units for h in unit]
         seen.update(hosts)
         if hosts:
-            plan.append({"name": str(wave["name"]), "hosts": hosts, "serial": wave.get("serial", batch)})
+            serial = wave.get("serial", batch)
+            sizes = _units_per_batch(serial, len(units), i, str(wave["name"]))
+            plan.append({"name": str(wave["name"]), "hosts": hosts, "serial": serial, "units": units,
+                         "batches": _batches(units, sizes)})
     names = [w["name"] for w in plan]
     if len(set(names)) != len(names):
         raise AnsibleFilterError(f"rollout wave names must be unique, got {names}")

@@ -5,6 +5,8 @@
                                instance of two or more nodes: instance none, no flags, empty record)
 ``serving_instance_problems``  serving_instances + hostvars (+ NPUs per node) -> what is wrong with them
 ``serving_entry_nodes``        hosts + serving_instances -> the hosts less the non-head ranks (they serve no HTTP)
+``serving_unit``               host + serving_instances -> the nodes that roll out, roll back and restart with it,
+                               in rank order ([host] for a host in no instance of two or more nodes)
 ``serving_comm_env``           the HCCL/Gloo/TP variables (atlas.serving.hccl_env) + engine -> those the engine reads
 """
 
@@ -30,6 +32,13 @@ def serving_entry_nodes(hosts, serving_instances) -> list:
     return serving_instance.entry_nodes(list(hosts or []), serving_instances or {})
 
 
+def serving_unit(host: str, serving_instances) -> list:
+    try:
+        return serving_instance.unit_of(str(host), serving_instances or {})
+    except serving_instance.InstanceError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 def serving_comm_env(env: dict, engine: str) -> dict:
     return serving_instance.comm_env_for(str(engine), dict(env or {}))
 
@@ -41,4 +50,5 @@ class FilterModule:
             "serving_instance_problems": serving_instance_problems,
             "serving_entry_nodes": serving_entry_nodes,
             "serving_comm_env": serving_comm_env,
+            "serving_unit": serving_unit,
         }

@@ -217,6 +217,25 @@ def instance_of(host, serving_instances):
     return names[0], serving_instances[names[0]]
 
 
+def unit_of(host, serving_instances):
+    """The serving unit ``host`` runs in: its instance's nodes in rank order (an instance of two or more
+    nodes: rollout, rollback and restarts act on all of them together), else ``[host]``."""
+    found = instance_of(host, serving_instances)
+    return list(found[1]["nodes"]) if found else [host]
+
+
+def units(hosts, serving_instances):
+    """``hosts`` grouped into serving units, in the order their first host appears; a unit brings every
+    rank of its instance, also those not in ``hosts`` (a wave or a batch never splits an instance)."""
+    out, seen = [], set()
+    for host in hosts:
+        if host not in seen:
+            unit = unit_of(host, serving_instances)
+            seen.update(unit)
+            out.append(unit)
+    return out
+
+
 def entry(host, serving_instances):
     """False only for a non-head rank of an instance of two or more nodes (it serves no HTTP)."""
     return not any(i["rank"] > 0 for i in npu_network.multi_node_instances(host, serving_instances))
