@@ -51,9 +51,9 @@ from labtools import (
 
 CANARY = "atlas-n3"
 SCRATCH = "atlas-n4"  # SGLang stand-in: restarts in about a second
-PORTS = {"atlas-n1": 8000, "atlas-n2": 8000, "atlas-n3": 30000, "atlas-n4": 30000}
+PORTS = {"atlas-n1": 8000, "atlas-n2": 8000, "atlas-n3": 30000, "atlas-n4": 30000, "atlas-n5": 30000}
 GATEWAY_HOSTS = {"east": "atlas-gw-east", "west": "atlas-gw-west"}
-BRANCH = {"atlas-n1": "east", "atlas-n2": "east", "atlas-n3": "west", "atlas-n4": "west"}
+BRANCH = {"atlas-n1": "east", "atlas-n2": "east", "atlas-n3": "west", "atlas-n4": "west", "atlas-n5": "west"}
 LENIENT_SLO = 'rollout_slo={"e2el_ms": 60000}'
 DRILL_BUNDLE = "/var/lib/atlas/drill-bundle"
 SHARD = "model-00001-of-00002.safetensors"

@@ -147,7 +147,7 @@ def fresh_lab_session(*, bundle: bool, hdk: str | None = None):
 
 # Each branch's nginx gateway (inventory/lab: atlas-gw-east, atlas-gw-west).
 GATEWAYS = {"east": "http://10.77.0.15:8080", "west": "http://10.77.0.16:8080"}
-SERVING = ["atlas-n1", "atlas-n2", "atlas-n3", "atlas-n4"]
+SERVING = ["atlas-n1", "atlas-n2", "atlas-n3", "atlas-n4", "atlas-n5"]
 MODEL = "atlas-tiny-llama"
 
 
@@ -264,10 +264,34 @@ def releases(hosts: list[str] | None = None) -> dict[str, str]:
     return out
 
 
-def rollout(*args: str) -> tuple[int, dict]:
-    """`atlasctl rollout -i inventory/lab --json ARGS`: (exit status, report)."""
-    proc = atlasctl("rollout", "-i", "inventory/lab", "--json", *args, check=False, timeout=1200)
+def rollout(*args: str, inventory: str | Path = "inventory/lab") -> tuple[int, dict]:
+    """`atlasctl rollout -i INVENTORY --json ARGS`: (exit status, report)."""
+    proc = atlasctl("rollout", "-i", str(inventory), "--json", *args, check=False, timeout=1200)
     return proc.returncode, (json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else {"raw": proc})
+
+
+# The lab's two-node serving instance: atlas-n3 (rank 0, the entry) and atlas-n4 (rank 1) of branch west run
+# one SGLang instance (the stand-in joins its ranks over --dist-init-addr and takes every decode step as a
+# collective); atlas-n5 is the branch's other backend. tp x pp = 8 = the two nodes' NPUs (the tiny model has
+# 4 heads and 2 layers); the NPU network stage needs every rank's NPU addresses (docs/npu-network.md).
+INSTANCE_NODES = ["atlas-n3", "atlas-n4"]
+INSTANCE = {"all": {
+    "vars": {"npu_network_comm_interface": "eth0", "npu_network_netmask": "255.255.255.0",
+             "npu_network_gateway": "10.20.1.1",
+             "serving_instances": {"lab-west": {"nodes": INSTANCE_NODES, "mode": "sglang", "tp": 4, "pp": 2}}},
+    "hosts": {"atlas-n3": {"npu_network_addresses": [f"10.20.1.3{n}" for n in range(4)]},
+              "atlas-n4": {"npu_network_addresses": [f"10.20.1.4{n}" for n in range(4)]}}}}
+
+
+def instance_inventory(folder: Path) -> Path:
+    """The lab's inventory plus the two-node instance, in one directory (``atlasctl rollout -i`` takes one):
+    links to the lab's hosts, group_vars and own data, and instance.yml. The lab's own inventory is unchanged."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("hosts.yml", "group_vars", "profiles", "compat.yml"):
+        if not (folder / name).is_symlink():
+            (folder / name).symlink_to(ROOT / "inventory" / "lab" / name)
+    (folder / "instance.yml").write_text(yaml.safe_dump(INSTANCE))
+    return folder
 
 
 def node_path(host: str, path: str) -> Path:
