@@ -47,10 +47,12 @@ class ConvergedLab:
 
 def pytest_collection_modifyitems(session, config, items):
     # Modules on the converged lab run last; test_site first among them (it checks the
-    # fleet as site.yml left it, before rollouts move it to other releases).
+    # fleet as site.yml left it, before rollouts move it to other releases), test_instance last
+    # (it leaves the fleet with a two-node instance).
     def key(item):
         converged = "converged_lab" in getattr(item, "fixturenames", ())
-        return (converged, converged and "test_site.py" not in item.nodeid)
+        return (converged, converged and "test_site.py" not in item.nodeid,
+                converged and "test_instance.py" in item.nodeid)
 
     items.sort(key=key)
 

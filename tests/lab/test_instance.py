@@ -1,46 +1,63 @@
 """A two-node serving instance on the converged lab: atlas-n3 (rank 0, the entry) and atlas-n4 (rank 1) of
 branch west run one SGLang instance (the lab's stand-in, which joins its ranks over --dist-init-addr and
-takes every decode step as a collective, as SGLang does). A second inventory source declares it; the lab's
-own inventory stays as it is, and the module puts the fleet back with site.yml without it.
+takes every decode step as a collective, as SGLang does); atlas-n5 is the branch's other backend. An
+inventory beside the lab's (its hosts, group_vars and data, plus the instance) declares it; the lab's own
+inventory stays as it is. This module runs last on the converged lab (conftest.py): it leaves the fleet
+with the instance.
 
 site.yml converges the instance and a second run changes nothing; the ranks get their real flags (rank,
 node count, the head's address), only the entry serves HTTP and is the branch gateway's backend, and a
-completion goes through the gateway to the instance."""
+completion goes through the gateway to the instance. The instance rolls out as one unit under client
+load (drain the entry, stop every rank, NPUs free, start head first, health, SLO, enable), and back as
+one unit when its entry fails the SLO gate, with no failed client request."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import yaml
-from labtools import changed_tasks, lab_hosts, layout, on_node, playbook, recap
+from labtools import (
+    Load,
+    changed_tasks,
+    instance_inventory,
+    lab_hosts,
+    layout,
+    model_service,
+    on_node,
+    playbook,
+    recap,
+    releases,
+    rollout,
+)
 
 pytestmark = pytest.mark.lab
 
-HEAD, RANK1 = "atlas-n3", "atlas-n4"
+HEAD, RANK1, OTHER = "atlas-n3", "atlas-n4", "atlas-n5"
+UNIT = [HEAD, RANK1]
 GATEWAY = "atlas-gw-west"
-# rank = position in nodes; tp x pp = 8 = the two nodes' NPUs (the tiny model has 4 heads and 2 layers);
-# the NPU network stage needs every rank's NPU addresses (docs/npu-network.md)
-OVERLAY = {"all": {
-    "vars": {"npu_network_comm_interface": "eth0", "npu_network_netmask": "255.255.255.0",
-             "npu_network_gateway": "10.20.1.1",
-             "serving_instances": {"lab-west": {"nodes": [HEAD, RANK1], "mode": "sglang", "tp": 4, "pp": 2}}},
-    "hosts": {HEAD: {"npu_network_addresses": [f"10.20.1.3{n}" for n in range(4)]},
-              RANK1: {"npu_network_addresses": [f"10.20.1.4{n}" for n in range(4)]}}}}
+WEST = '[{"name": "west", "hosts": "branch_west"}]'
+LENIENT_SLO = 'rollout_slo={"e2el_ms": 60000}'
 
 
 @pytest.fixture(scope="module")
-def instance(converged_lab, tmp_path_factory):
+def inventory(converged_lab, tmp_path_factory):
     assert converged_lab.first.returncode == 0, converged_lab.first.stdout[-6000:]
-    path = tmp_path_factory.mktemp("instance") / "instance.yml"
-    path.write_text(yaml.safe_dump(OVERLAY))
-    first = playbook("-i", str(path), "site.yml")
-    second = playbook("-i", str(path), "site.yml") if first.returncode == 0 else None
-    try:
-        yield first, second
-    finally:
-        back = playbook("site.yml")  # the fleet as the lab's inventory has it, for the modules after this one
-        assert back.returncode == 0, back.stdout[-6000:]
+    return instance_inventory(tmp_path_factory.mktemp("instance-inventory"))
+
+
+@pytest.fixture(scope="module")
+def instance(inventory):
+    first = playbook("-i", str(inventory), "site.yml")
+    second = playbook("-i", str(inventory), "site.yml") if first.returncode == 0 else None
+    return first, second
+
+
+def _rollout(inventory, *args: str) -> tuple[int, dict]:
+    return rollout("-e", f"rollout_waves={WEST}", *args, inventory=inventory)
+
+
+def _pids() -> dict[str, str]:
+    return {host: model_service(host)[1] for host in (*UNIT, OTHER)}
 
 
 def test_site_yml_converges_the_instance_and_a_second_run_changes_nothing(instance) -> None:
@@ -74,3 +91,37 @@ def test_only_the_entry_is_the_gateways_backend_and_it_serves_through_it(instanc
     out = json.loads(on_node(GATEWAY, f"curl -sf -m 60 -H 'Content-Type: application/json' -d '{body}' "
                                       "http://127.0.0.1:8080/v1/completions").stdout)
     assert out["usage"]["completion_tokens"] >= 1, out
+
+
+def test_the_instance_rolls_out_and_back_as_one_unit_under_load(instance, inventory) -> None:
+    """Out: a new release over branch west: the instance first, as one unit (both ranks in one batch,
+    restarted together, head first), then atlas-n5. Back: the next release fails the entry's SLO gate,
+    so both ranks go back to the release they ran and restart together; atlas-n5 is not touched.
+    atlas-n5 serves the branch throughout: no client request fails."""
+    assert instance[0].returncode == 0, instance[0].stdout[-3000:]
+    before = _pids()
+    with Load() as load:
+        rc, report = _rollout(inventory, "--release", "lab-2026.12.1", "-e", LENIENT_SLO)
+        assert rc == 0, report
+        assert report["completed"] == ["west"]
+        assert report["plan"][0]["units"] == [UNIT, [OTHER]] and report["plan"][0]["batches"] == [2, 1]
+        assert releases([*UNIT, OTHER]) == dict.fromkeys([*UNIT, OTHER], "lab-2026.12.1")
+        out = _pids()
+        assert all(out[h] != before[h] for h in (*UNIT, OTHER)), (before, out)
+        # head first (the nodes share the host's clock)
+        starts = {h: on_node(h, "systemctl show --timestamp=unix -p ExecMainStartTimestamp --value atlas-serving"
+                             ).stdout.strip().lstrip("@") for h in UNIT}
+        assert int(starts[HEAD]) <= int(starts[RANK1]), starts
+
+        rc, report = _rollout(inventory, "--release", "lab-2026.12.2", "-e", 'rollout_slo={"e2el_ms": 1}')
+        assert rc == 1, report
+        failure = report["failure"]
+        assert (failure["host"], failure["gate"], failure["via_unit"]) == (HEAD, "slo", False), failure
+        followed = [f for f in report["rollbacks"] if f["host"] == RANK1]
+        assert followed and followed[0]["via_unit"] and HEAD in followed[0]["why"], report["rollbacks"]
+        assert releases([*UNIT, OTHER]) == dict.fromkeys([*UNIT, OTHER], "lab-2026.12.1"), "back as one unit"
+        back = _pids()
+        assert all(back[h] != out[h] for h in UNIT), "both ranks restarted on the previous release"
+        assert back[OTHER] == out[OTHER], "the rollout stopped before atlas-n5"
+    assert load.failed == [], load.failed[:5]
+    assert load.ok > 10, "the load did not run"

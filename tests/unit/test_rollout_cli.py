@@ -160,3 +160,18 @@ def test_a_wave_with_an_unreachable_host_is_not_completed():
         progress(event)
     assert "canary" not in progress.completed
     assert progress.failure["host"] == "n1" and progress.failure["gate"] == "unreachable"
+
+
+def test_the_rank_that_failed_is_reported_not_the_ranks_that_followed_it():
+    """A multi-node instance rolls back as one unit: every rank ends its rollback with a report; the
+    report that counts is the rank that failed on its own, whatever the order the reports come in."""
+    own = {**FAILURE, "host": "n3", "via_unit": False}
+    followed = {**FAILURE, "host": "n4", "via_unit": True, "why": "n3 did not pass the slo gate"}
+    for order in ([followed, own], [own, followed]):
+        progress = rollout.Progress(None)
+        for record in order:
+            progress({"event": "runner_on_failed", "event_data": {
+                "task": "Rollout | rollback | stop the rollout", "host": record["host"],
+                "res": {"msg": rollout.FAILED_PREFIX + json.dumps(record)}}})
+        assert progress.failure == own
+        assert progress.failures == order

@@ -107,6 +107,7 @@ class Progress:
     completed: list[str] = dataclasses.field(default_factory=list)
     nodes: list[dict] = dataclasses.field(default_factory=list)
     failure: dict | None = None
+    failures: list[dict] = dataclasses.field(default_factory=list)
     unreachable: list[str] = dataclasses.field(default_factory=list)
 
     def _say(self, text: str) -> None:
@@ -155,9 +156,17 @@ class Progress:
         elif kind == "runner_on_failed" and data.get("task") == "Rollout | rollback | stop the rollout":
             msg = str((data.get("res") or {}).get("msg", ""))
             if msg.startswith(FAILED_PREFIX):
-                self.failure = json.loads(msg[len(FAILED_PREFIX):])
-                self._say(f"  {self.failure['host']}: FAILED at gate {self.failure['gate']}: "
-                          f"{self.failure['why'][:300]} -> rolled back to {self.failure['previous']}")
+                failure = json.loads(msg[len(FAILED_PREFIX):])
+                self.failures.append(failure)
+                # The rollback's own report names the node and the gate (over an unreachable host seen
+                # earlier). The ranks of a multi-node instance roll back together: the one to report is the
+                # rank that failed on its own, not one that followed it (via_unit; it names a lost rank).
+                current = self.failure or {}
+                if not current or current.get("gate") == "unreachable" or \
+                        (current.get("via_unit") and not failure.get("via_unit")):
+                    self.failure = failure
+                self._say(f"  {failure['host']}: FAILED at gate {failure['gate']}: "
+                          f"{failure['why'][:300]} -> rolled back to {failure['previous']}")
         elif kind == "runner_on_unreachable":
             host = data.get("host", "?")
             self.unreachable.append(host)
@@ -210,7 +219,8 @@ def run(inventory: str | Path, release: str, *, extravars: dict | None = None, r
             "resumed_from": resume_from, "plan": progress.plan,
             "completed": previously + [w for w in progress.completed if w not in previously],
             "wave_seconds": {k: round(v, 1) for k, v in progress.wave_seconds.items()},
-            "nodes": progress.nodes, "failure": progress.failure, "ansible_rc": result.rc,
+            "nodes": progress.nodes, "failure": progress.failure, "rollbacks": progress.failures,
+            "ansible_rc": result.rc,
             "artifacts": str(result.artifacts),
         }
         if not ok and progress.failure is None:
