@@ -346,3 +346,27 @@ def test_observe(takes, window, always, times, measured, state):
     assert (out["window_s"], progress.completion_state(out["completion"])) == (measured, state)
     assert (out["before"] is None, out["after"] is None) == (len(times) < 2, not times)
     assert (out["body"] is not None) == (state == "completed")
+
+
+# --- the words both the health probe and doctor begin with -----------------------------------------------
+
+# (id, record, place)
+PLACES = [
+    ("single node", {"port": 8000}, "http://n:8000"),
+    ("entry of an instance", {"instance": {"name": "ds", "nodes": ["n1", "n2"], "head": "n1", "entry": True}},
+     "http://n:8000 (instance ds, entry n1, ranks n1, n2)"),
+    ("not a record", None, "http://n:8000"),
+]
+
+
+@pytest.mark.parametrize(("record", "place"), [c[1:] for c in PLACES], ids=[c[0] for c in PLACES])
+def test_where(record, place):
+    assert progress.where("http://n:8000", record) == place
+
+
+def test_headline_names_the_verdict_and_for_no_metrics_the_completion_too():
+    hung = progress.judge(vllm(), vllm(), 10.0, MISSED)
+    assert progress.headline(hung, "X").startswith("engine hung at X: no progress counter moved in 10.0 s")
+    bare = progress.judge(NO_METRICS, NO_METRICS, 10.0, MISSED)
+    assert progress.headline(bare, "X").startswith(
+        "engine no-metrics at X: the completion did not finish within its 30 s deadline; the engine exports no")

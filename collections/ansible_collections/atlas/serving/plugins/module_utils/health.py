@@ -29,19 +29,18 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 
+# request: one HTTP request to the engine (it lives with the sampler, which runs on nodes alone too).
 from ansible_collections.atlas.serving.plugins.module_utils.progress import (
     FIXES,
     completion_state,
     describe_completion,
+    headline,
     judge,
     observe,
+    request,
+    where,
 )
-
-# The probe asks the engine directly: proxy variables of the node's environment never apply.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 class ProbeError(Exception):
@@ -55,24 +54,6 @@ class HangError(ProbeError):
     def __init__(self, message, progress):
         super().__init__(message)
         self.progress = progress
-
-
-def request(method, url, headers=None, body=None, timeout=10.0):
-    """(status, body bytes, detail) of one HTTP request; status is None when no answer came
-    (refused, timed out, reset), with the reason in detail."""
-    data = None if body is None else json.dumps(body).encode()
-    hdrs = dict(headers or {})
-    if data is not None:
-        hdrs.setdefault("Content-Type", "application/json")
-    req = urllib.request.Request(url, data=data, headers=hdrs, method=method)
-    try:
-        with _OPENER.open(req, timeout=timeout) as response:
-            return response.status, response.read(), f"HTTP {response.status}"
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read() if exc.fp else b"", f"HTTP {exc.code}"
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return None, b"", str(reason) or type(exc).__name__
 
 
 def read_record(path):
@@ -163,24 +144,11 @@ def check_hang_options(deadline_s, window_s, hang_check):
         raise ProbeError("hang_check: true needs a window to sample over: set hang_window_s above 0")
 
 
-def where(url, record):
-    """``url``, with the instance, its entry and its ranks when the record is a rank of one."""
-    instance = record.get("instance") if isinstance(record, dict) else None
-    if not isinstance(instance, dict):
-        return url
-    nodes = ", ".join(str(n) for n in instance.get("nodes") or [])
-    return f"{url} (instance {instance.get('name')}, entry {instance.get('head')}, ranks {nodes})"
-
-
 def hang_error(url, record, progress):
     """The ProbeError of a completion that missed its deadline (or of a hung window): ``engine VERDICT at
     WHERE: REASON. Fix: FIX. Evidence: JSON``."""
-    verdict = progress["verdict"]
-    reason = progress["reason"]
-    if verdict == "no-metrics":
-        reason = f"the completion {describe_completion(progress['evidence']['completion'])}; {reason}"
     evidence = json.dumps(progress["evidence"], sort_keys=True)
-    return HangError(f"engine {verdict} at {where(url, record)}: {reason}. Fix: {FIXES[verdict]}. "
+    return HangError(f"{headline(progress, where(url, record))}. Fix: {FIXES[progress['verdict']]}. "
                      f"Evidence: {evidence}", progress)
 
 

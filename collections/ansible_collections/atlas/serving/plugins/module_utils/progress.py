@@ -19,17 +19,22 @@ Verdicts (:func:`judge`, a pure function of two samples W seconds apart and the 
 both samples, no progress counter moved, and the completion did not complete; a completion still out at
 its deadline is work present itself), ``no-metrics`` (the engine exports no progress counter).
 
-:func:`observe` runs the completion and the samples (HTTP, clock and thread injected); the health
-probe (module_utils ``health``) and ``atlasctl doctor`` (which runs this file on the node) share it.
-Standard library only, and no import of another module_utils: this file ships to the nodes.
+:func:`observe` runs the completion and the samples (HTTP, clock and thread injected; :func:`request`
+is the HTTP); :func:`headline` and :func:`where` word the result. The health probe (module_utils
+``health``) and ``atlasctl doctor`` (which runs this file's source on the node with a short driver, and
+judges what comes back with this same file) share them. Standard library only, and no import of another
+module_utils: this file ships to the nodes, and runs there alone.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import threading
 import time
+import urllib.error
+import urllib.request
 
 # Sample names (as exposed: counters with _total, histograms' _count) per engine.
 # vLLM 0.11.1 v1/metrics/loggers.py; SGLang 0.5.6 srt/metrics/collector.py (docs/multinode-serving.md).
@@ -55,6 +60,8 @@ FIXES = {
                   "vLLM serves /metrics by default) so a hang can be told from a slow engine",
 }
 
+# The probes ask the engine directly: proxy variables of the node's environment never apply.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL = re.compile(r"\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*\"")
 _ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
@@ -212,6 +219,23 @@ def judge(before, after, window_s, completion):
                             f"(the completion {said})", evidence)
 
 
+def headline(progress, place):
+    """``engine VERDICT at PLACE: REASON``: how the health probe's error and doctor's finding begin."""
+    reason = progress["reason"]
+    if progress["verdict"] == "no-metrics":
+        reason = f"the completion {describe_completion(progress['evidence']['completion'])}; {reason}"
+    return f"engine {progress['verdict']} at {place}: {reason}"
+
+
+def where(url, record):
+    """``url``, with the instance, its entry and its ranks when the record is a rank of one."""
+    instance = record.get("instance") if isinstance(record, dict) else None
+    if not isinstance(instance, dict):
+        return url
+    nodes = ", ".join(str(n) for n in instance.get("nodes") or [])
+    return f"{url} (instance {instance.get('name')}, entry {instance.get('head')}, ranks {nodes})"
+
+
 def _verdict(verdict, reason, evidence):
     return {"verdict": verdict, "reason": reason, "evidence": evidence}
 
@@ -258,6 +282,24 @@ def _no_metrics_reason(sample, engine):
 
 
 # --- the samples and the completion (HTTP, clock and thread injected) --------------------------
+
+
+def request(method, url, headers=None, body=None, timeout=10.0):
+    """(status, body bytes, detail) of one HTTP request; status is None when no answer came
+    (refused, timed out, reset), with the reason in detail."""
+    data = None if body is None else json.dumps(body).encode()
+    hdrs = dict(headers or {})
+    if data is not None:
+        hdrs.setdefault("Content-Type", "application/json")
+    req = urllib.request.Request(url, data=data, headers=hdrs, method=method)
+    try:
+        with _OPENER.open(req, timeout=timeout) as response:
+            return response.status, response.read(), f"HTTP {response.status}"
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read() if exc.fp else b"", f"HTTP {exc.code}"
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return None, b"", str(reason) or type(exc).__name__
 
 
 class _Job:
