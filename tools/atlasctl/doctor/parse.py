@@ -136,6 +136,21 @@ def json_section(ev: Evidence, name: str) -> Any:
         return None
 
 
+def hang(ev: Evidence) -> dict[str, Any] | None:
+    """The hang section (two /metrics samples and the completion's outcome, as module_utils progress's
+    ``observe`` returns them), or None when absent, skipped (no record, a non-head rank) or malformed."""
+    seen = json_section(ev, "hang")
+    if not isinstance(seen, dict) or not isinstance(seen.get("completion"), dict):
+        return None
+    samples = [seen.get("before"), seen.get("after")]
+    if not all(s is None or (isinstance(s, dict) and isinstance(s.get("work", {}), dict)
+                             and isinstance(s.get("progress", {}), dict)) for s in samples):
+        return None
+    if not isinstance(seen.get("window_s", 0.0), (int, float)):
+        return None
+    return seen
+
+
 def journal(text: str) -> list[tuple[float | None, str]]:
     """``journalctl -o short-unix`` lines -> [(epoch seconds or None, line)]."""
     out: list[tuple[float | None, str]] = []
