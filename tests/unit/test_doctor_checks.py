@@ -260,6 +260,10 @@ HANG_VERDICTS = [
     ("samples of the wrong shape", Section(0, json.dumps({"completion": MISSED, "before": "x", "after": [1]})),
      None),
     ("failed section", Section(1, json.dumps({"completion": MISSED, "before": None, "after": None})), None),
+    ("a counter that is not a number", Section(0, json.dumps({"completion": MISSED, "before": sglang(),
+                                                              "after": dict(sglang(), progress={"x": "7"})})), None),
+    ("a completion without its seconds", Section(0, json.dumps({"completion": {"status": None}, "before": None,
+                                                                "after": sglang()})), None),
 ]
 
 

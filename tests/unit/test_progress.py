@@ -254,8 +254,8 @@ def test_written_samples_read_back_and_add_up(written):
 _COUNTS = st.floats(min_value=0, max_value=1e6, allow_nan=False)
 _READINGS = st.builds(vllm, running=_COUNTS, waiting=_COUNTS, tokens=_COUNTS, success=_COUNTS, ttft=_COUNTS,
                       itl=_COUNTS)
-_COMPLETIONS = st.one_of(st.none(), st.builds(done, seconds=st.floats(0, 100), status=st.sampled_from([None, 200, 401,
-                                                                                                       500]),
+_STATUSES = st.sampled_from([None, 200, 401, 500])
+_COMPLETIONS = st.one_of(st.none(), st.builds(done, seconds=st.floats(0, 100), status=_STATUSES,
                                               deadline=st.floats(0.1, 60)))
 
 

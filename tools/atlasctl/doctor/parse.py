@@ -142,13 +142,19 @@ def hang(ev: Evidence) -> dict[str, Any] | None:
     seen = json_section(ev, "hang")
     if not isinstance(seen, dict) or not isinstance(seen.get("completion"), dict):
         return None
-    samples = [seen.get("before"), seen.get("after")]
-    if not all(s is None or (isinstance(s, dict) and isinstance(s.get("work", {}), dict)
-                             and isinstance(s.get("progress", {}), dict)) for s in samples):
-        return None
-    if not isinstance(seen.get("window_s", 0.0), (int, float)):
-        return None
-    return seen
+    completion = seen["completion"]
+    numbers = [completion.get("seconds"), completion.get("deadline_s"), seen.get("window_s", 0.0)]
+    for sample in (seen.get("before"), seen.get("after")):
+        if sample is None:
+            continue
+        if not isinstance(sample, dict) or not all(isinstance(sample.get(k, {}), dict) for k in ("work", "progress")):
+            return None
+        numbers += [*sample.get("work", {}).values(), *sample.get("progress", {}).values()]
+    return seen if all(_number(n) for n in numbers) else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def journal(text: str) -> list[tuple[float | None, str]]:
