@@ -7,9 +7,12 @@ import json
 import pytest
 from lab_additions import COMPAT_TABLES as LAB_TABLES
 
+from atlasctl.collection import module_utils
 from atlasctl.doctor import checks
 from atlasctl.doctor.model import ERROR, INFO, WARNING, Evidence, Finding, Section, redact
 from atlaslab.doubles import npu_smi as npu_sim
+
+progress = module_utils("progress")
 
 STARTED = 1796021984
 MODEL_DIR = "/var/lib/atlas/models/tiny/versions/abc123"
@@ -64,6 +67,27 @@ VERSIONS = ("== /usr/local/Ascend/driver/version.info\nVersion=25.5.0\n"
             "package_name=Ascend-cann-toolkit\nversion=8.5.0\n")
 
 
+def sglang(running=1.0, queued=0.0, tokens=7.0, requests=1.0, ttft=2.0, itl=30.0) -> dict:
+    """One /metrics sample of the SGLang engine, as the node's hang check returns it."""
+    text = (f"sglang:num_running_reqs{{tp_rank=\"0\"}} {running}\nsglang:num_queue_reqs{{tp_rank=\"0\"}} {queued}\n"
+            f"sglang:generation_tokens_total {tokens}\nsglang:num_requests_total {requests}\n"
+            f"sglang:time_to_first_token_seconds_count {ttft}\nsglang:inter_token_latency_seconds_count {itl}\n")
+    return progress.reading(text, "sglang")
+
+
+NO_METRICS = progress.reading("", "sglang", 404, "HTTP 404")
+DONE = {"status": 200, "seconds": 0.3, "error": None, "deadline_s": 10.0}
+MISSED = {"status": None, "seconds": 10.0, "error": "no answer within 10 s", "deadline_s": 10.0}
+INSTANCE = {"name": "ds", "nodes": ["atlas-n4", "atlas-n5"], "rank": 0, "head": "atlas-n4", "entry": True}
+
+
+def hang(before, after, completion, instance=None) -> Section:
+    """The hang section: what the node's program prints (module_utils progress's observe, less the body)."""
+    return Section(0, json.dumps({"completion": completion, "before": before, "after": after, "window_s": 10.0,
+                                  "url": "http://127.0.0.1:30000", "record": {"instance": instance} if instance
+                                  else {}}))
+
+
 def healthy() -> dict[str, Section]:
     return {
         "npu": Section(0, npu_text()),
@@ -81,6 +105,7 @@ def healthy() -> dict[str, Section]:
         "versions": Section(0, VERSIONS),
         "models": Section(0, models()),
         "probe": Section(0, json.dumps({"port": 30000, "/health": 200, "/v1/models": 401})),
+        "hang": hang(sglang(), sglang(tokens=8, itl=31), DONE),
     }
 
 
@@ -200,6 +225,14 @@ CASES = [
      ERROR, "model.safetensors (gone)"),
     ("link missing", {"models": Section(0, "[]")}, "model", ERROR, "is missing"),
     ("rendered for old version", {"record": Section(0, record(model_version="old999"))}, "model", WARNING, "old999"),
+    ("instance hung", {"hang": hang(sglang(), sglang(), MISSED)}, "instance-hung", ERROR,
+     "engine hung at http://127.0.0.1:30000: no progress counter moved in 10.0 s"),
+    ("instance slow", {"hang": hang(sglang(), sglang(itl=35), MISSED)}, "instance-hung", WARNING,
+     "overloaded, not hung"),
+    ("sglang without --enable-metrics, completion missed", {"hang": hang(NO_METRICS, NO_METRICS, MISSED)},
+     "instance-hung", WARNING, "SGLang serves /metrics only with --enable-metrics"),
+    ("sglang without --enable-metrics, completion fine", {"hang": hang(NO_METRICS, NO_METRICS, DONE)},
+     "instance-hung", INFO, "the completion finished in 0.3 s; the engine exports no progress counter"),
 ]
 
 
@@ -210,6 +243,50 @@ def test_fault_is_diagnosed(ctx, changes, check, severity, text):
     assert match, f"no {severity} {check} finding in {findings}"
     assert any(text in f.message or text in f.evidence for f in match), match
     assert all(f.fix and f.evidence and f.host == "atlas-n4" for f in findings)
+
+
+# (id, hang section, severity or None for no finding)
+HANG_VERDICTS = [
+    ("ok: the completion came back", hang(sglang(), sglang(), DONE), None),
+    ("idle: nothing to do", hang(sglang(running=0), sglang(running=0),
+                                 {"status": 401, "seconds": 0.0, "error": "HTTP 401", "deadline_s": 10.0}), None),
+    ("slow", hang(sglang(), sglang(tokens=9), MISSED), WARNING),
+    ("hung", hang(sglang(running=3), sglang(running=3), MISSED), ERROR),
+    ("no metrics, missed", hang(NO_METRICS, NO_METRICS, MISSED), WARNING),
+    ("no metrics, completed", hang(NO_METRICS, NO_METRICS, DONE), INFO),
+    ("skipped: a non-head rank", Section(0, '{"skipped": "rank 1 of ds: checked on its entry atlas-n4"}'), None),
+    ("skipped: no record", Section(0, '{"skipped": "no service record: [Errno 2]"}'), None),
+    ("not JSON", Section(0, "Traceback (most recent call last):"), None),
+    ("samples of the wrong shape", Section(0, json.dumps({"completion": MISSED, "before": "x", "after": [1]})),
+     None),
+    ("failed section", Section(1, json.dumps({"completion": MISSED, "before": None, "after": None})), None),
+    ("a counter that is not a number", Section(0, json.dumps({"completion": MISSED, "before": sglang(),
+                                                              "after": dict(sglang(), progress={"x": "7"})})), None),
+    ("a completion without its seconds", Section(0, json.dumps({"completion": {"status": None}, "before": None,
+                                                                "after": sglang()})), None),
+]
+
+
+@pytest.mark.parametrize(("section", "severity"), [c[1:] for c in HANG_VERDICTS], ids=[c[0] for c in HANG_VERDICTS])
+def test_hang_verdict_severity(ctx, section, severity):
+    found = checks.check_instance_hung(ev(hang=section), ctx)
+    assert [f.severity for f in found] == ([severity] if severity else [])
+    assert all(f.check == "instance-hung" for f in found)
+
+
+def test_a_hung_instance_shows_both_samples_and_names_the_recover_playbook(ctx):
+    found = checks.check_instance_hung(ev(hang=hang(sglang(running=2), sglang(running=2), MISSED, INSTANCE)), ctx)
+    [finding] = found
+    assert finding.message.startswith("engine hung at http://127.0.0.1:30000 (instance ds, entry atlas-n4, ranks "
+                                      "atlas-n4, atlas-n5): no progress counter moved in 10.0 s")
+    counters = ("sglang:num_running_reqs=2 sglang:num_queue_reqs=0 sglang:generation_tokens_total=7 "
+                "sglang:num_requests_total=1 sglang:time_to_first_token_seconds_count=2 "
+                "sglang:inter_token_latency_seconds_count=30")
+    assert finding.evidence == (f"GET /metrics on the node 10 s apart: before {counters}; after {counters}; "
+                                "POST /v1/completions (1 token, deadline 10.0 s) did not finish within its 10 s "
+                                "deadline")
+    assert finding.fix == progress.FIXES["hung"]
+    assert finding.fix.endswith("restart every rank of the instance: ansible-playbook -i INV playbooks/recover.yml")
 
 
 def test_unknown_variable_in_env_file_names_the_release(ctx):

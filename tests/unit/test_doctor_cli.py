@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 
 import pytest
+from engine_double import engines, metrics
 
 from atlasctl import exitcodes, layout
+from atlasctl.commands import doctor
 from atlasctl.doctor import checks, gather, inventory, report
 from atlasctl.doctor.model import ERROR, WARNING, Evidence, Finding, Section
 from atlasctl.errors import UsageError
@@ -44,6 +47,104 @@ def test_node_side_redaction_of_env_and_args(tmp_path):
     assert ev.text("env") == "VLLM_API_KEY=<redacted>\nHF_HUB_OFFLINE=1"
     assert ev.text("args").splitlines() == ["bin/python", "--api-key", "<redacted>", "<redacted>", "--port", "30000",
                                             "--api-key=<redacted>"]
+
+
+# --- the hang check, run on "the node" (this machine) against a stand-in engine --------------------------
+
+
+def _node_files(tmp_path, port, instance=None, keys=("sk-hang-1", "sk-hang-2")):
+    """A node's record, args file (its --config keys file) and env file; the layout pointing at them."""
+    keys_file = tmp_path / "atlas-serving.keys.yaml"
+    keys_file.write_text(json.dumps({"api-key": list(keys)}))
+    record = {"port": port, "served_model_name": "tiny", "release_id": "r1", "engine": "vllm",
+              **({"instance": instance} if instance else {})}
+    (tmp_path / "atlas-serving.json").write_text(json.dumps(record))
+    (tmp_path / "atlas-serving.args").write_text(f"# Ansible managed\nbin/vllm\nserve\n--config\n{keys_file}\n")
+    (tmp_path / "atlas-serving.env").write_text("HF_HUB_OFFLINE=1\n")
+    return dataclasses.replace(layout.default_layout(), record=str(tmp_path / "atlas-serving.json"),
+                               args_file=str(tmp_path / "atlas-serving.args"),
+                               env_file=str(tmp_path / "atlas-serving.env"))
+
+
+def _run_hang_section(moved, window=0.5):
+    hang = dict(gather.snippets(moved, hang_window_s=window))["hang"]
+    out = subprocess.run(["bash", "-c", gather.script((("hang", hang),))], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    return out, gather.split_sections("atlas-n4", out, moved)
+
+
+def test_the_hang_check_on_the_node_finds_a_hung_engine_with_its_key_and_never_shows_the_key(tmp_path):
+    with engines() as start:
+        url, handler = start(key="sk-hang-1", hold_s=60, metrics=[metrics(running=1)])
+        moved = _node_files(tmp_path, int(url.rsplit(":", 1)[1]),
+                            {"name": "ds", "nodes": ["atlas-n4", "atlas-n5"], "rank": 0, "head": "atlas-n4",
+                             "entry": True})
+        out, ev = _run_hang_section(moved)
+    assert "sk-hang" not in out
+    seen = json.loads(ev.text("hang"))
+    # the completion was let in with the node's key (a refused one answers 401 at once) and held past its deadline
+    assert seen["completion"] == {**seen["completion"], "status": None, "error": "no answer within 0.5 s"}
+    assert [p for _, p, _ in handler.seen if p != "/metrics"] == ["/v1/completions"]
+    assert [b for _, p, b in handler.seen if p == "/v1/completions"] == [
+        {"model": "tiny", "prompt": "Hello", "max_tokens": 1, "temperature": 0}]
+    [finding] = checks.check_instance_hung(ev, None)
+    assert (finding.check, finding.severity) == ("instance-hung", ERROR)
+    assert finding.message.startswith(f"engine hung at http://127.0.0.1:{url.rsplit(':', 1)[1]} (instance ds, entry "
+                                      "atlas-n4, ranks atlas-n4, atlas-n5): no progress counter moved")
+    assert "vllm:generation_tokens_total=40" in finding.evidence and "playbooks/recover.yml" in finding.fix
+
+
+def test_the_hang_check_on_the_node_passes_a_healthy_engine(tmp_path):
+    with engines() as start:
+        url, _ = start(metrics=[metrics(tokens=40), metrics(tokens=41)])
+        _, ev = _run_hang_section(_node_files(tmp_path, int(url.rsplit(":", 1)[1])))
+    seen = json.loads(ev.text("hang"))
+    assert seen["completion"]["status"] == 200 and seen["window_s"] >= 0.5
+    assert checks.check_instance_hung(ev, None) == []
+
+
+@pytest.mark.parametrize("instance, skipped", [
+    ({"name": "ds", "nodes": ["a", "b"], "rank": 1, "head": "a", "entry": False},
+     "rank 1 of ds: checked on its entry a"),
+    ("no record", "no service record"),
+])
+def test_the_hang_check_asks_nothing_of_a_non_head_rank_or_a_node_without_a_record(tmp_path, instance, skipped):
+    with engines() as start:
+        url, handler = start()
+        moved = _node_files(tmp_path, int(url.rsplit(":", 1)[1]), instance if isinstance(instance, dict) else None)
+        if instance == "no record":
+            (tmp_path / "atlas-serving.json").unlink()
+        _, ev = _run_hang_section(moved)
+    assert skipped in json.loads(ev.text("hang"))["skipped"] and handler.seen == []
+    assert checks.check_instance_hung(ev, None) == []
+
+
+def test_the_hang_section_is_gathered_only_with_a_window():
+    assert "hang" not in dict(gather.snippets())
+    assert "hang" not in dict(gather.snippets(hang_window_s=0))
+    scripts = []
+
+    def run(t, script):
+        scripts.append(script)
+        return ""
+
+    gather.gather_all([inventory.Target("a", "a", "root", 22, None, ())], run, hang_window_s=7.5)
+    assert f"{gather.MARK} hang" in scripts[0] and " 7.5" in scripts[0]
+
+
+@pytest.mark.parametrize("text, value", [("10", 10.0), ("0", 0.0), ("60", 60.0), ("2.5", 2.5)])
+def test_hang_window_takes_seconds_from_0_to_60(text, value):
+    assert doctor.hang_window(text) == value
+
+
+@pytest.mark.parametrize("text, says", [("61", "not between 0 (off) and 60"), ("-1", "not between"),
+                                        ("ten", "'ten' is not a number of seconds")])
+def test_hang_window_refuses_what_the_ssh_timeout_cannot_hold(text, says):
+    with pytest.raises(Exception, match=re.escape(says)):
+        doctor.hang_window(text)
+    proc = subprocess.run([sys.executable, "-m", "atlasctl", "doctor", "-i", "x", "--hang-window", text],
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == exitcodes.USAGE and says in proc.stderr
 
 
 LISTING = {

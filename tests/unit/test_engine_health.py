@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import subprocess
 import sys
-import threading
+import time
 from pathlib import Path
 
 import pytest
+from engine_double import engines, metrics
 
 from atlasctl.collection import module_utils
 
@@ -19,64 +19,14 @@ REPO = Path(__file__).resolve().parents[2]
 ACTIVE = {"ActiveState": "active", "SubState": "running"}
 
 
-class _Engine(http.server.BaseHTTPRequestHandler):
-    """/health, /v1/models and /v1/completions with the engines' shapes; knobs set per test."""
-
-    health = [200]  # answers of /health in turn; the last one repeats
-    key = ""
-    models = ["tiny"]
-    completion = {"choices": [{"index": 0, "text": " fine"}], "usage": {"completion_tokens": 3}}
-    seen: list
-
-    def _auth(self) -> bool:
-        if self.key and self.headers.get("Authorization") != f"Bearer {self.key}":
-            self._send(401, {"error": "unauthorized"})
-            return False
-        return True
-
-    def _send(self, status: int, doc) -> None:
-        body = json.dumps(doc).encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):  # noqa: N802
-        self.seen.append(("GET", self.path, None))
-        if self.path == "/health":
-            status = self.health.pop(0) if len(self.health) > 1 else self.health[0]
-            self._send(status, {})
-        elif self.path == "/v1/models" and self._auth():
-            self._send(200, {"object": "list", "data": [{"id": m} for m in self.models]})
-
-    def do_POST(self):  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.seen.append(("POST", self.path, body))
-        if self._auth():
-            self._send(200, self.completion)
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
 def engine():
-    made = []
-
-    def start(**knobs):
-        handler = type("E", (_Engine,), {"seen": [], **knobs})
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        made.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}", handler
-
-    yield start
-    for server in made:
-        server.shutdown()
+    with engines() as start:
+        yield start
 
 
-def _probe(url, unit=ACTIVE, key="", model="tiny", **kw):
-    record = {"port": 1, "served_model_name": model, "release_id": "r1"}
+def _probe(url, unit=ACTIVE, key="", model="tiny", record=None, **kw):
+    record = {"port": 1, "served_model_name": model, "release_id": "r1", "engine": "vllm", **(record or {})}
     return health.probe(record, url, None, "atlas-serving", lambda: dict(unit), key, kw.pop("timeout_s", 5),
                         kw.pop("poll_s", 0.01), "Hello", 4, **kw)
 
@@ -85,8 +35,12 @@ def test_a_healthy_engine_passes_every_step(engine) -> None:
     url, handler = engine(health=[503, 503, 200], key="s3cr3t")
     out = _probe(url, key="s3cr3t")
     assert (out["health"], out["models"], out["completion_tokens"], out["model"]) == (200, ["tiny"], 3, "tiny")
-    assert [p for _, p, _ in handler.seen] == ["/health"] * 3 + ["/v1/models", "/v1/completions"]
-    assert handler.seen[-1][2] == {"model": "tiny", "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+    assert [p for _, p, _ in handler.seen] == ["/health"] * 3 + ["/v1/models", "/v1/completions", "/metrics"]
+    assert handler.seen[-2][2] == {"model": "tiny", "prompt": "Hello", "max_tokens": 4, "temperature": 0}
+    # one /metrics sample on the healthy path: the verdict and its evidence, no window
+    assert out["progress"]["verdict"] == "ok" and out["progress"]["evidence"]["before"] is None
+    assert out["progress"]["evidence"]["after"]["progress"]["vllm:generation_tokens_total"] == 40.0
+    assert out["progress"]["evidence"]["completion"]["status"] == 200
 
 
 def test_a_refused_key_and_an_unlisted_model_are_named(engine) -> None:
@@ -108,6 +62,81 @@ def test_a_completion_of_the_wrong_shape_fails(engine, completion, why) -> None:
     url, _ = engine(completion=completion)
     with pytest.raises(health.ProbeError, match=why):
         _probe(url)
+
+
+RECOVER = ("Fix: drain the entry and restart every rank of the instance: "
+           "ansible-playbook -i INV playbooks/recover.yml")
+INSTANCE = {"instance": {"name": "ds", "nodes": ["n1", "n2"], "rank": 0, "head": "n1", "role": "entry",
+                         "entry": True, "mode": "vllm-dp"}}
+
+# (id, /metrics answers in turn, verdict, words in the message)
+PAST_THE_DEADLINE = [
+    ("hung: work present, nothing moved", [metrics(running=1)], "hung",
+     ["no progress counter moved", "running+waiting 1 -> 1", "(instance ds, entry n1, ranks n1, n2)", RECOVER]),
+    ("hung: no work in the gauges, the probe's own request", [metrics(running=0)], "hung",
+     ["plus the probe's own completion", RECOVER]),
+    ("slow: tokens still advancing", [metrics(tokens=40), metrics(tokens=44)], "slow",
+     ["moved by 8", "overloaded, not hung", "do not restart it"]),
+    ("no-metrics: SGLang without --enable-metrics", [None], "no-metrics",
+     ["did not finish within its 0.3 s deadline", "/metrics answered HTTP 404", "--enable-metrics"]),
+]
+
+
+@pytest.mark.parametrize(("served", "verdict", "words"), [c[1:] for c in PAST_THE_DEADLINE],
+                         ids=[c[0] for c in PAST_THE_DEADLINE])
+def test_a_completion_past_its_deadline_is_judged_over_the_window(engine, served, verdict, words) -> None:
+    url, handler = engine(hold_s=60, metrics=served)
+    started = time.monotonic()
+    with pytest.raises(health.HangError) as caught:
+        _probe(url, record=INSTANCE, completion_deadline_s=0.3, hang_window_s=0.2)
+    assert time.monotonic() - started < 5, "the deadline and the window, not the completion's 60 s"
+    message = str(caught.value)
+    assert message.startswith(f"engine {verdict} at {url}"), message
+    assert [w for w in words if w not in message] == [], message
+    evidence = json.loads(message.split(". Evidence: ", 1)[1])
+    assert caught.value.progress["verdict"] == verdict and caught.value.progress["evidence"] == evidence
+    assert evidence["completion"] == {**evidence["completion"], "status": None, "deadline_s": 0.3}
+    assert evidence["window_s"] >= 0.2 and evidence["before"] and evidence["after"]
+    assert [p for _, p, _ in handler.seen][-3:] == ["/v1/completions", "/metrics", "/metrics"]
+
+
+def test_a_missed_deadline_with_the_window_off_fails_without_a_verdict(engine) -> None:
+    url, handler = engine(hold_s=60)
+    with pytest.raises(health.ProbeError, match=r"did not finish within its 0.3 s deadline; the hang check is off"):
+        _probe(url, completion_deadline_s=0.3, hang_window_s=0)
+    assert "/metrics" not in [p for _, p, _ in handler.seen]
+
+
+def test_hang_check_samples_the_window_while_the_completion_runs(engine) -> None:
+    url, handler = engine(metrics=[metrics(tokens=40), metrics(tokens=43)])
+    out = _probe(url, hang_check=True, completion_deadline_s=5, hang_window_s=0.2)
+    assert out["progress"]["verdict"] == "ok" and out["completion_tokens"] == 3
+    assert out["progress"]["evidence"]["delta"]["vllm:generation_tokens_total"] == 3.0
+    assert out["progress"]["evidence"]["window_s"] >= 0.2
+    assert sorted(p for _, p, _ in handler.seen[-3:]) == ["/metrics", "/metrics", "/v1/completions"]
+
+
+def test_hang_check_on_a_hung_engine_fails_at_the_deadline(engine) -> None:
+    url, _ = engine(hold_s=60, metrics=[metrics(running=2)])
+    with pytest.raises(health.HangError, match=r"^engine hung at .*running\+waiting 2 -> 2"):
+        _probe(url, hang_check=True, completion_deadline_s=0.5, hang_window_s=0.2)
+
+
+# (id, completion_deadline_s, hang_window_s, hang_check, message)
+BAD_HANG_OPTIONS = [
+    ("no deadline", 0, 10, False, r"completion_deadline_s must be above 0 \(it is 0\)"),
+    ("negative window", 30, -1, False, r"hang_window_s must be 0 \(off\) or more \(it is -1\)"),
+    ("forced check, no window", 30, 0, True, r"hang_check: true needs a window to sample over"),
+]
+
+
+@pytest.mark.parametrize(("deadline", "window", "check", "says"), [c[1:] for c in BAD_HANG_OPTIONS],
+                         ids=[c[0] for c in BAD_HANG_OPTIONS])
+def test_hang_options_that_cannot_work_fail_before_any_request(engine, deadline, window, check, says) -> None:
+    url, handler = engine()
+    with pytest.raises(health.ProbeError, match=says):
+        _probe(url, completion_deadline_s=deadline, hang_window_s=window, hang_check=check)
+    assert handler.seen == []
 
 
 def test_an_inactive_unit_fails_before_any_request(engine) -> None:
@@ -177,6 +206,18 @@ def test_module_on_a_bare_node_passes_in_check_mode_only_and_never_shows_the_key
     assert "FAILED" in run["_status"], run
     assert "the serving stage has not run on this node" in run["msg"]
     assert "s3cr3t-key" not in json.dumps(check) + json.dumps(run)
+
+
+def test_module_takes_the_hang_options_and_refuses_a_forced_check_without_a_window(tmp_path: Path, engine) -> None:
+    url, handler = engine()
+    record = tmp_path / "atlas-serving.json"
+    record.write_text(json.dumps({"port": 1, "served_model_name": "tiny", "release_id": "r1"}))
+    check = _module(tmp_path, "--check", record=str(tmp_path / "none.json"), completion_deadline_s=5.5,
+                    hang_window_s=2, hang_check=True)
+    assert "SUCCESS" in check["_status"], check
+    out = _module(tmp_path, record=str(record), url=url, hang_check=True, hang_window_s=0)
+    assert "FAILED" in out["_status"] and "hang_check: true needs a window" in out["msg"], out
+    assert out["progress"] is None and handler.seen == []
 
 
 def test_module_names_a_unit_it_cannot_read_as_not_active(tmp_path: Path, engine) -> None:

@@ -4,8 +4,10 @@ Checks: NPU visible (npu-smi, driver loaded), NPU health, NPU count vs tensor pa
 use vs the profile's memory fraction, service state and /health, CANN environment in the engine's
 process, the env file's variables (fictional ones, ASCEND_DEVICE_ID given a list), env file mode,
 API key enforced, out-of-memory messages in the journal, driver/CANN/engine versions, model
-stamp missing or stale; from the inventory: the bundle's signature check turned off
-(atlas_bundle_allow_unsigned) or no signing key pinned.
+stamp missing or stale; a hung instance (on an entry or single node: two /metrics samples
+--hang-window seconds apart while a 1-token completion runs with that deadline, judged as the health
+probe judges them: hung is an error, slow a warning); from the inventory: the bundle's signature check
+turned off (atlas_bundle_allow_unsigned) or no signing key pinned.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from atlasctl import inventory as shared
 from atlasctl.doctor import checks, gather, inventory, report
 from atlasctl.runner import resolve_inventory
 from atlasctl.site_data import compat_tables
+
+# The whole gather of a host must fit its SSH command's timeout (atlasctl.doctor.inventory.fabric_run, 90 s).
+MAX_HANG_WINDOW_S = 60.0
 
 EPILOG = ("exit status: 0 healthy (warnings allowed), 1 a finding of severity error, "
           "3 a host could not be reached (named in the output), 2 bad command line or inventory")
@@ -29,7 +34,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("-l", "--limit", default=None, help="host pattern (as ansible --limit)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--workers", type=int, default=16, help="hosts diagnosed at once (default 16)")
+    parser.add_argument("--hang-window", type=hang_window, default=10.0, metavar="SECONDS",
+                        help="seconds between the two /metrics samples of the hang check, also the deadline "
+                             f"of its completion (default 10; 0 turns it off; at most {MAX_HANG_WINDOW_S:g})")
     parser.set_defaults(func=run)
+
+
+def hang_window(text: str) -> float:
+    """--hang-window: seconds in [0, MAX_HANG_WINDOW_S]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value <= MAX_HANG_WINDOW_S:
+        raise argparse.ArgumentTypeError(f"{value:g} is not between 0 (off) and {MAX_HANG_WINDOW_S:g} seconds "
+                                         "(the gather of a host must fit its 90 s SSH command)")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     ctx = checks.default_context(compat_tables(inv, listing))
     hostvars = shared.hostvars(listing)
     trust = [f for t in targets for f in checks.check_bundle_trust(t.name, hostvars.get(t.name) or {})]
-    evidence, unreachable, seconds = gather.gather_all(targets, inventory.fabric_run, workers=args.workers)
+    evidence, unreachable, seconds = gather.gather_all(targets, inventory.fabric_run, workers=args.workers,
+                                                       hang_window_s=args.hang_window)
     result = report.build([t.name for t in targets], evidence, unreachable, ctx, seconds, extra=trust)
     print(report.render_json(result) if args.json else report.render_text(result))
     return result.exit_code

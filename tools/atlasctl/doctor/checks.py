@@ -438,9 +438,52 @@ def _stale_files(model: dict[str, Any]) -> list[str]:
     return stale
 
 
+# --- a hung instance ---------------------------------------------------------------------------
+
+HANG_SEVERITY = {"hung": ERROR, "slow": WARNING}
+
+
+def check_instance_hung(ev: Evidence, ctx: Context) -> list[Finding]:
+    """The entry (or single) node's engine does not progress: gather's two /metrics samples and completion,
+    judged by module_utils progress (the health probe's judge). hung: error; slow: warning; no metrics:
+    warning when the completion did not come back, else info; ok and idle: nothing."""
+    seen = parse.hang(ev)
+    if seen is None:
+        return []
+    progress = module_utils("progress")
+    found = progress.judge(seen.get("before"), seen.get("after"), seen.get("window_s") or 0.0, seen["completion"])
+    verdict = found["verdict"]
+    severity = HANG_SEVERITY.get(verdict)
+    if verdict == "no-metrics":
+        severity = INFO if progress.completion_state(seen["completion"]) == "completed" else WARNING
+    if severity is None:
+        return []
+    place = progress.where(str(seen.get("url") or "the engine"), seen.get("record"))
+    return [_f(ev, "instance-hung", severity, progress.headline(found, place), _hang_evidence(found, progress),
+               progress.FIXES[verdict])]
+
+
+def _hang_evidence(found: dict[str, Any], progress: Any) -> str:
+    evidence = found["evidence"]
+
+    def shown(sample: dict[str, Any] | None) -> str:
+        if sample is None:
+            return "not taken"
+        if sample.get("status") != 200:
+            return f"answered {sample.get('error') or sample.get('status')}"
+        values = {**(sample.get("work") or {}), **(sample.get("progress") or {})}
+        return " ".join(f"{name}={value:g}" for name, value in values.items()) or "no engine metrics"
+
+    completion = evidence["completion"]
+    return (f"GET /metrics on the node {evidence['window_s']:g} s apart: before {shown(evidence['before'])}; "
+            f"after {shown(evidence['after'])}; POST /v1/completions (1 token, deadline "
+            f"{completion.get('deadline_s')} s) {progress.describe_completion(completion)}")
+
+
 CHECKS: tuple[Callable[[Evidence, Context], list[Finding]], ...] = (
     check_npu_visible, check_npu_health, check_npu_count, check_hbm, check_service, check_cann_env,
     check_env_file, check_file_modes, check_api_key, check_oom, check_versions, check_reboot_pending, check_model,
+    check_instance_hung,
 )
 
 

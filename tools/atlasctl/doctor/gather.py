@@ -2,17 +2,28 @@
 
 Secrets stay on the node: the env file's ``*_API_KEY`` values and the values after ``--api-key``
 in the args file (every one: vLLM's takes several) are replaced by ``<redacted>`` there (sed), the
-engine's environ is filtered to ``ASCEND_*`` variables, and the HTTP probes send no key.
+engine's environ is filtered to ``ASCEND_*`` variables, and the HTTP probes send no key, except the
+hang check's completion: it reads the engine's key on the node and sends it to 127.0.0.1 only, never
+printing it.
+
+The hang check (section ``hang``, on an entry node or a single node: where the service record exists
+and is not a non-head rank) runs the collection's module_utils ``progress`` on the node: its source
+and :data:`_HANG_PY` as one ``python3 -c`` program. It prints two ``/metrics`` samples ``window``
+seconds apart and the outcome of a 1-token completion sent with the same deadline; the controller
+judges them with the same file (``atlasctl.doctor.checks.check_instance_hung``).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+from atlasctl.collection import module_utils
 from atlasctl.doctor.inventory import Target
 from atlasctl.doctor.model import Evidence, Section
 from atlasctl.layout import Layout, default_layout
@@ -69,14 +80,85 @@ for path in ("/health", "/v1/models"):
 print(json.dumps(out))
 """
 
+# Appended to module_utils/progress.py's source (its names are in scope): argv record, args file, env file,
+# window seconds. The completion has the window as its deadline and runs while the samples are taken.
+_HANG_PY = r"""
+
+def _flag_value(args, name):
+    for index, token in enumerate(args):
+        if token == name and index + 1 < len(args):
+            return args[index + 1]
+        if token.startswith(name + "="):
+            return token[len(name) + 1:]
+    return None
+
+
+# The engine's first API key (the --config keys file, --api-key, a *_API_KEY line); never printed.
+def _bearer(args_path, env_path):
+    try:
+        with open(args_path) as fh:
+            args = [line.strip() for line in fh if line.strip() and not line.strip().startswith("#")]
+    except OSError:
+        args = []
+    key = _flag_value(args, "--api-key")
+    keys_file = _flag_value(args, "--config")
+    if not key and keys_file:
+        try:
+            with open(keys_file) as fh:
+                key = json.load(fh).get("api-key")
+        except (OSError, ValueError, AttributeError):
+            key = None
+    key = (key or [None])[0] if isinstance(key, list) else key
+    if not key:
+        try:
+            with open(env_path) as fh:
+                found = [line.strip().split("=", 1)[1] for line in fh
+                         if re.match(r"^(export )?[A-Z0-9_]*API_KEY=.", line.strip())]
+        except OSError:
+            found = []
+        key = found[0].strip("'\"") if found else None
+    return {"Authorization": "Bearer " + str(key)} if key else {}
+
+
+def _hang_main(record_path, args_path, env_path, window_s):
+    try:
+        with open(record_path) as fh:
+            record = json.load(fh)
+        port, model = int(record["port"]), record["served_model_name"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return {"skipped": "no service record: %s" % exc}
+    instance = record.get("instance") if isinstance(record.get("instance"), dict) else {}
+    if instance.get("entry") is False:
+        return {"skipped": "rank %s of %s: checked on its entry %s" % (instance.get("rank"), instance.get("name"),
+                                                                       instance.get("head"))}
+    url = "http://127.0.0.1:%d" % port
+    seen = observe(request, url, model, _bearer(args_path, env_path), record.get("engine"), "Hello", 1,
+                   window_s, window_s, always=True)
+    seen.pop("body", None)
+    return dict(seen, url=url, record={"instance": instance} if instance else {})
+
+
+print(json.dumps(_hang_main(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]))))
+"""
+
 _PATH = "PATH=$PATH:/usr/local/bin:/usr/local/sbin:/usr/local/Ascend/driver/tools; "
 
 
-def snippets(layout: Layout | None = None) -> tuple[tuple[str, str], ...]:
-    """The evidence sections (name, bash snippet) for a node with ``layout`` (default: the default layout)."""
+@functools.cache
+def hang_program() -> str:
+    """The hang check's ``python3 -c`` program: module_utils/progress.py's source, then :data:`_HANG_PY`."""
+    source = Path(module_utils("progress").__file__).read_text(encoding="utf-8")
+    return source.rstrip("\n") + "\n\nimport sys\n" + _HANG_PY
+
+
+def snippets(layout: Layout | None = None, hang_window_s: float = 0.0) -> tuple[tuple[str, str], ...]:
+    """The evidence sections (name, bash snippet) for a node with ``layout`` (default: the default layout);
+    ``hang_window_s`` above 0 adds the hang check (section ``hang``)."""
     layout = layout or default_layout()
     q = shlex.quote
     unit = q(f"{layout.service}.service")
+    hang = (("hang", f"python3 -c {q(hang_program())} {q(layout.record)} {q(layout.args_file)} "
+                     f"{q(layout.env_file)} {float(hang_window_s)!r}"),) if hang_window_s > 0 else ()
     return (
         ("npu", _PATH + "command -v npu-smi >/dev/null || { echo 'npu-smi: command not found'; exit 127; }; "
                 "npu-smi info"),
@@ -101,7 +183,7 @@ def snippets(layout: Layout | None = None) -> tuple[tuple[str, str], ...]:
                      "do [ -r \"$f\" ] && { echo \"== $f\"; cat \"$f\"; }; done; true"),
         ("models", f"python3 -c {q(_MODELS_PY)} {q(layout.models_root)} {q(layout.stamp_dir)}"),
         ("probe", f"python3 -c {q(_PROBE_PY)} {q(layout.record)}"),
-    )
+    ) + hang
 
 
 def script(sections: tuple[tuple[str, str], ...] | None = None) -> str:
@@ -136,20 +218,21 @@ def split_sections(host: str, output: str, layout: Layout | None = None) -> Evid
 Runner = Callable[[Target, str], str]
 
 
-def gather_one(target: Target, run: Runner) -> Evidence:
-    return split_sections(target.name, run(target, script(snippets(target.layout))), target.layout)
+def gather_one(target: Target, run: Runner, hang_window_s: float = 0.0) -> Evidence:
+    return split_sections(target.name, run(target, script(snippets(target.layout, hang_window_s))), target.layout)
 
 
-def gather_all(targets: list[Target], run: Runner, workers: int = 16
+def gather_all(targets: list[Target], run: Runner, workers: int = 16, hang_window_s: float = 0.0
                ) -> tuple[dict[str, Evidence], dict[str, str], float]:
-    """Evidence per reachable host, error per unreachable host, wall seconds."""
+    """Evidence per reachable host, error per unreachable host, wall seconds; ``hang_window_s`` above 0
+    adds the hang check (its window runs on every host at once)."""
     started = time.monotonic()
     evidence: dict[str, Evidence] = {}
     errors: dict[str, str] = {}
     if not targets:
         return evidence, errors, 0.0
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(targets)))) as pool:
-        futures = {t.name: pool.submit(gather_one, t, run) for t in targets}
+        futures = {t.name: pool.submit(gather_one, t, run, hang_window_s) for t in targets}
         for name, future in futures.items():
             try:
                 evidence[name] = future.result()

@@ -136,6 +136,27 @@ def json_section(ev: Evidence, name: str) -> Any:
         return None
 
 
+def hang(ev: Evidence) -> dict[str, Any] | None:
+    """The hang section (two /metrics samples and the completion's outcome, as module_utils progress's
+    ``observe`` returns them), or None when absent, skipped (no record, a non-head rank) or malformed."""
+    seen = json_section(ev, "hang")
+    if not isinstance(seen, dict) or not isinstance(seen.get("completion"), dict):
+        return None
+    completion = seen["completion"]
+    numbers = [completion.get("seconds"), completion.get("deadline_s"), seen.get("window_s", 0.0)]
+    for sample in (seen.get("before"), seen.get("after")):
+        if sample is None:
+            continue
+        if not isinstance(sample, dict) or not all(isinstance(sample.get(k, {}), dict) for k in ("work", "progress")):
+            return None
+        numbers += [*sample.get("work", {}).values(), *sample.get("progress", {}).values()]
+    return seen if all(_number(n) for n in numbers) else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def journal(text: str) -> list[tuple[float | None, str]]:
     """``journalctl -o short-unix`` lines -> [(epoch seconds or None, line)]."""
     out: list[tuple[float | None, str]] = []

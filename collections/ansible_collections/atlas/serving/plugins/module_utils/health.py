@@ -10,7 +10,12 @@ What the probe proves, in order (each step names the node's state and the fix wh
    local HTTP request, not a round trip from the controller); a unit that fails or stops while
    it is awaited ends the wait at once, instead of at the timeout;
 4. ``GET /v1/models`` lists the served model name;
-5. ``POST /v1/completions`` returns one choice with text and ``usage.completion_tokens >= 1``.
+5. ``POST /v1/completions`` returns one choice with text and ``usage.completion_tokens >= 1`` within
+   ``completion_deadline_s``. One that misses it is judged by two ``/metrics`` samples ``hang_window_s``
+   apart (module_utils ``progress``): ``engine hung`` (work present, no progress counter moved: vLLM's
+   ``/health`` stays 200 through a hung collective) or ``engine slow`` (tokens still advancing:
+   overloaded). The result's ``progress`` holds the verdict and its evidence; a healthy probe takes one
+   sample only, unless ``hang_check`` asks for the window while the completion runs.
 
 A non-head rank of a multi-node instance (the record's ``instance.entry`` is false) serves no HTTP:
 steps 3-5 are skipped there (``headless: true`` in the result); its instance is probed on its head.
@@ -24,33 +29,31 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
-import urllib.request
 
-# The probe asks the engine directly: proxy variables of the node's environment never apply.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# request: one HTTP request to the engine (it lives with the sampler, which runs on nodes alone too).
+from ansible_collections.atlas.serving.plugins.module_utils.progress import (
+    FIXES,
+    completion_state,
+    describe_completion,
+    headline,
+    judge,
+    observe,
+    request,
+    where,
+)
 
 
 class ProbeError(Exception):
     """The node is not healthy; the message names what failed and where to look."""
 
 
-def request(method, url, headers=None, body=None, timeout=10.0):
-    """(status, body bytes, detail) of one HTTP request; status is None when no answer came
-    (refused, timed out, reset), with the reason in detail."""
-    data = None if body is None else json.dumps(body).encode()
-    hdrs = dict(headers or {})
-    if data is not None:
-        hdrs.setdefault("Content-Type", "application/json")
-    req = urllib.request.Request(url, data=data, headers=hdrs, method=method)
-    try:
-        with _OPENER.open(req, timeout=timeout) as response:
-            return response.status, response.read(), f"HTTP {response.status}"
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read() if exc.fp else b"", f"HTTP {exc.code}"
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return None, b"", str(reason) or type(exc).__name__
+class HangError(ProbeError):
+    """The completion missed its deadline (or the window found no progress under work): ``progress`` is
+    the verdict (``hung``, ``slow``, ``no-metrics``), its reason and its evidence."""
+
+    def __init__(self, message, progress):
+        super().__init__(message)
+        self.progress = progress
 
 
 def read_record(path):
@@ -114,13 +117,13 @@ def check_models(url, model, headers, get=request):
     return ids
 
 
-def check_completion(url, model, headers, prompt, max_tokens, get=request):
-    """completion_tokens of one completion; raises unless it has the shape both engines return."""
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-    status, data, detail = get("POST", f"{url}/v1/completions", headers=headers, body=body, timeout=120)
+def completion_tokens(url, status, data, detail):
+    """completion_tokens of the completion's answer; raises unless it has the shape both engines return."""
+    data = data or b""
     if status != 200:
         raise ProbeError(f"{url}/v1/completions answered {detail}: {data[:300].decode(errors='replace')}")
     out = _json(data) or {}
+    out = out if isinstance(out, dict) else {}
     choices = out.get("choices") if isinstance(out.get("choices"), list) else []
     tokens = (out.get("usage") or {}).get("completion_tokens") if isinstance(out.get("usage"), dict) else None
     if len(choices) != 1 or not isinstance(choices[0], dict) or not isinstance(choices[0].get("text"), str):
@@ -129,6 +132,43 @@ def check_completion(url, model, headers, prompt, max_tokens, get=request):
     if not isinstance(tokens, int) or tokens < 1:
         raise ProbeError(f"{url}/v1/completions reported completion_tokens {tokens!r}, not at least 1")
     return tokens
+
+
+def check_hang_options(deadline_s, window_s, hang_check):
+    """Raises on option values the hang check cannot use."""
+    if not deadline_s or deadline_s <= 0:
+        raise ProbeError(f"completion_deadline_s must be above 0 (it is {deadline_s!r})")
+    if window_s is None or window_s < 0:
+        raise ProbeError(f"hang_window_s must be 0 (off) or more (it is {window_s!r})")
+    if hang_check and window_s == 0:
+        raise ProbeError("hang_check: true needs a window to sample over: set hang_window_s above 0")
+
+
+def hang_error(url, record, progress):
+    """The ProbeError of a completion that missed its deadline (or of a hung window): ``engine VERDICT at
+    WHERE: REASON. Fix: FIX. Evidence: JSON``."""
+    evidence = json.dumps(progress["evidence"], sort_keys=True)
+    return HangError(f"{headline(progress, where(url, record))}. Fix: {FIXES[progress['verdict']]}. "
+                     f"Evidence: {evidence}", progress)
+
+
+def check_completion(url, model, headers, record, prompt, max_tokens, deadline_s, window_s, hang_check,
+                     get=request, clock=time.monotonic, sleep=time.sleep, spawn=None):
+    """(completion_tokens, progress) of one completion sent with ``deadline_s`` (module_utils progress,
+    :func:`progress.observe`). Raises HangError when it missed the deadline or the window judged the engine
+    hung, ProbeError when it answered something else than a completion."""
+    seen = observe(get, url, model, headers, record.get("engine"), prompt, max_tokens, deadline_s, window_s,
+                   always=hang_check, clock=clock, sleep=sleep, **({"spawn": spawn} if spawn else {}))
+    outcome = seen["completion"]
+    state = completion_state(outcome)
+    if state == "missed" and seen["after"] is None:
+        raise ProbeError(f"{url}/v1/completions {describe_completion(outcome)}; the hang check is off "
+                         "(hang_window_s 0), so hung and slow are not told apart")
+    progress = judge(seen["before"], seen["after"], seen["window_s"], outcome) if seen["after"] is not None else None
+    if state == "missed" or (progress and progress["verdict"] == "hung"):
+        raise hang_error(url, record, progress)
+    tokens = completion_tokens(url, outcome["status"], seen["body"], outcome["error"])
+    return tokens, progress
 
 
 def headless(record):
@@ -140,11 +180,13 @@ def headless(record):
 
 
 def probe(record, url, model, service, unit_state, api_key, timeout_s, poll_s, prompt, max_tokens,
-          get=request, clock=time.monotonic, sleep=time.sleep):
+          get=request, clock=time.monotonic, sleep=time.sleep, completion_deadline_s=30.0, hang_window_s=10.0,
+          hang_check=False, spawn=None):
     """Steps 2-5 of the module docstring; returns the result (without the record)."""
     url = (url or f"http://127.0.0.1:{int(record['port'])}").rstrip("/")
     model = model or record["served_model_name"]
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    check_hang_options(completion_deadline_s, hang_window_s, hang_check)
     unit = unit_state()
     if unit.get("ActiveState") != "active":
         raise ProbeError(f"{service} is {unit.get('ActiveState', '?')} ({unit.get('SubState', '?')}). "
@@ -154,12 +196,13 @@ def probe(record, url, model, service, unit_state, api_key, timeout_s, poll_s, p
         # A non-head rank serves no HTTP (vLLM --headless; SGLang rank >= 1 answers a dummy /health):
         # its unit is what this node can show; the instance is probed through its entry, the head.
         return {"url": None, "model": model, "unit": unit, "health": None, "waited_s": 0.0, "models": [],
-                "completion_tokens": None, "headless": True, "instance": instance}
+                "completion_tokens": None, "progress": None, "headless": True, "instance": instance}
     status, waited = wait_health(url, service, unit_state, timeout_s, poll_s, clock=clock, sleep=sleep, get=get)
     ids = check_models(url, model, headers, get=get)
-    tokens = check_completion(url, model, headers, prompt, max_tokens, get=get)
+    tokens, progress = check_completion(url, model, headers, record, prompt, max_tokens, completion_deadline_s,
+                                        hang_window_s, hang_check, get=get, clock=clock, sleep=sleep, spawn=spawn)
     return {"url": url, "model": model, "unit": unit, "health": status, "waited_s": waited, "models": ids,
-            "completion_tokens": tokens}
+            "completion_tokens": tokens, "progress": progress}
 
 
 def parse_show(text):

@@ -17,6 +17,16 @@ description:
   - One round trip to the node where the tasks it replaces made six, and the wait for C(/health)
     polls on the node, not from the controller. A unit that fails or stops during the wait ends it at
     once, naming the unit's state.
+  - The completion must finish within O(completion_deadline_s). One that does not is judged by two
+    C(/metrics) samples O(hang_window_s) apart, its request still open (it counts as work present);
+    the module fails with C(engine hung at ...) when work was present and no progress counter moved
+    (generated tokens, finished requests, the time-to-first-token and inter-token-latency histogram
+    counts, summed; vLLM's C(/health) stays 200 through a hung collective), with C(engine slow at ...)
+    when they moved (overloaded, not hung), or with C(engine no-metrics at ...) when the engine exports
+    none (SGLang needs C(--enable-metrics)). The message carries the evidence, the instance and the fix;
+    the result's C(progress) the verdict.
+  - A completion back in time costs one C(/metrics) sample, not the window; O(hang_check=true) samples
+    the window while the completion runs and fails on a C(hung) verdict.
   - On a non-head rank of a multi-node instance (its record's C(instance.entry) is false) only the
     record and the unit are checked; C(/health), C(/v1/models) and the completion are the head's
     (C(headless=true) in the result).
@@ -57,6 +67,22 @@ options:
     description: C(max_tokens) of the completion.
     type: int
     default: 8
+  completion_deadline_s:
+    description: Seconds the completion has to finish; more is C(slow) or C(hung) (see O(hang_window_s)).
+    type: float
+    default: 30
+  hang_window_s:
+    description:
+      - Seconds between the two C(/metrics) samples that tell C(hung) from C(slow) when the completion misses
+        its deadline. C(0) turns the hang check off (a missed deadline fails without a verdict).
+    type: float
+    default: 10
+  hang_check:
+    description:
+      - Sample the window while the completion runs even when it finishes in time, and fail on C(hung).
+        Adds O(hang_window_s) to a healthy probe. Needs O(hang_window_s) above 0.
+    type: bool
+    default: false
   npu_smi_path:
     description: npu-smi to read the NPU state with; empty to find it on PATH.
     type: path
@@ -76,6 +102,13 @@ EXAMPLES = r"""
     timeout_s: 300
     poll_s: 1
   register: health_probe
+
+- name: Health with the hang check forced (two /metrics samples 10 s apart while the completion runs)
+  atlas.serving.engine_health:
+    record: /etc/atlas/serving/atlas-serving.json
+    completion_deadline_s: 30
+    hang_window_s: 10
+    hang_check: true
 """
 
 RETURN = r"""
@@ -103,6 +136,26 @@ completion_tokens:
   description: C(usage.completion_tokens) of the completion (null on a headless rank).
   returned: when the record exists
   type: int
+progress:
+  description:
+    - The hang check (null on a headless rank); also in the failed result of C(engine hung|slow|no-metrics).
+    - C(verdict) one of C(ok), C(idle), C(slow), C(hung), C(no-metrics); C(reason) in words; C(evidence)
+      with C(engine), C(window_s), C(before) and C(after) (each C(status), C(error), C(engine), C(work) and
+      C(progress) values by metric name; C(before) null when one sample was taken), C(delta) per progress
+      counter, and C(completion) (C(status), C(seconds), C(error), C(deadline_s)).
+  returned: when the record exists
+  type: dict
+  sample:
+    verdict: ok
+    reason: the completion finished in 0.4 s
+    evidence:
+      engine: vllm
+      window_s: 0.0
+      before: null
+      after: {status: 200, error: null, engine: vllm, work: {"vllm:num_requests_running": 0.0},
+              progress: {"vllm:generation_tokens_total": 8.0}}
+      delta: {}
+      completion: {status: 200, seconds: 0.4, error: null, deadline_s: 30.0}
 headless:
   description: True on a non-head rank of a multi-node instance (no HTTP probed).
   returned: on a headless rank
@@ -135,6 +188,9 @@ def main():
             "poll_s": {"type": "float", "default": 5},
             "prompt": {"type": "str", "default": "Hello"},
             "max_tokens": {"type": "int", "default": 8},
+            "completion_deadline_s": {"type": "float", "default": 30},
+            "hang_window_s": {"type": "float", "default": 10},
+            "hang_check": {"type": "bool", "default": False},
             "npu_smi_path": {"type": "path"},
         },
         supports_check_mode=True,
@@ -160,9 +216,11 @@ def main():
 
     try:
         result = probe(record, p["url"], p["served_model_name"], p["service"], unit_state, p["api_key"],
-                       p["timeout_s"], p["poll_s"], p["prompt"], p["max_tokens"])
+                       p["timeout_s"], p["poll_s"], p["prompt"], p["max_tokens"],
+                       completion_deadline_s=p["completion_deadline_s"], hang_window_s=p["hang_window_s"],
+                       hang_check=p["hang_check"])
     except ProbeError as exc:
-        module.fail_json(msg=str(exc), record=record)
+        module.fail_json(msg=str(exc), record=record, progress=getattr(exc, "progress", None))
     npu = gather(lambda argv: module.run_command(argv, handle_exceptions=False), p["npu_smi_path"])
     module.exit_json(changed=False, record=record, ansible_facts={"npu": npu}, **result)
 
