@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from atlasctl import exitcodes, layout
-from atlasctl.doctor import checks, gather, inventory, report
+from atlasctl.doctor import checks, gather, inventory, parse, report
 from atlasctl.doctor.model import ERROR, WARNING, Evidence, Finding, Section
 from atlasctl.errors import UsageError
 
@@ -44,6 +44,17 @@ def test_node_side_redaction_of_env_and_args(tmp_path):
     assert ev.text("env") == "VLLM_API_KEY=<redacted>\nHF_HUB_OFFLINE=1"
     assert ev.text("args").splitlines() == ["bin/python", "--api-key", "<redacted>", "<redacted>", "--port", "30000",
                                             "--api-key=<redacted>"]
+
+
+def test_npu_procs_section_runs_the_collections_scan_on_the_node():
+    """One command: the collection's npu_procs.py, run by python3 -c with the layout's engines root."""
+    moved = dataclasses.replace(layout.default_layout(), engines_root="/srv/atlas/engines")
+    command = dict(gather.snippets(moved))["npu_procs"]
+    assert command.startswith("python3 -c ") and command.endswith(" /srv/atlas/engines")
+    out = subprocess.run(["bash", "-c", gather.script((("npu_procs", command),))], capture_output=True, text=True,
+                         check=True).stdout
+    scanned = parse.npu_procs(gather.split_sections("h", out))
+    assert scanned is not None and isinstance(scanned["unreadable"], list)
 
 
 LISTING = {

@@ -7,12 +7,14 @@ engine's environ is filtered to ``ASCEND_*`` variables, and the HTTP probes send
 
 from __future__ import annotations
 
+import inspect
 import re
 import shlex
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+from atlasctl.collection import module_utils
 from atlasctl.doctor.inventory import Target
 from atlasctl.doctor.model import Evidence, Section
 from atlasctl.layout import Layout, default_layout
@@ -72,6 +74,12 @@ print(json.dumps(out))
 _PATH = "PATH=$PATH:/usr/local/bin:/usr/local/sbin:/usr/local/Ascend/driver/tools; "
 
 
+def _npu_procs_py() -> str:
+    """The collection's npu_procs.py as it is (standard library only): run with ``python3 -c`` it prints
+    the processes holding an NPU or running an engine (the same scan as the module npu_free)."""
+    return inspect.getsource(module_utils("npu_procs"))
+
+
 def snippets(layout: Layout | None = None) -> tuple[tuple[str, str], ...]:
     """The evidence sections (name, bash snippet) for a node with ``layout`` (default: the default layout)."""
     layout = layout or default_layout()
@@ -101,6 +109,7 @@ def snippets(layout: Layout | None = None) -> tuple[tuple[str, str], ...]:
                      "do [ -r \"$f\" ] && { echo \"== $f\"; cat \"$f\"; }; done; true"),
         ("models", f"python3 -c {q(_MODELS_PY)} {q(layout.models_root)} {q(layout.stamp_dir)}"),
         ("probe", f"python3 -c {q(_PROBE_PY)} {q(layout.record)}"),
+        ("npu_procs", f"python3 -c {q(_npu_procs_py())} {q(layout.engines_root)}"),
     )
 
 

@@ -31,7 +31,10 @@ from collections.abc import Callable
 
 PROC_ROOT = "/proc"
 DEV_PREFIX = "/dev/davinci"
-IDLE_HBM_PCT = 10
+# What an idle NPU uses is what the driver and firmware reserve: about 3.3 GB whatever the capacity (3318 of
+# 65536 MB on a 910B3, docs/ascend-platform.md section 6): 5 % of a 64 GB NPU, 10.1 % of a 32 GB one. 15 % is
+# idle on both, and far below what an engine left behind holds (its weights and KV cache).
+IDLE_HBM_PCT = 15
 HCCL_SETTLE_S = 10
 CMDLINE_MAX = 300
 _UNIT_SUFFIXES = (".service", ".scope")
