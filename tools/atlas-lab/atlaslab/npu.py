@@ -113,7 +113,7 @@ ASCEND_INSTALL_INFO = (
 )
 
 
-# The account the driver's device nodes belong to (0660 root:HwHiAiUser). Huawei's install guide creates it
+# The account the driver's device nodes belong to (0660, group HwHiAiUser). Huawei's install guide creates it
 # before the driver (the driver role: driver_user, driver_group); a new lab node starts with a driver
 # installed, so it starts with the account: a system group and user, as the driver role makes them.
 DRIVER_ACCOUNT = "HwHiAiUser"

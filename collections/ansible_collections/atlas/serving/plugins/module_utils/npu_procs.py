@@ -2,8 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Who holds the NPUs, and whether they are back to idle before an instance's ranks start again.
 
-A process that uses NPU N holds the driver's character device ``/dev/davinciN`` open (0660
-root:HwHiAiUser); ``npu-smi info`` lists it in its process table and counts its memory in
+A process that uses NPU N holds the driver's character device ``/dev/davinciN`` open (0660,
+group HwHiAiUser); ``npu-smi info`` lists it in its process table and counts its memory in
 HBM-Usage (docs/ascend-platform.md section 6). Leftovers are a known failure (docs/multinode-serving.md,
 "NPUs free before a start"): a SIGKILLed API server leaves its engine core holding the NPUs (vllm
 #55510); a zombie engine keeps NPU memory with no process left to stop (vllm-ascend #9888); HCCL

@@ -6,7 +6,7 @@ does the same where the lab's driver made the devices (atlas-lab-driver): the id
 ``ASCEND_RT_VISIBLE_DEVICES`` when set, else every ``davinciN`` present; where none is present (a unit test,
 a node without the driver) it holds nothing. ``ATLAS_STANDIN_DEV_DIR`` (default ``/dev``) is where it looks.
 
-A device it cannot open (mode 0660 root:HwHiAiUser, the serving user not in that group) ends the start
+A device it cannot open (mode 0660, group HwHiAiUser, the serving user not in that group) ends the start
 with a device-open failure like torch_npu's, exit status 1.
 """
 
