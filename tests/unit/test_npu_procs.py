@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_npu_smi import SECTION_6
 
 from atlasctl.collection import module_utils
 
@@ -20,28 +21,17 @@ REPO = Path(__file__).resolve().parents[2]
 ENGINES = "/opt/atlas/engines"
 UNIT = "0::/system.slice/atlas-serving.service\n"
 
-# The layout of a real `npu-smi info` (docs/ascend-platform.md section 6, a 910B3 64 GB machine).
-HEAD = """\
-+------------------------------------------------------------------------------------------------+
-| npu-smi 24.1.rc1.b030            Version: 24.1.rc1.b030                                        |
-+---------------------------+---------------+----------------------------------------------------+
-| NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-Usage(page)|
-| Chip                      | Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)        |
-+===========================+===============+====================================================+
-"""
+# The layout of a real `npu-smi info` (docs/ascend-platform.md section 6, as test_npu_smi.py holds it verbatim):
+# its head, and its process table's rule, header and rule.
+_REAL = SECTION_6.splitlines(keepends=True)
+HEAD, PROCESS_HEAD, RULE = "".join(_REAL[:6]), "".join(_REAL[13:16]), _REAL[5]
 DEVICE = """\
 | {id}     910B3               | OK            | 101.8       43                0    / 0             |
 | 0                         | 0000:{id:02X}:00.0  | 0           0    / 0          {used:<5}/ 65536         |
 +===========================+===============+====================================================+
 """
-PROCESS_HEAD = """\
-+---------------------------+---------------+----------------------------------------------------+
-| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |
-+===========================+===============+====================================================+
-"""
 NONE_ROW = "| No running processes found in NPU {id}                                                            |\n"
 PROCESS_ROW = "| {id}       0                 | {pid:<14}| {name:<25}| {mb:<24}|\n"
-RULE = "+===========================+===============+====================================================+\n"
 
 
 def smi(used: tuple[int, ...] = (3318, 3314), rows: dict[int, list[tuple[int, str, int]]] | None = None,
