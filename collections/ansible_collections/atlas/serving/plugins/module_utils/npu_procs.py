@@ -127,18 +127,17 @@ def read_process(proc_dir: str, pid: int, engines_root: str = "", dev_prefix: st
     }
 
 
-def scan(engines_root: str = "", proc_root: str = PROC_ROOT, dev_prefix: str = DEV_PREFIX,
-         skip: tuple = ()) -> dict:
-    """Every process holding an NPU or running an engine, and the pids whose fds could not be read
-    (another user's, when not run as root)."""
+def scan(engines_root: str = "", proc_root: str = PROC_ROOT, dev_prefix: str = DEV_PREFIX) -> dict:
+    """Every process holding an NPU or running an engine (this one left out), and the pids whose fds
+    could not be read (another user's, when not run as root)."""
     processes, unreadable = [], []
-    skip = set(skip) | {os.getpid()}
+    me = os.getpid()
     try:
         names = os.listdir(proc_root)
     except OSError as exc:
         raise NpuFreeError(f"cannot list {proc_root}: {exc.strerror}; the check needs the proc filesystem") from None
     for name in sorted(names, key=lambda n: int(n) if n.isdigit() else -1):
-        if not name.isdigit() or int(name) in skip:
+        if not name.isdigit() or int(name) == me:
             continue
         proc = read_process(os.path.join(proc_root, name), int(name), engines_root, dev_prefix)
         if proc is None:
