@@ -18,9 +18,11 @@ STARTED = 1796021984
 MODEL_DIR = "/var/lib/atlas/models/tiny/versions/abc123"
 
 
-def npu_text(health=("OK",) * 4, used=(3318,) * 4, total=32768) -> str:
+def npu_text(health=("OK",) * 4, used=(3318,) * 4, total=32768, procs=None) -> str:
+    """``npu-smi info`` (the lab's double renders it); ``procs``: {npu: [(pid, name, MB)]} in its process table."""
     devices = [{"id": i, "name": "910B4", "health": h, "power_w": 90.0, "temp_c": 40,
-                "bus_id": f"0000:{0xC1 + i:02X}:00.0", "hbm_used_mb": u, "hbm_total_mb": total}
+                "bus_id": f"0000:{0xC1 + i:02X}:00.0", "hbm_used_mb": u, "hbm_total_mb": total,
+                "processes": [{"pid": p, "name": n, "memory_mb": m} for p, n, m in (procs or {}).get(i, [])]}
                for i, (h, u) in enumerate(zip(health, used, strict=True))]
     return npu_sim.render_info({"driver_version": "25.5.0", "devices": devices})
 
@@ -106,7 +108,24 @@ def healthy() -> dict[str, Section]:
         "models": Section(0, models()),
         "probe": Section(0, json.dumps({"port": 30000, "/health": 200, "/v1/models": 401})),
         "hang": hang(sglang(), sglang(tokens=8, itl=31), DONE),
+        "npu_procs": Section(0, npu_procs()),
     }
+
+
+ENGINE = {"pid": 958, "name": "python3", "cmdline": "/opt/atlas/engines/sglang-standin-0.5.6/bin/python -m "
+          "sglang.launch_server", "npus": [0], "unit": "atlas-serving.service", "engine": True}
+STRANGER = {"pid": 5000, "name": "python3", "cmdline": "python3 train.py", "npus": [1], "unit": "session-3.scope",
+            "engine": False}
+
+
+def npu_procs(*processes: dict) -> str:
+    """The npu_procs section: the node's scan (module_utils npu_procs); default the serving engine on NPU 0."""
+    return json.dumps({"processes": list(processes or [ENGINE]), "unreadable": []})
+
+
+NO_PROCESS = Section(0, json.dumps({"processes": [], "unreadable": []}))
+INACTIVE = Section(0, "MainPID=0\nLoadState=loaded\nActiveState=inactive\nSubState=dead\nResult=success\n"
+                      "NRestarts=0")
 
 
 def ev(**changes: Section | None) -> Evidence:
@@ -224,6 +243,22 @@ CASES = [
     ("file gone", {"models": Section(0, models(files={"config.json": VERIFIED["config.json"]}))}, "model-stamp",
      ERROR, "model.safetensors (gone)"),
     ("link missing", {"models": Section(0, "[]")}, "model", ERROR, "is missing"),
+    ("engine left after a stop", {"service": INACTIVE}, "leftover-processes", ERROR,
+     "atlas-serving.service is inactive but 1 process(es) still hold NPUs or run an engine"),
+    ("engine left, named", {"service": INACTIVE}, "leftover-processes", ERROR,
+     "pid 958 (python3: /opt/atlas/engines/sglang-standin-0.5.6/bin/python -m sglang.launch_server) holds NPU 0, "
+     "unit atlas-serving.service, an engine process"),
+    ("api server left without a device", {"service": INACTIVE, "npu_procs": Section(0, npu_procs(
+        dict(ENGINE, npus=[])))}, "leftover-processes", ERROR, "holds no NPU"),
+    ("process npu-smi lists after a stop", {"service": INACTIVE, "npu_procs": NO_PROCESS,
+                                            "npu": Section(0, npu_text(procs={2: [(7001, "python3", 52000)]}))},
+     "leftover-processes", ERROR, "pid 7001 (python3) holds NPU 2 (52000 MB), in no systemd unit (listed by npu-smi "
+                                  "only)"),
+    ("zombie hbm", {"service": INACTIVE, "npu_procs": NO_PROCESS,
+                    "npu": Section(0, npu_text(used=(3318, 30000, 3318, 3318)))}, "leftover-processes", ERROR,
+     "HBM is held with no process on NPU 1"),
+    ("stranger on an npu", {"npu_procs": Section(0, npu_procs(ENGINE, STRANGER))}, "leftover-processes", ERROR,
+     "1 process(es) outside atlas-serving.service hold NPUs while it runs"),
     ("rendered for old version", {"record": Section(0, record(model_version="old999"))}, "model", WARNING, "old999"),
     ("instance hung", {"hang": hang(sglang(), sglang(), MISSED)}, "instance-hung", ERROR,
      "engine hung at http://127.0.0.1:30000: no progress counter moved in 10.0 s"),
@@ -287,6 +322,35 @@ def test_a_hung_instance_shows_both_samples_and_names_the_recover_playbook(ctx):
                                 "deadline")
     assert finding.fix == progress.FIXES["hung"]
     assert finding.fix.endswith("restart every rank of the instance: ansible-playbook -i INV playbooks/recover.yml")
+
+
+def test_leftovers_fix_names_their_units_and_hccl_wait(ctx):
+    stopped = checks.check_leftover_processes(ev(service=INACTIVE, npu_procs=Section(0, npu_procs(ENGINE, STRANGER))),
+                                              ctx)
+    assert len(stopped) == 1 and stopped[0].check == "leftover-processes"
+    assert stopped[0].fix.startswith("stop them: `systemctl stop atlas-serving.service` and `kill 5000`")
+    assert "HCCL needs about 10 s" in stopped[0].fix and "EJ0001" in stopped[0].fix
+    running = checks.check_leftover_processes(ev(npu_procs=Section(0, npu_procs(ENGINE, STRANGER))), ctx)
+    assert "pid 5000" in running[0].evidence and "pid 958" not in running[0].evidence
+    assert "systemctl stop" not in running[0].fix and "`kill 5000`" in running[0].fix
+
+
+def test_zombie_hbm_fix_is_a_reboot(ctx):
+    found = checks.check_leftover_processes(ev(service=INACTIVE, npu_procs=NO_PROCESS,
+                                               npu=Section(0, npu_text(used=(3318, 30000, 3318, 3318)))), ctx)
+    assert "NPU 1 30000/32768 MB" in found[0].evidence
+    assert found[0].fix.startswith("HBM held with no process left on NPU 1 is a zombie engine (vllm-ascend #9888)")
+
+
+@pytest.mark.parametrize("changes", [
+    {"service": INACTIVE, "npu_procs": NO_PROCESS},  # stopped cleanly
+    {"npu_procs": Section(0, npu_procs(ENGINE, dict(ENGINE, pid=959, npus=[1, 2, 3])))},  # its own ranks/workers
+    {"npu": Section(0, npu_text(procs={1: [(7001, "python3", 100)]}))},  # running; a pid the scan did not see
+    {"npu_procs": None},  # not gathered (an older node script, a cut-off output)
+    {"npu_procs": Section(1, '{"error": "cannot list /proc"}')},
+])
+def test_no_leftover_finding_when_the_npus_are_the_units(ctx, changes):
+    assert checks.check_leftover_processes(ev(**changes), ctx) == []
 
 
 def test_unknown_variable_in_env_file_names_the_release(ctx):

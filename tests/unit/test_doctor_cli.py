@@ -13,7 +13,7 @@ from engine_double import engines, metrics
 
 from atlasctl import exitcodes, layout
 from atlasctl.commands import doctor
-from atlasctl.doctor import checks, gather, inventory, report
+from atlasctl.doctor import checks, gather, inventory, parse, report
 from atlasctl.doctor.model import ERROR, WARNING, Evidence, Finding, Section
 from atlasctl.errors import UsageError
 
@@ -145,6 +145,15 @@ def test_hang_window_refuses_what_the_ssh_timeout_cannot_hold(text, says):
     proc = subprocess.run([sys.executable, "-m", "atlasctl", "doctor", "-i", "x", "--hang-window", text],
                           capture_output=True, text=True, check=False)
     assert proc.returncode == exitcodes.USAGE and says in proc.stderr
+def test_npu_procs_section_runs_the_collections_scan_on_the_node():
+    """One command: the collection's npu_procs.py, run by python3 -c with the layout's engines root."""
+    moved = dataclasses.replace(layout.default_layout(), engines_root="/srv/atlas/engines")
+    command = dict(gather.snippets(moved))["npu_procs"]
+    assert command.startswith("python3 -c ") and command.endswith(" /srv/atlas/engines")
+    out = subprocess.run(["bash", "-c", gather.script((("npu_procs", command),))], capture_output=True, text=True,
+                         check=True).stdout
+    scanned = parse.npu_procs(gather.split_sections("h", out))
+    assert scanned is not None and isinstance(scanned["unreadable"], list)
 
 
 LISTING = {

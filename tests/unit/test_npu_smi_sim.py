@@ -7,11 +7,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from atlasctl.collection import module_utils
 from atlaslab.doubles import npu_smi
+
+npu_smi_parser = module_utils("npu_smi")  # the product's parser reads what the double prints
 
 # Verbatim lines of a real `npu-smi info` (8 x 910B3 64 GB), NPUs 0 and 1 and the process section of NPU 0.
 REAL_HEAD = """\
@@ -131,3 +135,77 @@ def test_runs_as_a_standalone_stdlib_script(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-I", str(script), "info"], capture_output=True, text=True,
                           env={"NPU_SMI_STATE": str(path)}, check=False)
     assert proc.returncode == 0 and proc.stdout.startswith(REAL_HEAD)
+
+
+# --- live processes holding an NPU's device ----------------------------------------------------------------
+
+
+@pytest.fixture()
+def holder(tmp_path: Path):
+    """Start a real process holding <tmp>/dev/davinci<N> open (the devices beside the test's state file, where
+    the simulator looks for them); yields start(*npus) -> pid."""
+    (tmp_path / "dev").mkdir()
+    children: list[subprocess.Popen] = []
+
+    def start(*npus: int) -> int:
+        opens = " ".join(f"{3 + i}<{tmp_path / 'dev' / f'davinci{n}'}" for i, n in enumerate(npus))
+        for n in npus:
+            (tmp_path / "dev" / f"davinci{n}").touch()
+        child = subprocess.Popen(["bash", "-c", f"exec {opens} sleep 60"])
+        children.append(child)
+        _wait_holding(child.pid, len(npus))
+        return child.pid
+
+    yield start
+    for child in children:
+        child.kill()
+        child.wait()
+
+
+def _wait_holding(pid: int, count: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            held = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            held, comm = [], ""
+        if comm == "sleep" and sum("davinci" in h for h in held) == count:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"pid {pid} did not come to hold {count} device(s)")
+
+
+def test_a_process_holding_a_device_is_listed_and_its_memory_counted(tmp_path, monkeypatch, holder) -> None:
+    pid = holder(1)
+    code, text = run_sim(["info"], sample_state(), tmp_path, monkeypatch)
+    assert code == 0 and all(len(line) == 98 for line in text.splitlines())  # the same table
+    share = int(0.85 * 65536) - 3314  # fills NPU 1 to 85 % of its HBM, as SGLang's static pool does
+    assert f"| 1       0                 | {pid:<14}| sleep                    | {share:<24}|" in text
+    assert "| 0                         | 0000:C2:00.0  | 0           0    / 0          55705/ 65536         |" in text
+    assert "No running processes found in NPU 0" in text and "3318 / 65536" in text
+    parsed = npu_smi_parser.parse_info(text)
+    assert parsed["processes"] == [{"npu": 1, "chip": 0, "pid": pid, "name": "sleep", "memory_mb": share}]
+    assert [d["hbm_used_mb"] for d in parsed["devices"]] == [3318, 55705]
+    _, common = run_sim(["info", "-t", "common", "-i", "1"], sample_state(), tmp_path, monkeypatch)
+    assert "HBM Usage Rate(%)              : 85\n" in common
+
+
+def test_holders_share_the_engine_memory_set_in_the_state(tmp_path, monkeypatch, holder) -> None:
+    first, second = holder(0), holder(0, 1)
+    state = sample_state()
+    state["devices"][0].update(engine_hbm_mb=40001, processes=[{"pid": 7, "name": "static", "memory_mb": 5}])
+    state["devices"][1]["engine_hbm_mb"] = 90000  # more than the NPU has: HBM-Usage stops at its capacity
+    _, text = run_sim(["info"], state, tmp_path, monkeypatch)
+    parsed = npu_smi_parser.parse_info(text)
+    assert [(p["npu"], p["pid"], p["memory_mb"]) for p in parsed["processes"]] == [
+        (0, 7, 5), (0, first, 20001), (0, second, 20000), (1, second, 90000)]
+    assert [d["hbm_used_mb"] for d in parsed["devices"]] == [3318 + 40001, 65536]
+
+
+def test_a_device_elsewhere_is_not_the_node_s_npu(tmp_path, monkeypatch) -> None:
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "davinci0").touch()
+    with open(tmp_path / "other" / "davinci0"):  # another directory's davinci0: not this node's NPU
+        _, text = run_sim(["info"], sample_state(), tmp_path, monkeypatch)
+    assert text.count("No running processes found") == 2 and "3318 / 65536" in text and "3314 / 65536" in text

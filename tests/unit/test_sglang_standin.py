@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from atlasctl.engine_schema.sglang import load_schema
+from atlaslab.doubles import npu_smi
 from atlaslab.doubles.sglang_standin import LOCK_NAME, SCHEMA_MEMBER, build_standin_wheel, wheel_name
 
 API_KEY = "sk-lab-123"
@@ -191,6 +192,64 @@ def test_unknown_device_refused(site: Path, model: Path) -> None:
     proc = _run(site, ["--model-path", str(model), "--device", "gpu"])
     assert proc.returncode == 1
     assert "device type at start of device string: gpu" in proc.stderr
+
+
+# ---- the NPUs it holds (/dev/davinciN, as the lab's driver makes them) ------------------------------------
+def _devices(tmp_path: Path, count: int = 4) -> Path:
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name in [f"davinci{i}" for i in range(count)] + ["davinci_manager", "devmm_svm", "hisi_hdc"]:
+        (dev / name).touch()
+    return dev
+
+
+@pytest.mark.parametrize(("visible", "held"), [(None, [0, 1, 2, 3]), ("1,2", [1, 2])])
+def test_the_engine_holds_its_npus_and_npu_smi_sees_it(site: Path, model: Path, tmp_path: Path, visible, held,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    dev = _devices(tmp_path)
+    port = _free_port()
+    monkeypatch.delenv("ASCEND_RT_VISIBLE_DEVICES", raising=False)
+    env = {"ATLAS_STANDIN_DEV_DIR": str(dev), **({"ASCEND_RT_VISIBLE_DEVICES": visible} if visible else {})}
+    proc = _launch(site, ["--model-path", str(model), "--host", "127.0.0.1", "--port", str(port)], env)
+    try:
+        _wait_listening(port, proc)
+        holders = npu_smi.holders(str(dev))  # the lab's npu-smi: who holds which /dev/davinciN
+        assert {n: [h["pid"] for h in hs] for n, hs in holders.items()} == {n: [proc.pid] for n in held}
+    finally:
+        _stop(proc)
+    assert npu_smi.holders(str(dev)) == {}  # released when it exits
+
+
+def test_no_devices_no_npus_held(site: Path, tmp_path: Path) -> None:
+    code = "from sglang._atlas_standin import npu; print(npu.hold(%r, None), npu.hold(%r, '0,1'))"
+    out = subprocess.run([sys.executable, "-c", code % (str(tmp_path), str(tmp_path / "nope"))],
+                         env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True, check=True)
+    assert out.stdout == "[] []\n"
+
+
+def test_a_device_it_cannot_open_ends_the_start_like_torch_npu(site: Path, model: Path, tmp_path: Path) -> None:
+    dev = _devices(tmp_path, 2)
+    (dev / "davinci1").unlink()
+    (dev / "davinci1").mkdir()  # cannot be opened read-write, whoever runs the test
+    env = {**os.environ, "PYTHONPATH": str(site), "ATLAS_STANDIN_DEV_DIR": str(dev)}
+    env.pop("ASCEND_RT_VISIBLE_DEVICES", None)
+    proc = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--model-path", str(model)], env=env,
+                          capture_output=True, text=True, timeout=20, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert f"atlas stand-in: cannot open {dev / 'davinci1'} (Is a directory)" in proc.stderr
+    assert "NPU function error: c10_npu::SetDevice(device_id_), error code is 507033" in proc.stderr
+    assert "Failed to open device, retCode=0x7020014, deviceId=1." in proc.stderr
+    assert "Uvicorn running" not in proc.stderr
+
+
+def test_a_permission_failure_names_the_device_group(site: Path) -> None:
+    code = ("import errno; from sglang._atlas_standin import npu; "
+            "npu.report(npu.DeviceError(3, '/dev/davinci3', PermissionError(errno.EACCES, 'Permission denied')))")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(site)},
+                         capture_output=True, text=True, check=True)
+    assert out.stderr.startswith("atlas stand-in: cannot open /dev/davinci3 (Permission denied): the serving user "
+                                 "needs the group that owns the NPU devices (HwHiAiUser)\n")
+    assert "(PID:" in out.stderr and "Device:3, RankID:-1) ERR00100 PTA call acl api failed" in out.stderr
 
 
 # ---- --config (SGLang's ConfigArgumentMerger rules) ------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from atlaslab.doubles import npu_smi
 from atlaslab.doubles.sglang_standin import build_standin_wheel
 
 FAST = {"ATLAS_STANDIN_TTFT_MS": "5", "ATLAS_STANDIN_ITL_MS": "2", "ATLAS_STANDIN_STARTUP_SECONDS": "0",
@@ -127,8 +128,8 @@ class Instance:
         self.dist_port, self.ports = _free_port(), [_free_port(), _free_port()]
         self.procs: list[subprocess.Popen[str]] = []
 
-    def start(self, rank: int, nnodes: int = 2) -> subprocess.Popen[str]:
-        env = {**os.environ, "PYTHONPATH": str(self.site), **FAST}
+    def start(self, rank: int, nnodes: int = 2, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        env = {**os.environ, "PYTHONPATH": str(self.site), **FAST, **(env or {})}
         env.pop("ATLAS_STANDIN_SCHEMA", None)
         args = ["--model-path", str(self.model), "--host", "127.0.0.1", "--port", str(self.ports[rank]),
                 "--enable-metrics", "--nnodes", str(nnodes), "--node-rank", str(rank),
@@ -210,6 +211,24 @@ def test_head_answers_once_every_rank_joined_and_a_stopped_rank_stalls_it(instan
     _await("rank 0 /health 200 again", lambda: _get(instance.ports[0], "/health") == 200)
     assert _metrics(instance.ports[0])["sglang:num_running_reqs"] == 0
     assert head.poll() is None
+
+
+def test_each_rank_s_scheduler_holds_its_npus(instance: Instance, tmp_path: Path) -> None:
+    """Rank 0's main process is its scheduler; a rank >= 1's scheduler is its child, not the dummy health server.
+    (Both ranks on this one machine: each gets its own device directory, as each node has its own /dev.)"""
+    devs = []
+    for rank in (0, 1):
+        dev = tmp_path / f"dev{rank}"
+        dev.mkdir()
+        for n in range(2):
+            (dev / f"davinci{n}").touch()
+        devs.append(dev)
+    head = instance.start(0, env={"ATLAS_STANDIN_DEV_DIR": str(devs[0])})
+    rank1 = instance.start(1, env={"ATLAS_STANDIN_DEV_DIR": str(devs[1])})
+    _await("rank 0 /health 200", lambda: _get(instance.ports[0], "/health") == 200)
+    scheduler = _await("rank 1's scheduler child", lambda: _children(rank1.pid))[0]
+    pids = [{n: [h["pid"] for h in hs] for n, hs in npu_smi.holders(str(dev)).items()} for dev in devs]
+    assert pids == [{0: [head.pid], 1: [head.pid]}, {0: [scheduler], 1: [scheduler]}]
 
 
 def test_a_dead_rank_hangs_the_instance_until_the_watchdog_kills_the_head(instance: Instance) -> None:

@@ -23,12 +23,13 @@ state = module_utils("stage_state")
 ME = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name
 
 Pw = namedtuple("Pw", "pw_name pw_gid pw_shell pw_dir")
-Gr = namedtuple("Gr", "gr_name gr_gid")
+Gr = namedtuple("Gr", "gr_name gr_gid gr_mem", defaults=((),))
 SYSTEM_GROUP = Gr("atlas-serving", 990)
+DEVICE_GROUP = Gr("HwHiAiUser", 1000, ("atlas-serving",))  # what the driver installer made, the user appended
 
 
 def _account(tmp_path: Path, *, user=None, group=SYSTEM_GROUP, shadow="atlas-serving:!:19000::::::\n",
-             login_defs="SYS_GID_MAX 999\n", make_home=True):
+             login_defs="SYS_GID_MAX 999\n", make_home=True, others=(), groups=()):
     home = tmp_path / "home"
     if make_home:
         home.mkdir(exist_ok=True)
@@ -42,13 +43,14 @@ def _account(tmp_path: Path, *, user=None, group=SYSTEM_GROUP, shadow="atlas-ser
         return user
 
     def getgrnam(name):
-        if group is None or name != group.gr_name:
+        found = [g for g in (group, *others) if g is not None and g.gr_name == name]
+        if not found:
             raise KeyError(name)
-        return group
+        return found[0]
 
     return state.account_differences("atlas-serving", "atlas-serving", "/usr/sbin/nologin", str(home), "!",
                                      shadow=str(tmp_path / "shadow"), login_defs=str(tmp_path / "login.defs"),
-                                     getpwnam=getpwnam, getgrnam=getgrnam)
+                                     getpwnam=getpwnam, getgrnam=getgrnam, groups=groups)
 
 
 def test_account_as_the_group_and_user_tasks_leave_it_is_converged(tmp_path: Path) -> None:
@@ -71,6 +73,17 @@ def test_each_account_difference_is_found(tmp_path: Path, change: dict, says: st
     found = _account(tmp_path, **change)
     assert any(says in line for line in found), found
     assert not any("$6$" in line for line in found), "the password field is never reported"
+
+
+@pytest.mark.parametrize(("others", "found"), [
+    ((DEVICE_GROUP,), []),  # converged: the user task appended the NPU device group
+    ((), []),  # a node without the driver's group: the user task adds none, so nothing differs
+    ((DEVICE_GROUP._replace(gr_mem=()),), ["user atlas-serving is not in group HwHiAiUser"]),  # the fast path
+    ((DEVICE_GROUP._replace(gr_mem=("someone",)),), ["user atlas-serving is not in group HwHiAiUser"]),  # is not
+    ((DEVICE_GROUP._replace(gr_gid=990, gr_mem=()),), []),  # its primary group: already a member
+])
+def test_the_npu_device_group_is_proven_only_where_the_node_has_it(tmp_path: Path, others, found) -> None:
+    assert _account(tmp_path, others=others, groups=["HwHiAiUser"]) == found
 
 
 def test_a_missing_home_is_a_difference(tmp_path: Path) -> None:

@@ -113,6 +113,36 @@ ASCEND_INSTALL_INFO = (
 )
 
 
+# The account the driver's device nodes belong to (0660, group HwHiAiUser). Huawei's install guide creates it
+# before the driver (the driver role: driver_user, driver_group); a new lab node starts with a driver
+# installed, so it starts with the account: a system group and user, as the driver role makes them.
+DRIVER_ACCOUNT = "HwHiAiUser"
+SYSTEM_IDS = range(999, 99, -1)  # groupadd -r / useradd -r: the highest free id below 1000 (login.defs)
+
+
+def _entries(path: Path) -> list[list[str]]:
+    return [line.split(":") for line in path.read_text().splitlines() if line.strip()]
+
+
+def add_driver_account(root: Path, name: str = DRIVER_ACCOUNT) -> None:
+    """Add ``name`` as a system group and user (no login, locked) to the node's account files, unless there."""
+    etc = root / "etc"
+    group, passwd = etc / "group", etc / "passwd"
+    if not group.is_file() or not passwd.is_file() or any(e[0] == name for e in _entries(group)):
+        return
+    taken = {int(e[2]) for e in _entries(group) + _entries(passwd) if len(e) > 2 and e[2].isdigit()}
+    taken |= {int(e[3]) for e in _entries(passwd) if len(e) > 3 and e[3].isdigit()}
+    xid = next(i for i in SYSTEM_IDS if i not in taken)
+    lines = {"group": f"{name}:x:{xid}:", "gshadow": f"{name}:!::",
+             "passwd": f"{name}:x:{xid}:{xid}::/nonexistent:/usr/sbin/nologin", "shadow": f"{name}:!:19000::::::"}
+    for file, line in lines.items():
+        path = etc / file
+        if path.is_file():
+            text = path.read_text()
+            with open(path, "a") as handle:  # appended: the file keeps its mode and owner (shadow: 0640 root:shadow)
+                handle.write(("" if text.endswith("\n") or not text else "\n") + line + "\n")
+
+
 def _write(root: Path, rel: Path, text: str, mode: int = 0o644) -> None:
     target = root / rel
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -137,6 +167,7 @@ def install(root: Path, cfg: LabConfig, node: NodeSpec) -> None:
         link.symlink_to(f"/{BOOT_UNIT_REL}")
     if (root / STATE_REL).is_file():
         return
+    add_driver_account(root)
     _write(root, DRIVER_INFO_REL, driver_version_info(cfg.driver_version))
     _write(root, FIRMWARE_INFO_REL, firmware_version_info(cfg.firmware_version, cfg.driver_version))
     _write(root, INSTALL_INFO_REL, ASCEND_INSTALL_INFO)

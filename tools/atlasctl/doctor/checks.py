@@ -171,6 +171,38 @@ def check_hbm(ev: Evidence, ctx: Context) -> list[Finding]:
                "engine's memory fraction in the profile; an engine over its budget ends in NPU out of memory")]
 
 
+def check_leftover_processes(ev: Evidence, ctx: Context) -> list[Finding]:
+    """Processes on the NPUs the serving unit does not own (docs/multinode-serving.md, "NPUs free before a
+    start"): with the unit not active, any process holding an NPU, any engine process alive, HBM held with no
+    process (vllm #55510, vllm-ascend #9888); with it active, a process outside its cgroup holding an NPU."""
+    scanned = parse.npu_procs(ev)
+    state = parse.key_values(ev.text("service")).get("ActiveState")
+    if scanned is None or state is None:
+        return []
+    procs = module_utils("npu_procs")
+    smi = parse.npu(ev) if ev.ok("npu") else {"processes": [], "devices": []}
+    everyone = procs.holders(smi["processes"], scanned["processes"])
+    unit = f"{ev.layout.service}.service"
+    if state == "active":
+        # a pid npu-smi lists that the scan did not see has no known unit: not judged
+        left = [p for p in everyone if p["npus"] and p.get("unit") != unit and p["seen"] != ["npu-smi"]]
+        zombies: list[dict[str, Any]] = []
+        said = f"{len(left)} process(es) outside {unit} hold NPUs while it runs"
+    else:
+        left = procs.leftovers(everyone)
+        zombies = procs.zombie_npus(left, procs.npu_states(smi["devices"]))
+        said = f"{unit} is {state} but " + " and ".join(
+            ([f"{len(left)} process(es) still hold NPUs or run an engine"] if left else [])
+            + ([f"HBM is held with no process on NPU {', '.join(str(n['id']) for n in zombies)}"] if zombies else []))
+    if not left and not zombies:
+        return []
+    evidence = "; ".join([procs.describe(p) for p in left] + ([procs.hbm_text(zombies)] if zombies else []))
+    return [_f(ev, "leftover-processes", ERROR, said,
+               f"{evidence} (npu-smi info process table, /proc/*/fd and /proc/PID/cgroup on the node; "
+               f"systemctl show {unit}: ActiveState={state})",
+               procs.fix(left, zombies))]
+
+
 # --- service and its environment -------------------------------------------------------
 
 
@@ -481,7 +513,8 @@ def _hang_evidence(found: dict[str, Any], progress: Any) -> str:
 
 
 CHECKS: tuple[Callable[[Evidence, Context], list[Finding]], ...] = (
-    check_npu_visible, check_npu_health, check_npu_count, check_hbm, check_service, check_cann_env,
+    check_npu_visible, check_npu_health, check_npu_count, check_hbm, check_leftover_processes, check_service,
+    check_cann_env,
     check_env_file, check_file_modes, check_api_key, check_oom, check_versions, check_reboot_pending, check_model,
     check_instance_hung,
 )

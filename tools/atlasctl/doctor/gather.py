@@ -145,10 +145,15 @@ _PATH = "PATH=$PATH:/usr/local/bin:/usr/local/sbin:/usr/local/Ascend/driver/tool
 
 
 @functools.cache
+def _collection_source(name: str) -> str:
+    """A collection module_utils file's source as it is (standard library only): run on a node with
+    ``python3 -c`` beside a small driver."""
+    return Path(module_utils(name).__file__).read_text(encoding="utf-8")
+
+
 def hang_program() -> str:
     """The hang check's ``python3 -c`` program: module_utils/progress.py's source, then :data:`_HANG_PY`."""
-    source = Path(module_utils("progress").__file__).read_text(encoding="utf-8")
-    return source.rstrip("\n") + "\n\nimport sys\n" + _HANG_PY
+    return _collection_source("progress").rstrip("\n") + "\n\nimport sys\n" + _HANG_PY
 
 
 def snippets(layout: Layout | None = None, hang_window_s: float = 0.0) -> tuple[tuple[str, str], ...]:
@@ -183,6 +188,7 @@ def snippets(layout: Layout | None = None, hang_window_s: float = 0.0) -> tuple[
                      "do [ -r \"$f\" ] && { echo \"== $f\"; cat \"$f\"; }; done; true"),
         ("models", f"python3 -c {q(_MODELS_PY)} {q(layout.models_root)} {q(layout.stamp_dir)}"),
         ("probe", f"python3 -c {q(_PROBE_PY)} {q(layout.record)}"),
+        ("npu_procs", f"python3 -c {q(_collection_source('npu_procs'))} {q(layout.engines_root)}"),
     ) + hang
 
 

@@ -127,6 +127,12 @@ def board(ev: Evidence) -> dict[str, str]:
     return module_utils("npu_smi").parse_board(ev.text("board")) if ev.ok("board") else {}
 
 
+def npu_procs(ev: Evidence) -> dict[str, Any] | None:
+    """The node's scan (module_utils npu_procs run there): processes holding an NPU or running an engine."""
+    scanned = json_section(ev, "npu_procs")
+    return scanned if isinstance(scanned, dict) and isinstance(scanned.get("processes"), list) else None
+
+
 def json_section(ev: Evidence, name: str) -> Any:
     if not ev.ok(name):
         return None

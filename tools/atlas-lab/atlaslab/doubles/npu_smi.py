@@ -5,15 +5,27 @@ Installed on every lab node as /usr/local/bin/npu-smi. Python 3 standard library
 Supported: ``npu-smi info``, ``info -l``, ``info -m``, ``info -t board|memory|common|health -i N [-c 0]``,
 ``-v``. With ``"driver_loaded": false`` every query fails like the real tool without its kernel driver.
 ``NPU_SMI_STATE`` overrides the state file path (tests).
+
+Like the real tool it lists the live processes that use an NPU: every process holding the node's
+/dev/davinciN open (``/proc/*/fd``, readable as root; the devices are atlas-lab-driver's), named by its
+comm, besides the state's static ``processes``. What they hold is added to the NPU's HBM-Usage in every
+output that shows it: the state's ``engine_hbm_mb`` of the NPU when set, else what brings the NPU to
+ENGINE_FRACTION of its capacity (SGLang's static pool fills the NPU up to ``--mem-fraction-static``,
+0.85 in the lab's profile, counting what others use: its model_runner's ``rest_memory``), split among
+the NPU's holders. The devices are looked up in ATLAS_LAB_DEV_DIR, else /dev, else beside a test's own
+state file (``dev/``, as atlas-lab-driver makes them); ``NPU_SMI_PROC`` overrides /proc (tests).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 STATE_PATH = "/etc/atlas-lab/npu.json"
+ENGINE_FRACTION = 0.85
+_NPU_DEVICE = re.compile(r"^davinci(\d+)$")
 WIDTHS = (27, 15, 52)
 DRIVER_NOT_LOADED = "dcmi module initialize failed. ret is -8005"
 EXIT_DRIVER_NOT_LOADED = 255  # assumption: -8005 reported as a failure status
@@ -27,9 +39,61 @@ PCI_VENDOR_ID = "0x19E5"
 PCI_DEVICE_ID = "0xD802"  # the 910B family
 
 
+def state_path() -> str:
+    return os.environ.get("NPU_SMI_STATE", STATE_PATH)
+
+
 def load_state(path: str | None = None) -> dict:
-    with open(path or os.environ.get("NPU_SMI_STATE", STATE_PATH), encoding="utf-8") as handle:
+    with open(path or state_path(), encoding="utf-8") as handle:
         return json.load(handle)
+
+
+def dev_dir(path: str | None = None) -> str:
+    """Where the node's NPU devices are: ATLAS_LAB_DEV_DIR, /dev for the node's own state, else ``dev/``
+    beside a test's state file (as atlas-lab-driver decides)."""
+    path = path or state_path()
+    return os.environ.get("ATLAS_LAB_DEV_DIR") or ("/dev" if path == STATE_PATH else
+                                                   os.path.join(os.path.dirname(path), "dev"))
+
+
+def holders(devices: str, proc_root: str = "/proc") -> dict[int, list[dict]]:
+    """{npu: [{pid, name}]}: the processes holding ``<devices>/davinciN`` open (other users' are readable
+    as root only, like the real tool's view)."""
+    found: dict[int, list[dict]] = {}
+    prefix = devices.rstrip("/") + "/"
+    for pid in sorted((p for p in os.listdir(proc_root) if p.isdigit()), key=int):
+        npus = set()
+        try:
+            for fd in os.listdir(os.path.join(proc_root, pid, "fd")):
+                target = os.readlink(os.path.join(proc_root, pid, "fd", fd))
+                match = _NPU_DEVICE.match(target[len(prefix):]) if target.startswith(prefix) else None
+                if match:
+                    npus.add(int(match.group(1)))
+            with open(os.path.join(proc_root, pid, "comm"), encoding="utf-8") as handle:
+                name = handle.read().strip()
+        except OSError:  # gone, or another user's
+            continue
+        for npu in npus:
+            found.setdefault(npu, []).append({"pid": int(pid), "name": name})
+    return found
+
+
+def with_holders(state: dict, held: dict[int, list[dict]]) -> dict:
+    """``state`` with each NPU's live holders in its process table and their memory in its HBM-Usage."""
+    devices = []
+    for dev in state["devices"]:
+        procs = held.get(dev["id"], [])
+        if not procs:
+            devices.append(dev)
+            continue
+        total, used = dev["hbm_total_mb"], dev["hbm_used_mb"]
+        engine = dev.get("engine_hbm_mb")
+        engine = max(0, int(ENGINE_FRACTION * total) - used) if engine is None else engine
+        count = len(procs)
+        live = [dict(p, memory_mb=engine // count + (1 if i < engine % count else 0)) for i, p in enumerate(procs)]
+        devices.append(dict(dev, hbm_used_mb=min(total, used + engine),
+                            processes=list(dev.get("processes") or []) + live))
+    return dict(state, devices=devices)
 
 
 def rule(fill: str) -> str:
@@ -201,6 +265,7 @@ def run_info(argv: list[str], state: dict, out) -> int:
     if not state.get("driver_loaded", True):
         out.write(DRIVER_NOT_LOADED + "\n")
         return EXIT_DRIVER_NOT_LOADED
+    state = with_holders(state, holders(dev_dir(), os.environ.get("NPU_SMI_PROC", "/proc")))
     if not opts:
         out.write(render_info(state))
         return 0

@@ -185,16 +185,38 @@ def parse_board(text: str) -> dict[str, str]:
 
 
 def find_npu_smi(explicit: str | None = None, path_env: str | None = None) -> str | None:
-    """An explicit path if it is executable, else ``npu-smi`` on PATH or in the usual install dirs."""
-    if explicit:
+    """An explicit path if it is executable, else ``npu-smi`` (or ``explicit`` when it is a bare command
+    name) on PATH or in the usual install dirs."""
+    if explicit and os.sep in explicit:
         return explicit if os.path.isfile(explicit) and os.access(explicit, os.X_OK) else None
     search = os.pathsep.join([path_env if path_env is not None else os.environ.get("PATH", ""), *EXTRA_DIRS])
-    return shutil.which("npu-smi", path=search)
+    return shutil.which(explicit or "npu-smi", path=search)
+
+
+def not_found(explicit: str | None = None) -> str:
+    """The error of a node where :func:`find_npu_smi` found nothing."""
+    if explicit and os.sep in explicit:
+        name, where = "npu-smi", explicit
+    else:
+        name, where = explicit or "npu-smi", f"PATH and {', '.join(EXTRA_DIRS)}"
+    return f"{name} not found ({where}); the Ascend NPU driver is not installed"
 
 
 def _error_text(argv: list, rc: int, out: str, err: str) -> str:
     detail = " ".join((err or "").split() + (out or "").split()[:40]) or "no output"
     return f"{' '.join(argv)} exited {rc}: {detail}"
+
+
+def read_info(run: Runner, exe: str) -> tuple[dict | None, str | None]:
+    """``<exe> info`` parsed (:func:`parse_info`) and None, or None and why it could not be read."""
+    argv = [exe, "info"]
+    try:
+        rc, out, err = run(argv)
+    except OSError as exc:
+        return None, f"{exe}: cannot run: {exc}"
+    if rc != 0:
+        return None, _error_text(argv, rc, out, err)
+    return parse_info(out), None
 
 
 def absent_facts(error: str) -> dict:
@@ -217,16 +239,10 @@ def gather(run: Runner, npu_smi_path: str | None = None, path_env: str | None = 
     """NPU facts. Never raises for a missing tool or driver: present=false and the error text instead."""
     exe = find_npu_smi(npu_smi_path, path_env)
     if exe is None:
-        where = npu_smi_path or f"PATH and {', '.join(EXTRA_DIRS)}"
-        return absent_facts(f"npu-smi not found ({where}); the Ascend NPU driver is not installed")
-    argv = [exe, "info"]
-    try:
-        rc, out, err = run(argv)
-    except OSError as exc:
-        return dict(absent_facts(f"{exe}: cannot run: {exc}"), npu_smi_path=exe)
-    if rc != 0:
-        return dict(absent_facts(_error_text(argv, rc, out, err)), npu_smi_path=exe)
-    info = parse_info(out)
+        return absent_facts(not_found(npu_smi_path))
+    info, error = read_info(run, exe)
+    if info is None:
+        return dict(absent_facts(error), npu_smi_path=exe)
     devices = info["devices"]
     if not devices:
         return dict(

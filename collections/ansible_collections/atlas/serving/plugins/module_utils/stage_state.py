@@ -8,7 +8,9 @@ difference from the wanted state. No difference: the stage is converged and its 
 skipped. Any difference: they run as before. Each check states exactly what a full task ensures:
 
 - :func:`account_differences`: ``group`` (exists; ``system: true`` created it below SYS_GID_MAX) and
-  ``user`` (exists, primary group, shell, home, home exists, password field in /etc/shadow);
+  ``user`` (exists, primary group, shell, home, home exists, password field in /etc/shadow, member of
+  each supplementary group that exists on the node: ``groups`` + ``append: true`` of groups the role
+  found there);
 - :func:`path_differences`: what ``paths`` would do (its own :func:`paths.plan` and
   :func:`paths.plan_files`, one comparison), plus links the stage reads but does not manage;
 - :func:`oldest_to_prune`: the release directories a ``find`` + ``file: state=absent`` prune by
@@ -67,9 +69,10 @@ def shadow_password(user, shadow="/etc/shadow"):
 
 
 def account_differences(user, group, shell, home, password="!", shadow="/etc/shadow",
-                        login_defs="/etc/login.defs", getpwnam=pwd.getpwnam, getgrnam=grp.getgrnam):
-    """What the ``group`` (system) and ``user`` (that group, shell, home created, password) tasks
-    would change, one line each. The password field itself is never part of a line."""
+                        login_defs="/etc/login.defs", getpwnam=pwd.getpwnam, getgrnam=grp.getgrnam, groups=()):
+    """What the ``group`` (system) and ``user`` (that group, shell, home created, password, ``groups``
+    appended where they exist) tasks would change, one line each. The password field itself is never
+    part of a line."""
     out = []
     try:
         gr = getgrnam(group)
@@ -90,6 +93,7 @@ def account_differences(user, group, shell, home, password="!", shadow="/etc/sha
         out.append(f"user {user} has home {pw.pw_dir}, not {home}")
     if not os.path.isdir(home):
         out.append(f"home {home} of {user} does not exist")
+    out += supplementary_differences(pw, groups, getgrnam)
     try:
         field = shadow_password(user, shadow)
     except OSError as exc:
@@ -99,6 +103,20 @@ def account_differences(user, group, shell, home, password="!", shadow="/etc/sha
             out.append(f"user {user} has no entry in {shadow}")
         elif field != password:
             out.append(f"user {user} has another password field in {shadow} than the one wanted")
+    return out
+
+
+def supplementary_differences(pw, groups, getgrnam=grp.getgrnam):
+    """Each group of ``groups`` that exists on the node and does not list the user (a group that does
+    not exist is no difference: the role adds the user only to groups the node has)."""
+    out = []
+    for name in groups:
+        try:
+            gr = getgrnam(name)
+        except KeyError:
+            continue
+        if pw.pw_name not in gr.gr_mem and pw.pw_gid != gr.gr_gid:
+            out.append(f"user {pw.pw_name} is not in group {name}")
     return out
 
 

@@ -14,7 +14,8 @@ description:
     every difference; C(converged) is true only when there is none. A role runs it first and skips
     its node tasks when the stage is converged, and runs them all otherwise (DESIGN.md, "Fast paths").
   - I(account) is what C(ansible.builtin.group) (system) and C(ansible.builtin.user) (that primary
-    group, I(shell), I(home) created, password field) ensure. I(directories), I(files), I(links),
+    group, I(shell), I(home) created, password field, supplementary I(groups) appended where the node
+    has them) ensure. I(directories), I(files), I(links),
     I(mode), I(owner) and I(group) are compared as C(atlas.serving.paths) compares them (the same
     code). I(expect_links) are links the stage reads but does not manage. I(prune_oldest) is a
     prune of the oldest directories by mtime that must have nothing to remove. I(unit) must be
@@ -23,7 +24,8 @@ description:
     content.
 options:
   account:
-    description: C(user), C(group), C(shell), C(home) and C(password) (the field in /etc/shadow, default C(!)).
+    description: C(user), C(group), C(shell), C(home), C(password) (the field in /etc/shadow, default C(!)) and
+      C(groups) (supplementary groups the user must be in, each one only when it exists on the node; default none).
     type: dict
   directories:
     description: As for C(atlas.serving.paths).
@@ -170,8 +172,11 @@ def main():
         missing = [k for k in ("user", "group", "shell", "home") if not isinstance(account.get(k), str)]
         if missing:
             module.fail_json(msg=f"account needs {', '.join(missing)} (strings), got {account!r}")
+        groups = account.get("groups") or []
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+            module.fail_json(msg=f"account groups must be a list of group names, got {groups!r}")
         differences += account_differences(account["user"], account["group"], account["shell"], account["home"],
-                                           account.get("password", "!"))
+                                           account.get("password", "!"), groups=groups)
     differences += path_differences(p["directories"], p["files"], [(e["dest"], e["src"]) for e in p["links"]],
                                     mode, p["owner"], p["group"],
                                     [(e["path"], e.get("target")) for e in p["expect_links"]])

@@ -49,6 +49,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from sglang._atlas_standin import npu
+
 logger = logging.getLogger("sglang.srt.entrypoints.http_server")
 sched_logger = logging.getLogger("sglang.srt.managers.scheduler")
 engine_logger = logging.getLogger("sglang.srt.entrypoints.engine")
@@ -311,6 +313,11 @@ def scheduler_main(argv: list[str]) -> int:
     parent = os.getppid()
     _die_with_parent()
     if os.getppid() != parent:
+        return 1
+    try:
+        npu.hold()  # the scheduler holds the rank's NPUs
+    except npu.DeviceError as exc:
+        npu.report(exc)
         return 1
     sock = _connect(host, port)
     sock.sendall(f"join {node_rank} {nnodes}\n".encode())

@@ -11,6 +11,7 @@
 | ATLAS_STANDIN_MAX_RUNNING | 128 | running-request slots when ``--max-running-requests`` is not given |
 | ATLAS_STANDIN_FAIL_HEALTH_FILE | unset | while this file exists, ``/health*`` answer 503 (fault injection) |
 | ATLAS_STANDIN_SCHEMA | shipped | path of another schema JSON to build the command line from |
+| ATLAS_STANDIN_DEV_DIR | /dev | where the NPU devices ``davinciN`` are that the scheduler holds open (``npu.py``) |
 """
 
 from __future__ import annotations

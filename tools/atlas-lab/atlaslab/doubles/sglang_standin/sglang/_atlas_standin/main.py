@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any
 
-from sglang._atlas_standin import cli, dist
+from sglang._atlas_standin import cli, dist, npu
 from sglang._atlas_standin.engine import Engine
 from sglang._atlas_standin.knobs import Knobs
 from sglang._atlas_standin.server import DummyHealthServer, StandinHTTPServer, State
@@ -163,6 +163,12 @@ def main(argv: list[str]) -> int:
     args = _effective(args, config, knobs)
     _configure_logging(args.get("log_level") or "info")
     logger.info("server_args=ServerArgs(%s)", ", ".join(f"{k}={v!r}" for k, v in args.items()))
+    if int(args.get("node_rank") or 0) == 0:  # this process is rank 0's scheduler; a rank >= 1's is its child
+        try:
+            npu.hold()
+        except npu.DeviceError as exc:
+            npu.report(exc)
+            return 1
     joined = _join_head(args)
     if isinstance(joined, int):
         return joined
