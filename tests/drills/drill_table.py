@@ -30,6 +30,7 @@ from labtools import (
     ATLASCTL,
     ENV,
     GATEWAYS,
+    INSTANCE_NODES,
     MODEL,
     ROOT,
     SERVING,
@@ -38,6 +39,7 @@ from labtools import (
     cann_versions,
     doctor,
     grep_tree,
+    instance_inventory,
     lab,
     lab_hosts,
     layout,
@@ -208,18 +210,37 @@ def backend_states() -> dict[str, str]:
     return out
 
 
+# The multi-node drills run last, on the lab's two-node instance (labtools.INSTANCE: atlas-n3 + atlas-n4, with
+# atlas-n5 as branch west's other backend), converged once by the first of them: from then on atlas-n4 is a
+# non-head rank, no backend of its gateway, and the fleet is the instance inventory's.
+MULTI: dict[str, Path | None] = {"inventory": None}
+
+
+def instance_mode() -> Path:
+    """The instance inventory, converged with site.yml the first time (the fleet stays so for later drills)."""
+    if MULTI["inventory"] is None:
+        inv = instance_inventory(Path(tempfile.mkdtemp(prefix="atlas-drill-instance-")))
+        run = playbook("-i", str(inv), "site.yml")
+        if run.returncode != 0:
+            raise AssertionError("site.yml with the two-node instance failed:\n" + run.stdout[-4000:])
+        MULTI["inventory"] = inv
+    return MULTI["inventory"]
+
+
 def fleet_problems() -> list[str]:
     """What keeps the fleet from being converged and serving (empty: ready for the next drill)."""
     problems = []
     for host in SERVING:
         if http_status(node_url(host, "/health"), timeout=10) != 200:
             problems.append(f"{host} /health not 200")
-    problems += [f"{host} is {state} at its gateway" for host, state in backend_states().items() if state != "up"]
+    ranks = INSTANCE_NODES[1:] if MULTI["inventory"] else []  # no backend: it serves no HTTP of its own
+    problems += [f"{host} is {state} at its gateway" for host, state in backend_states().items()
+                 if state != "up" and host not in ranks]
     for branch, url in GATEWAYS.items():
         body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2}
         if http_status(f"{url}/v1/completions", body=body, timeout=60) != 200:
             problems.append(f"gateway {branch} does not serve a completion")
-    rc, doc, _ = doctor()
+    rc, doc, _ = doctor(*(["-i", str(MULTI["inventory"])] if MULTI["inventory"] else []))
     problems += [f"doctor: {host}: {f['check']}: {one_line(f['message'], 120)}" for host, entry in doc["hosts"].items()
                  for f in entry.get("findings", []) if f["severity"] == "error"]
     if rc == 3:
@@ -878,6 +899,133 @@ def key_status(host: str, key: str) -> int | None:
         return None
 
 
+# --- multi-node instance: a rank frozen, an NPU link down, a rank node powered off mid-rollout -------
+
+HEAD, RANK1 = INSTANCE_NODES
+WEST_WAVE = 'rollout_waves=[{"name": "west", "hosts": "branch_west"}]'
+
+
+def _unit_state() -> dict[str, tuple[str, str]]:
+    """(release, engine main PID) of each rank."""
+    out = {}
+    for host in INSTANCE_NODES:
+        record = json.loads(sh(host, f"cat {layout(host)['serving_record']}"))
+        out[host] = (record["release_id"], model_service(host)[1])
+    return out
+
+
+def rank_frozen() -> Outcome:
+    """Every process of rank 1 SIGSTOPped: the head waits on a collective forever, its /health may still
+    answer for a while (SGLang's 20 s health timeout; vLLM's stays 200). The hang check finds it, the
+    recover playbook drains the entry, restarts both ranks together and enables the entry again."""
+    expect, inv = Expect(), instance_mode()
+    before = _unit_state()
+    notes = []
+    with Load() as load:
+        phases = Phases(load)
+        phases.mark("freeze to the health check")
+        sh(RANK1, "systemctl kill -s SIGSTOP atlas-serving")
+        health = atlasctl("health", "-i", str(inv), check=False, timeout=300)
+        expect(health.returncode == 1 and "hung" in health.stdout + health.stderr,
+               "atlasctl health reports the instance hung")
+        said = next((ln for ln in (health.stdout + health.stderr).splitlines() if "hung" in ln), "")
+        notes.append(f"rank 1 ({RANK1}) SIGSTOPped; atlasctl health exit {health.returncode}: {one_line(said, 200)}")
+        phases.mark("recover.yml")
+        drained = {}
+        watcher = threading.Thread(target=lambda: drained.update(
+            seen=wait_until(lambda: backend_states()[HEAD] == "down", 300)), daemon=True)
+        watcher.start()
+        recover = playbook("-i", str(inv), "playbooks/recover.yml")
+        watcher.join(5)
+        by_phase = phases.text()
+    after = _unit_state()
+    expect(recover.returncode == 0, "playbooks/recover.yml succeeds")
+    expect("hung" in recover.stdout, "recover.yml names the hang it found")
+    expect(bool(drained.get("seen")), f"the entry {HEAD} was drained at its gateway")
+    expect(backend_states()[HEAD] == "up", "the entry is enabled again")
+    expect(all(after[h][1] != before[h][1] for h in INSTANCE_NODES), "both ranks restarted (new engine PIDs)")
+    expect(all(after[h][0] == before[h][0] for h in INSTANCE_NODES), "the release is unchanged")
+    expect(all(current_verifies(h) for h in INSTANCE_NODES), "the model verifies on both ranks")
+    notes.append(f"recover.yml exit {recover.returncode}, entry drained {bool(drained.get('seen'))}, "
+                 f"PIDs {before[HEAD][1]}/{before[RANK1][1]} -> {after[HEAD][1]}/{after[RANK1][1]}, "
+                 f"release {after[HEAD][0]}")
+    observed = "; ".join(notes) + f"; {load_text(load)}; {by_phase}"
+    lost = ("none: release, configuration and model unchanged on both ranks"
+            if all(after[h][0] == before[h][0] for h in INSTANCE_NODES) else f"releases {before} -> {after}")
+    return Outcome(observed, len(load.failed), lost, expect.unmet)
+
+
+def npu_link_down() -> Outcome:
+    """NPU 2 of rank 1 loses its link (the hccn_tool double's fault): a rollout of the instance stops at
+    its network gate, before anything is drained or restarted, naming the node, the NPU and the link."""
+    expect, inv = Expect(), instance_mode()
+    before = _unit_state()
+    lab("npu", RANK1, "--device", "2", "--link", "down", timeout=60)
+    try:
+        with Load() as load:
+            rc, report = rollout("--release", "drill-link-down", "-e", LENIENT_SLO, "-e", WEST_WAVE, inventory=inv)
+    finally:
+        lab("npu", RANK1, "--device", "2", "--link", "up", timeout=60)
+    failure = report.get("failure") or {}
+    after = _unit_state()
+    expect(rc == 1, "the rollout stops (exit 1)")
+    expect(failure.get("gate") == "network", f"it stops at the network gate (got {failure.get('gate')})")
+    named = [r.get("why", "") for r in report.get("rollbacks") or []]
+    expect(any(RANK1 in w and "NPU 2" in w and "link" in w.lower() for w in named),
+           "the failure names the node, NPU 2 and its link")
+    expect(after == before, "neither rank was touched (same release, same engine PIDs)")
+    observed = (f"NPU 2 of {RANK1} link down; rollout exit {rc}, stopped at gate {failure.get('gate')}: "
+                + " | ".join(one_line(w, 200) for w in named) + f"; ranks {after}; {load_text(load)}")
+    return Outcome(observed, len(load.failed), "none: nothing was touched", expect.unmet)
+
+
+def rank_power_off() -> Outcome:
+    """Rank 1's node powered off while the instance rolls: the unit rolls back (the head is stopped: an
+    instance cannot run without a rank; the entry stays drained, atlas-n5 serves the branch); with the node
+    back, --resume rolls the whole instance and the rest of the wave."""
+    expect, inv, release = Expect(), instance_mode(), "drill-rank-off"
+    before = releases()
+    notes = []
+    with Load() as load:
+        phases = Phases(load)
+        phases.mark("rollout to the power-off")
+        job = Background([*ATLASCTL, "rollout", "-i", str(inv), "--json", "--release", release, "-e", LENIENT_SLO,
+                          "-e", WEST_WAVE])
+        drained = wait_until(lambda: backend_states()[HEAD] == "down" or not job.running(), 900)
+        expect(drained and job.running(), f"the rollout reached the instance (its entry {HEAD} drained)")
+        lab("power", RANK1, "off", timeout=120)
+        phases.mark("power-off to the rollout's stop")
+        rc, out, _ = job.wait()
+        report = report_of(out)
+        failure = report.get("failure") or {}
+        head_state = model_service(HEAD)[0]
+        expect(rc == 1, "the rollout stops (exit 1)")
+        expect(RANK1 in str(failure.get("why", "")) + str(failure.get("host", "")) + str(failure.get("lost", "")),
+               f"the failure names the lost rank {RANK1}")
+        expect(head_state != "active", f"the head {HEAD} is stopped (it cannot run without its rank)")
+        expect(backend_states()[HEAD] == "down", "the entry stays drained")
+        notes.append(f"{RANK1} powered off after the entry was drained: rollout exit {rc}, failure at "
+                     f"{failure.get('host')} gate {failure.get('gate')} (lost {failure.get('lost')}): "
+                     f"{one_line(failure.get('why'), 160)}; head {head_state}; gateway states {backend_states()}")
+        phases.mark("node off, then powered on")
+        lab("power", RANK1, "on", timeout=300)
+        phases.mark("--resume")
+        rc2, resumed = rollout("--release", release, "--resume", "-e", LENIENT_SLO, "-e", WEST_WAVE, inventory=inv)
+        by_phase = phases.text()
+    now = releases()
+    west = [h for h in SERVING if BRANCH[h] == "west"]
+    expect(rc2 == 0, "--resume completes")
+    expect(all(now[h] == release for h in west), "branch west (the instance and atlas-n5) on the new release")
+    expect(not load.failed, "0 client requests failed")
+    notes.append(f"--resume exit {rc2}, nodes rolled {[n['host'] for n in resumed.get('nodes', [])]}: west on "
+                 f"{sorted({now[h] for h in west})}")
+    snaps = all(before[h] in release_snapshots(h) for h in west)
+    observed = "; ".join(notes) + f"; {load_text(load)}; {by_phase}"
+    lost = ("none: the previous release's snapshot is kept on every node" if snaps
+            else "a node lost its previous release's snapshot")
+    return Outcome(observed, len(load.failed), lost, expect.unmet)
+
+
 # --- the table ---------------------------------------------------------------------------------------
 
 DRILLS = [
@@ -918,4 +1066,14 @@ DRILLS = [
     Drill("gateway-restart", "`systemctl restart nginx` on atlas-gw-east during a rollout, under load",
           "rollout completes, fleet on the new release; client failures: what the restart costs",
           gateway_restart),
+    # the multi-node drills, last: the first converges the lab's two-node instance (atlas-n3 + atlas-n4)
+    Drill("rank-frozen", "two-node instance: every process of rank 1 (atlas-n4) SIGSTOPped, under load",
+          "atlasctl health reports it hung; recover.yml drains the entry, restarts both ranks together, enables "
+          "it; release and model unchanged (0 data lost)", rank_frozen),
+    Drill("npu-link-down", "two-node instance: NPU 2 of atlas-n4 link down, then a rollout of the instance",
+          "the rollout stops at its network gate naming atlas-n4, NPU 2 and the link; neither rank touched",
+          npu_link_down),
+    Drill("rank-power-off", "two-node instance: atlas-n4 powered off while the instance rolls",
+          "the unit rolls back (head stopped, entry drained, atlas-n5 serves); after power-on --resume completes; "
+          "0 failed", rank_power_off),
 ]

@@ -52,3 +52,20 @@ def test_health_rows_report_unreachable_and_failed_hosts():
     text = render_table(rows)
     assert "n3: Health | probe | one completion: HTTP 500" in text
     assert text.splitlines()[0].startswith("NODE")
+
+
+def test_health_waits_a_status_querys_time_for_health_and_refuses_a_bad_wait(monkeypatch, capsys):
+    from atlasctl.commands import health
+
+    calls = []
+    monkeypatch.setattr(health, "run_playbook", lambda *a, **kw: calls.append(kw) or RunResult(
+        "successful", 0, {"n1": HostResult("n1", facts={"health_report": {"host": "n1", "service": "active"}})},
+        Path("/tmp"), 1.0))
+    assert cli.main(["health", "-i", "inventory/lab"]) == exitcodes.OK
+    assert cli.main(["health", "-i", "inventory/lab", "--wait", "600"]) == exitcodes.OK
+    assert [c["extravars"] for c in calls] == [{"health_timeout_s": 30}, {"health_timeout_s": 600}]
+    for bad in ("0", "x", "3601"):
+        with pytest.raises(SystemExit) as caught:
+            cli.main(["health", "-i", "inventory/lab", "--wait", bad])
+        assert caught.value.code == exitcodes.USAGE
+        assert "seconds from 1 to 3600" in capsys.readouterr().err

@@ -228,3 +228,42 @@ def test_module_names_a_unit_it_cannot_read_as_not_active(tmp_path: Path, engine
     assert "FAILED" in out["_status"] and "no-such-unit-here is " in out["msg"], out
     assert "See `journalctl -u no-such-unit-here`" in out["msg"]
     assert out["record"]["release_id"] == "r1" and handler.seen == []
+
+
+def test_health_503_with_work_stuck_is_named_hung_and_otherwise_keeps_the_health_failure(engine) -> None:
+    """SGLang's rank 0 answers /health 503 once its collective hangs: the wait's failure becomes `engine hung`
+    when the engine's counters stand still under work; an engine that moves (still loading, say) keeps the
+    /health failure; an engine that does not answer at all is never sampled."""
+    url, handler = engine(health=[503], hold_s=60, metrics=[metrics(running=2)])
+    with pytest.raises(health.HangError, match=r"^engine hung at .*running\+waiting 2 -> 2"):
+        _probe(url, timeout_s=0.2, completion_deadline_s=0.3, hang_window_s=0.2)
+    assert "/metrics" in [p for _, p, _ in handler.seen]
+    url, _ = engine(health=[503], hold_s=60, metrics=[metrics(tokens=40), metrics(tokens=44)])
+    with pytest.raises(health.ProbeError, match=r"/health did not answer 200 within 0.2 s \(last answer: HTTP 503\)"):
+        _probe(url, timeout_s=0.2, completion_deadline_s=0.3, hang_window_s=0.2)
+    url, handler = engine(health=[503], hold_s=60, metrics=[metrics(running=2)])
+    with pytest.raises(health.ProbeError, match=r"/health did not answer 200") as caught:
+        _probe(url, timeout_s=0.2, completion_deadline_s=0.3, hang_window_s=0)
+    assert not isinstance(caught.value, health.HangError)
+    assert "/metrics" not in [p for _, p, _ in handler.seen], "the window is off: no sample"
+
+
+def test_a_health_that_takes_the_connection_and_never_answers_is_sampled_too(engine) -> None:
+    """SGLang's rank 0 holds /health up to 20 s while its generate gets no reply: a wait that times out on it
+    is checked like a 503; a refused connection is an engine not up, never sampled."""
+    url, handler = engine(health=[503], hold_s=60, metrics=[metrics(running=2)])
+    answers = iter([(None, b"", "timed out")])
+
+    def get(method, target, headers=None, body=None, timeout=10.0):
+        if target.endswith("/health"):
+            return next(answers, (None, b"", "timed out"))
+        return health.request(method, target, headers=headers, body=body, timeout=timeout)
+
+    with pytest.raises(health.HangError, match=r"^engine hung at "):
+        _probe(url, timeout_s=0.2, completion_deadline_s=0.3, hang_window_s=0.2, get=get)
+    def refused(method, target, headers=None, body=None, timeout=10.0):
+        return None, b"", "[Errno 111] Connection refused"
+
+    with pytest.raises(health.ProbeError, match=r"Connection refused") as caught:
+        _probe(url, timeout_s=0.2, completion_deadline_s=0.3, hang_window_s=0.2, get=refused)
+    assert not isinstance(caught.value, health.HangError)

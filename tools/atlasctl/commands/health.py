@@ -22,7 +22,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("-l", "--limit", default=None, help="host pattern")
     parser.add_argument("--json", action="store_true", help="print rows as JSON")
     parser.add_argument("--html", type=Path, default=None, help="also write the fleet table as an HTML page")
+    parser.add_argument("--wait", type=_seconds, default=30, metavar="SECONDS",
+                        help="how long each node's /health may take to answer 200 (default 30: a status query; the "
+                             "health stage of site.yml waits health_timeout_s, 600, for engines that load weights)")
     parser.set_defaults(func=run)
+
+
+def _seconds(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 3600:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds from 1 to 3600")
+    return int(text)
 
 
 def rows_from(result) -> list[dict]:
@@ -55,7 +64,8 @@ def render_table(rows: list[dict]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = run_playbook("playbooks/health.yml", args.inventory, limit=args.limit)
+    result = run_playbook("playbooks/health.yml", args.inventory, limit=args.limit,
+                          extravars={"health_timeout_s": args.wait})
     rows = rows_from(result)
     if args.json:
         print(json.dumps({"ok": result.ok, "hosts": rows}, indent=2, sort_keys=True))

@@ -97,10 +97,13 @@ def wait_health(url, service, unit_state, timeout_s, poll_s, clock=time.monotoni
                              f"See `journalctl -u {service}`.")
         now = clock()
         if now >= deadline:
-            raise ProbeError(f"{url}/health did not answer 200 within {timeout_s:g} s (last answer: {detail}); "
-                             f"{service} is {state.get('ActiveState', '?')} ({state.get('SubState', '?')}). "
-                             f"See `journalctl -u {service}`; an engine that loads large weights needs a longer "
-                             "health_timeout_s.")
+            error = ProbeError(f"{url}/health did not answer 200 within {timeout_s:g} s (last answer: {detail}); "
+                               f"{service} is {state.get('ActiveState', '?')} ({state.get('SubState', '?')}). "
+                               f"See `journalctl -u {service}`; an engine that loads large weights needs a longer "
+                               "health_timeout_s.")
+            # the engine listens: it answered, or took the connection and gave no answer in time
+            error.listening = status is not None or "timed out" in str(detail)
+            raise error
         sleep(min(poll_s, deadline - now))
 
 
@@ -197,7 +200,24 @@ def probe(record, url, model, service, unit_state, api_key, timeout_s, poll_s, p
         # its unit is what this node can show; the instance is probed through its entry, the head.
         return {"url": None, "model": model, "unit": unit, "health": None, "waited_s": 0.0, "models": [],
                 "completion_tokens": None, "progress": None, "headless": True, "instance": instance}
-    status, waited = wait_health(url, service, unit_state, timeout_s, poll_s, clock=clock, sleep=sleep, get=get)
+    try:
+        status, waited = wait_health(url, service, unit_state, timeout_s, poll_s, clock=clock, sleep=sleep, get=get)
+    except ProbeError as exc:
+        # /health answers, but not 200, or takes the connection and does not answer in time: an engine still
+        # loading, or one whose collective hangs (SGLang's rank 0 /health waits up to SGLANG_HEALTH_CHECK_TIMEOUT,
+        # 20 s, for its own 1-token generate, then answers 503). Its own counters tell them apart: a hung engine
+        # is named hung; anything else keeps the /health failure. A refused connection is an engine not up.
+        if not getattr(exc, "listening", False) or not hang_window_s:
+            raise
+        try:
+            check_completion(url, model, headers, record, prompt, max_tokens, completion_deadline_s, hang_window_s,
+                             True, get=get, clock=clock, sleep=sleep, spawn=spawn)
+        except HangError as hang:
+            if hang.progress and hang.progress.get("verdict") == "hung":
+                raise hang from None
+        except ProbeError:
+            pass
+        raise
     ids = check_models(url, model, headers, get=get)
     tokens, progress = check_completion(url, model, headers, record, prompt, max_tokens, completion_deadline_s,
                                         hang_window_s, hang_check, get=get, clock=clock, sleep=sleep, spawn=spawn)
