@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import glob
 import importlib
+import json
+import os
 import re
 import subprocess
 import tomllib
@@ -179,3 +181,24 @@ def test_the_citation_check_sees_one(tmp_path):
     (tmp_path / "y.yml").write_text("# /work/shared/domain/lab-notes.md\n# /usr/lib/x-shared/ is fine\n")
     assert outside_citations(tmp_path, ["docs/a.md", "x.py", "y.yml"]) == [
         "x.py:2: # see ascend-facts.md section 5", "y.yml:1: # /work/shared/domain/lab-notes.md"]
+
+
+def test_every_module_documents_itself_as_ansible_doc_reads_it():
+    """`ansible-doc atlas.serving.<module>` works for every module: its DOCUMENTATION and RETURN are YAML whose
+    descriptions are text (a stray `key: value` inside a sentence turns it into a mapping, and ansible-doc
+    and ansible-lint then cannot read the module)."""
+    import sys
+
+    folder = ROOT / "collections/ansible_collections/atlas/serving/plugins/modules"
+    modules = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
+    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "--json",
+                           *[f"atlas.serving.{m}" for m in modules]], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    docs = json.loads(proc.stdout)
+    assert sorted(docs) == [f"atlas.serving.{m}" for m in modules], proc.stderr[-3000:]
+    for name, doc in docs.items():
+        for option, spec in (doc["doc"].get("options") or {}).items():
+            text = spec.get("description")
+            assert all(isinstance(t, str) for t in (text if isinstance(text, list) else [text])), (name, option)

@@ -12,7 +12,7 @@ version_added: "0.1.0"
 description:
   - Runs on a branch gateway. Reads the branch's backend include files (one per serving node,
     written by the gateway role) and asks C(/health) of every enabled backend but I(node).
-  - Succeeds at once when I(node) is already drained (or has no backend file): it takes no traffic.
+  - Succeeds at once when I(node) is already drained (or has no backend file), since it takes no traffic.
   - Otherwise succeeds as soon as another backend is enabled and healthy, polling for at most I(wait_s);
     fails otherwise with a message naming the branch, the gateway, every node's state and the fix.
   - Changes nothing.

@@ -14,8 +14,8 @@ description:
     C(-netdetect -s address D), C(-tls -s enable 0|1)), per NPU in that order; then writes I(conf_path)
     (atomically) when its C(address_N), C(netmask_N), C(netdetect_N), C(gateway_N), C(send_arp_status_N)
     keys differ, keeping every other line; then reads back again and fails naming what still differs.
-  - Nothing differs: C(changed=false) and nothing runs. Check mode reads only and reports the commands and
-    the file's diff (with C(--diff)). Sources of every command: docs/npu-network.md.
+  - When nothing differs, C(changed=false) and nothing runs. Check mode reads only and reports the commands and
+    the file's diff (with C(--diff)). Sources of every command are in docs/npu-network.md.
 version_added: 0.1.0
 author:
   - atlas.serving contributors

@@ -14,7 +14,7 @@ description:
     with C(0.00% packet loss) (docs/npu-network.md).
   - One ping at a time per local NPU, the local NPUs in parallel (I(workers)); I(workers=1) runs every
     ping one after another.
-  - Fails when a pair is unreachable, naming both nodes, both NPUs and the tool's loss line. Read-only:
+  - Fails when a pair is unreachable, naming both nodes, both NPUs and the tool's loss line. Read-only,
     runs in check mode too.
 version_added: 0.1.0
 author:

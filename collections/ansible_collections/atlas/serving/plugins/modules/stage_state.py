@@ -75,7 +75,7 @@ options:
   mirror:
     description:
       - C(source) and C(dest) directories; C(dest) must be what C(rsync --recursive --times --delete
-        source/ dest/) leaves, so that rsync would itemize nothing (its quick check: size and mtime).
+        source/ dest/) leaves, so that rsync would itemize nothing (its quick check compares size and mtime).
     type: dict
   verified:
     description:
