@@ -195,10 +195,14 @@ def test_every_module_documents_itself_as_ansible_doc_reads_it():
     proc = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "--json",
                            *[f"atlas.serving.{m}" for m in modules]], cwd=ROOT, env=env, text=True,
                           capture_output=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0 and "ERROR" not in proc.stderr, proc.stderr[-3000:]
     docs = json.loads(proc.stdout)
     assert sorted(docs) == [f"atlas.serving.{m}" for m in modules], proc.stderr[-3000:]
+
+    def text(value):
+        return all(isinstance(t, str) for t in (value if isinstance(value, list) else [value]))
+
     for name, doc in docs.items():
+        assert text(doc["doc"]["description"]), name
         for option, spec in (doc["doc"].get("options") or {}).items():
-            text = spec.get("description")
-            assert all(isinstance(t, str) for t in (text if isinstance(text, list) else [text])), (name, option)
+            assert text(spec.get("description")), (name, option)
