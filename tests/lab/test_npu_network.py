@@ -14,7 +14,7 @@ from labtools import lab, on_node, playbook, recap
 
 pytestmark = pytest.mark.lab
 
-HEAD, WORKER, OTHERS = "atlas-n1", "atlas-n2", ("atlas-n3", "atlas-n4")
+HEAD, WORKER, OTHERS = "atlas-n1", "atlas-n2", ("atlas-n3", "atlas-n4", "atlas-n5")
 MASK, GW = "255.255.255.0", "10.20.0.1"
 ADDRESSES = {HEAD: [f"10.20.0.{10 + n}" for n in range(8)], WORKER: [f"10.20.0.{20 + n}" for n in range(8)]}
 

@@ -273,3 +273,20 @@ def test_the_filters_work_on_ansible_hostvars():
     assert msg["entries"] == ["atlas-dc1-01"] and msg["problems"] == []
     assert msg["rank"]["rank"] == 1 and msg["rank"]["flags"]["--headless"] is True
     assert msg["rank"]["flags"]["--data-parallel-address"] == "10.41.0.11"
+
+
+@pytest.mark.parametrize(("facts", "present", "behind"), [
+    ({"a": {"mark": "rollout"}, "b": {"mark": "rollout"}}, {"a", "b"}, []),
+    ({"a": {"mark": "rollout"}, "b": {"mark": "converge"}}, {"a", "b"}, ["b"]),   # a mark of another step
+    ({"a": {"mark": "rollout"}, "b": {}}, {"a", "b"}, ["b"]),                      # failed before the step
+    ({"a": {"mark": "rollout"}, "b": {"mark": "rollout"}}, {"a"}, ["b"]),          # unreachable / left out
+    ({"a": {"mark": "rollout"}}, {"a", "b"}, ["b"]),                               # not in hostvars at all
+])
+def test_behind_names_the_ranks_that_did_not_reach_the_step(facts, present, behind):
+    assert si.behind(["a", "b"], facts, "mark", "rollout", present) == behind
+
+
+def test_unit_of_and_units_keep_an_instance_together_in_rank_order():
+    instances = {"pair": {"nodes": ["n3", "n4"], "tp": 4}, "one": {"nodes": ["n9"], "tp": 1}}
+    assert si.unit_of("n4", instances) == ["n3", "n4"] and si.unit_of("n9", instances) == ["n9"]
+    assert si.units(["n5", "n4", "n3", "n9"], instances) == [["n5"], ["n3", "n4"], ["n9"]]

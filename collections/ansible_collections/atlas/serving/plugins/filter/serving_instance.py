@@ -7,6 +7,8 @@
 ``serving_entry_nodes``        hosts + serving_instances -> the hosts less the non-head ranks (they serve no HTTP)
 ``serving_unit``               host + serving_instances -> the nodes that roll out, roll back and restart with it,
                                in rank order ([host] for a host in no instance of two or more nodes)
+``serving_unit_behind``        nodes + hostvars + fact + value + play hosts -> the nodes that did not reach a step
+                               of this run (not in the play, or their fact is not the step's value)
 ``serving_comm_env``           the HCCL/Gloo/TP variables (atlas.serving.hccl_env) + engine -> those the engine reads
 """
 
@@ -39,6 +41,10 @@ def serving_unit(host: str, serving_instances) -> list:
         raise AnsibleFilterError(str(exc)) from None
 
 
+def serving_unit_behind(nodes, hostvars, mark: str, value: str, present) -> list:
+    return serving_instance.behind(list(nodes or []), hostvars, str(mark), str(value), set(present or []))
+
+
 def serving_comm_env(env: dict, engine: str) -> dict:
     return serving_instance.comm_env_for(str(engine), dict(env or {}))
 
@@ -51,4 +57,5 @@ class FilterModule:
             "serving_entry_nodes": serving_entry_nodes,
             "serving_comm_env": serving_comm_env,
             "serving_unit": serving_unit,
+            "serving_unit_behind": serving_unit_behind,
         }

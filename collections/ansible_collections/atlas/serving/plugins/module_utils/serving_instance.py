@@ -224,6 +224,19 @@ def unit_of(host, serving_instances):
     return list(found[1]["nodes"]) if found else [host]
 
 
+def behind(nodes, hostvars, mark, value, present):
+    """The ``nodes`` of a unit that did not reach a step of this run: not in ``present`` (the play's hosts: left
+    out, unreachable, or failed with no rescue), or whose fact ``mark`` is not ``value`` (a rank that failed
+    before the step, and is rolling back, never set it). Every rank marks each step it finished with a value
+    used once per run, so a mark from another step never counts."""
+    out = []
+    for node in nodes:
+        facts = hostvars[node] if node in hostvars else {}
+        if node not in present or facts.get(mark) != value:
+            out.append(node)
+    return out
+
+
 def units(hosts, serving_instances):
     """``hosts`` grouped into serving units, in the order their first host appears; a unit brings every
     rank of its instance, also those not in ``hosts`` (a wave or a batch never splits an instance)."""
