@@ -159,3 +159,16 @@ def test_where_prometheus_is(explicit, hosts, hostvars, url):
 def test_a_bad_prometheus_url_names_the_variable():
     with pytest.raises(AnsibleFilterError, match="monitoring_prometheus_url 'prom:9090' is not an http"):
         filters.monitoring_prometheus_url([], {}, "prom:9090")
+
+
+def test_the_role_defaults_are_the_ones_the_code_falls_back_to():
+    import inspect
+
+    import yaml
+
+    defaults = yaml.safe_load((ROOT / "roles/monitoring/defaults/main.yml").read_text())
+    assert defaults["monitoring_prometheus_port"] == mon.DEFAULT_PROMETHEUS_PORT
+    params = inspect.signature(mon.targets).parameters
+    assert defaults["monitoring_node_exporter_port"] == params["node_exporter_port"].default
+    assert defaults["monitoring_npu_exporter_port"] == params["npu_exporter_port"].default
+    assert defaults["monitoring_branch_group_prefix"] == params["branch_prefix"].default
