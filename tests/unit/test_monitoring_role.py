@@ -218,3 +218,30 @@ def _wait_ready(url: str, server: subprocess.Popen, timeout: float = 60) -> None
         except OSError:
             time.sleep(0.3)
     raise AssertionError(f"prometheus was not ready at {url} in {timeout} s")
+
+
+def test_the_stage_playbook_in_check_mode_carries_each_node_s_record_to_the_targets(stage: Stage) -> None:
+    """playbooks/monitoring.yml: its first play reads the node's service record (roles/gateway, port.yml) and
+    resolves its profile; the second play's targets carry them. Check mode: nothing is installed or written."""
+    tmp = stage.tmp
+    (tmp / "record.json").write_text(json.dumps(_record(8001, "vllm", "r7")))
+    node = {"ansible_host": "127.0.0.1", "serving_profile": "lab-vllm-cpu-tiny",
+            "serving_record": str(tmp / "record.json")}
+    inventory = {"all": {
+        "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "ansible_become": False,
+                 "serving_profile_dirs": [str(REPO / "inventory/lab/profiles")]},
+        "children": {"atlas_nodes": {"children": {"branch_east": {"hosts": {"n1": node}}}},
+                     "gateway": {"hosts": {"gw": {"gateway_branch": "east"}}},
+                     "monitoring": {"hosts": {"mon": {}}}}}}
+    (tmp / "stage.json").write_text(json.dumps(inventory))
+    extra = {"__monitoring_prometheus_dir": str(tmp / "stage-etc"), "__monitoring_prometheus_defaults": str(tmp / "d")}
+    result = subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), "-i", str(tmp / "stage.json"), str(REPO / "playbooks/monitoring.yml"), "--check",
+         "--diff", "-e", json.dumps(extra)], cwd=tmp, env=stage.env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
+    config = result.stdout.split("prometheus.yml (scrape targets from the inventory)")[1].split("TASK [")[0]
+    assert re.search(r"\+- job_name: atlas-engine\n.*\n.*\n\+  - targets:\n\+    - 127\.0\.0\.1:8001\n\+    labels:\n"
+                     r"\+      branch: east\n\+      node: n1\n\+      instance: n1\n\+      release: r7\n"
+                     r"\+      engine: vllm", config), config
+    assert "+    - gw:9100" in config
+    assert not (tmp / "stage-etc").exists()
