@@ -130,17 +130,22 @@ def test_for_an_inventory_read_as_ansible_reads_it(tmp_path: Path):
     assert prometheus.for_inventory(tmp_path / "bare.yml") is None
 
 
-def _run_result() -> RunResult:
+def _run_result(prometheus_url: str = "") -> RunResult:
+    """A health run; the fleet table play set health_prometheus_url on the host it ran on (run_once)."""
+    facts = {"health_report": {"host": "n1", "service": "active", "health": "200"}}
+    if prometheus_url is not None:
+        facts["health_prometheus_url"] = prometheus_url
     return RunResult("successful", 0, {
-        "n1": HostResult("n1", facts={"health_report": {"host": "n1", "service": "active", "health": "200"}}),
+        "n1": HostResult("n1", facts=facts),
         "n2": HostResult("n2", facts={"health_report": {"host": "n2", "service": "active", "health": "200"}}),
     }, Path("/tmp"), 1.0)
 
 
 def test_health_table_gains_the_live_columns():
     with FakePrometheus() as fake:
-        live = prometheus.live(fake.url)
-    rows = health.add_live(health.rows_from(_run_result()), live)
+        result = _run_result(fake.url)
+        live = health.live_figures(result)
+    rows = health.add_live(health.rows_from(result), live)
     lines = health.render_table(rows, live).splitlines()
     header = lines[0]
     assert header.index("NPU") < header.index("TTFT p95") < header.index("TPOT p95") < header.index("KV") \
@@ -149,13 +154,12 @@ def test_health_table_gains_the_live_columns():
     assert "250ms" in n1 and "31ms" in n1 and "50%" in n1
     assert lines[-1] == f"live figures: {fake.url}, over 5m"
     assert "TTFT p95" not in health.render_table(rows)  # no Prometheus: the table as before
+    assert health.live_figures(_run_result("")) is None and health.live_figures(_run_result(None)) is None
 
 
 def test_health_with_prometheus_down_notes_it_and_keeps_its_verdict(monkeypatch, capsys):
     url = _closed_url()
-    monkeypatch.setattr(health, "run_playbook", lambda *a, **k: _run_result())
-    monkeypatch.setattr(prometheus, "url_of", lambda document: url)
-    monkeypatch.setattr(prometheus.inv, "listing", lambda inventory: {})
+    monkeypatch.setattr(health, "run_playbook", lambda *a, **k: _run_result(url))
     assert cli.main(["health", "-i", "inventory/lab"]) == exitcodes.OK
     out = capsys.readouterr().out
     assert f"live figures: none (Prometheus at {url} did not answer" in out
@@ -166,11 +170,18 @@ def test_health_with_prometheus_down_notes_it_and_keeps_its_verdict(monkeypatch,
 
 
 def test_health_without_prometheus_is_as_before(monkeypatch, capsys):
-    monkeypatch.setattr(health, "run_playbook", lambda *a, **k: _run_result())
-    monkeypatch.setattr(prometheus.inv, "listing", lambda inventory: {"_meta": {"hostvars": {"n1": {}}}})
+    monkeypatch.setattr(health, "run_playbook", lambda *a, **k: _run_result(""))
     assert cli.main(["health", "-i", "inventory/lab", "--json"]) == exitcodes.OK
     doc = json.loads(capsys.readouterr().out)
     assert "prometheus" not in doc and "live" not in doc["hosts"][0]
+
+
+def test_the_health_playbook_names_the_prometheus_it_resolves():
+    play = yaml.safe_load((prometheus.suite_root() / "playbooks/health.yml").read_text())
+    tasks = [t for p in play for t in p.get("tasks", [])]
+    task = next(t for t in tasks if "health_prometheus_url" in t.get("ansible.builtin.set_fact", {}))
+    assert "atlas.serving.monitoring_prometheus_url" in task["ansible.builtin.set_fact"]["health_prometheus_url"]
+    assert task["run_once"] is True
 
 
 def test_live_command_json_text_and_exit_codes(capsys):

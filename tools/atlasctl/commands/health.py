@@ -1,9 +1,10 @@
 """`atlasctl health -i INV`: the fleet health table (service, /health, model, NPUs, last bench figures).
 
 The LAST BENCH column is the newest `atlasctl bench` result kept under artifacts/bench/<node>/. When the
-inventory names a Prometheus (monitoring_prometheus_url, else its group monitoring: docs/monitoring.md), the
-table gains its live figures per node (p95 TTFT and TPOT over 5 minutes, KV cache use, requests running:
-atlasctl.prometheus); a Prometheus that does not answer is a note under the table, not a failure.
+inventory names a Prometheus (monitoring_prometheus_url, else its group monitoring: docs/monitoring.md; the
+health playbook resolves it, fact health_prometheus_url), the table gains its live figures per node (p95 TTFT
+and TPOT over 5 minutes, KV cache use, requests running: atlasctl.prometheus); a Prometheus that does not
+answer is a note under the table, not a failure.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from pathlib import Path
 from atlasctl import exitcodes, prometheus
 from atlasctl.bench import report as bench_report
 from atlasctl.collection import ensure_on_path
-from atlasctl.errors import AtlasError
 from atlasctl.runner import run_playbook
 
 
@@ -48,12 +48,12 @@ def _filters():
     return importlib.import_module("ansible_collections.atlas.serving.plugins.filter.serving")
 
 
-def live_figures(inventory: Path) -> prometheus.Live | None:
-    """The inventory's Prometheus figures; None when it names none. Anything in the way is the result's note."""
-    try:
-        return prometheus.for_inventory(inventory)
-    except AtlasError as exc:
-        return prometheus.Live("-", prometheus.RULE_WINDOW, None, {}, exc.render())
+def live_figures(result) -> prometheus.Live | None:
+    """The live figures of the inventory's Prometheus, which the health playbook names (fact
+    health_prometheus_url, resolved as the rollout resolves it); None when it names none."""
+    url = next((h.facts["health_prometheus_url"] for h in result.hosts.values()
+                if h.facts.get("health_prometheus_url")), "")
+    return prometheus.live(url) if url else None
 
 
 def add_live(rows: list[dict], live: prometheus.Live) -> list[dict]:
@@ -83,7 +83,7 @@ def render_table(rows: list[dict], live: prometheus.Live | None = None) -> str:
 def run(args: argparse.Namespace) -> int:
     result = run_playbook("playbooks/health.yml", args.inventory, limit=args.limit)
     rows = rows_from(result)
-    live = live_figures(Path(args.inventory))
+    live = live_figures(result)
     if live:
         add_live(rows, live)
     if args.json:
