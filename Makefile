@@ -8,6 +8,11 @@ PY := $(VENV)/bin/python
 ATLASCTL := $(VENV)/bin/atlasctl
 LAB := $(VENV)/bin/atlas-lab
 HOST_PACKAGES := debootstrap systemd-container nftables zstd openssh-client iproute2 rsync curl gnupg gpgv
+# Tools only: installed without their Recommends, and a service the package starts on a host that runs
+# systemd is stopped and disabled. prometheus: promtool, which tests/unit/test_monitoring_rules.py runs
+# (`promtool check rules`, `promtool test rules`); the host needs the tool, not a Prometheus server.
+HOST_TOOL_PACKAGES := prometheus
+HOST_TOOL_SERVICES := prometheus.service
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
@@ -69,6 +74,12 @@ host-deps:
 	if [ -n "$$missing" ]; then \
 	  echo "installing host packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@missing=""; for p in $(HOST_TOOL_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing host tools:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  if [ -d /run/systemd/system ]; then systemctl disable --now $(HOST_TOOL_SERVICES); fi; \
 	fi
 
 venv: $(VENV)/.installed

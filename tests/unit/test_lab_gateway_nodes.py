@@ -1,4 +1,4 @@
-"""lab.yml gateway nodes: no NPU, not in atlas_nodes, host vars carried into the inventory."""
+"""lab.yml gateway and monitoring nodes: no NPU, not in atlas_nodes, host vars carried into the inventory."""
 
 from __future__ import annotations
 
@@ -41,3 +41,20 @@ def test_committed_lab_has_a_gateway_per_branch():
     branches = {g.removeprefix("branch_") for n in cfg.serving_nodes for g in n.groups if g.startswith("branch_")}
     gateways = {dict(n.host_vars)["gateway_branch"] for n in cfg.nodes if n.kind == "gateway"}
     assert branches == gateways and len(branches) >= 2
+
+
+def test_monitoring_node_lands_in_group_monitoring_not_in_atlas_nodes():
+    cfg = _cfg([{"name": "n1", "groups": ["branch_east"], "npu": {"model": "910B3", "count": 8, "hbm_mb": 65536}},
+                {"name": "mon", "kind": "monitoring", "groups": ["monitoring"]}])
+    assert [n.name for n in cfg.serving_nodes] == ["n1"] and cfg.nodes[1].npu is None
+    inv = inventory.build(cfg, Path("/k"), Path("/kh"))["all"]["children"]
+    assert list(inv["atlas_nodes"]["hosts"]) == ["n1"]
+    mon = inv["monitoring"]["hosts"]["mon"]
+    assert mon["ansible_host"] == "10.77.0.12" and "atlas_hardware" not in mon
+
+
+def test_committed_lab_has_its_monitoring_node_last():
+    cfg = config.load(ROOT / "inventory/lab/lab.yml")
+    last = cfg.nodes[-1]
+    assert (last.name, last.kind, last.groups) == ("atlas-mon", "monitoring", ("monitoring",))
+    assert [n.name for n in cfg.nodes if n.kind == "monitoring"] == ["atlas-mon"]

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from atlasctl import prometheus
 from atlasctl.errors import AtlasError, UsageError
 from atlasctl.paths import state_dir
 from atlasctl.runner import resolve_inventory, run_playbook
@@ -236,6 +237,18 @@ def run(inventory: str | Path, release: str, *, extravars: dict | None = None, r
         return report
 
 
+def live_brief(live: dict[str, Any] | None) -> str:
+    """The SLO gate's live latency from Prometheus (rollout_slo_measured.prometheus): 'TTFT 180ms -> 210ms, TPOT
+    ...' over its window before the restart and after the bench; '' when the inventory names no Prometheus."""
+    if not live:
+        return ""
+    if live.get("error"):
+        return f"none: {live['error']}"
+    before, after = prometheus.cells(live.get("before")), prometheus.cells(live.get("after"))
+    return (f"TTFT {before['ttft_p95_ms']} -> {after['ttft_p95_ms']}, "
+            f"TPOT {before['tpot_p95_ms']} -> {after['tpot_p95_ms']} ({live.get('window')})")
+
+
 def html_report(report: dict[str, Any]) -> str:
     """A self-contained page: waves, nodes, the failure with what it measured."""
     esc = html.escape
@@ -245,7 +258,8 @@ def html_report(report: dict[str, Any]) -> str:
         f"<td>{report['wave_seconds'].get(w['name'], '')}</td></tr>" for w in report["plan"])
     nodes = "".join(f"<tr><td>{esc(n['host'])}</td><td>{esc(n['wave'])}</td><td>{esc(n['previous'])}</td>"
                     f"<td>{esc(n['release'])}</td>"
-                    f"<td>{esc(json.dumps(n.get('slo', {}).get('metrics', {}))[:400])}</td></tr>"
+                    f"<td>{esc(json.dumps(n.get('slo', {}).get('metrics', {}))[:400])}</td>"
+                    f"<td>{esc(live_brief(n.get('slo', {}).get('prometheus')))}</td></tr>"
                     for n in report["nodes"])
     failure = report.get("failure")
     fail_html = (f"<h2>Failure</h2><pre>{esc(json.dumps(failure, indent=1))}</pre>" if failure else "")
@@ -254,5 +268,6 @@ def html_report(report: dict[str, Any]) -> str:
             f"<h1>Rollout {esc(report['release'])}: {esc(report['status'])}</h1>"
             f"<p>{esc(report['inventory'])}, started {esc(report['started_at'])}, {report['seconds']} s</p>"
             f"<h2>Waves</h2><table><tr><th>wave</th><th>hosts</th><th>state</th><th>s</th></tr>{rows}</table>"
-            f"<h2>Nodes</h2><table><tr><th>host</th><th>wave</th><th>from</th><th>to</th><th>SLO metrics</th></tr>"
+            f"<h2>Nodes</h2><table><tr><th>host</th><th>wave</th><th>from</th><th>to</th><th>SLO metrics</th>"
+            "<th>Prometheus p95 before -> after</th></tr>"
             f"{nodes}</table>{fail_html}</body></html>\n")

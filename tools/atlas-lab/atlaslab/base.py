@@ -25,7 +25,7 @@ from atlaslab.proc import require_tools, run
 log = logging.getLogger(__name__)
 
 SUITE = "bookworm"
-RECIPE_VERSION = 2  # bump when clean_rootfs or the build steps change
+RECIPE_VERSION = 3  # bump when clean_rootfs or the build steps change
 PACKAGES: tuple[str, ...] = (
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "sudo", "curl",
     "iproute2", "ca-certificates", "libpam-systemd", "rsync", "nginx-light", "libnuma1", "libgomp1",
@@ -33,9 +33,13 @@ PACKAGES: tuple[str, ...] = (
     # what a site's controller has from its OS (the lab's controller node, tests/lab/test_controller.py):
     # gpg, with which the playbooks verify the bundle's signature on the controller
     "gnupg",
+    # the monitoring stage (roles/monitoring) installs these from the OS package; the nodes have no network
+    "prometheus", "prometheus-node-exporter",
 )
 MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "apt-daily.service", "apt-daily-upgrade.service")
-DISABLED_UNITS = ("nginx.service",)
+# Enabled by their packages; the stage that needs one enables it (gateway: nginx; monitoring: Prometheus on the
+# monitoring node, the node exporter on the Atlas nodes and gateways), so no other node runs them.
+DISABLED_UNITS = ("nginx.service", "prometheus.service", "prometheus-node-exporter.service")
 SSHD_DROPIN = """\
 # atlas lab: one host key per node, generated on the controller and pinned in its known_hosts
 HostKey /etc/ssh/ssh_host_ed25519_key

@@ -24,8 +24,9 @@ FIRST_NODE_HOST = 11
 ALL_NODES_GROUP = "atlas_nodes"
 # kind: atlas = a serving node (in atlas_nodes, with NPUs); gateway = a branch load balancer
 # (nginx, no NPU, not in atlas_nodes: site.yml's serving stages never touch it); controller = a bare
-# node that plays a site's air-gapped Ansible controller (no NPU, in no group site.yml targets).
-NODE_KINDS = ("atlas", "gateway", "controller")
+# node that plays a site's air-gapped Ansible controller (no NPU, in no group site.yml targets);
+# monitoring = the site's Prometheus host (no NPU, not in atlas_nodes: group monitoring, stage 9).
+NODE_KINDS = ("atlas", "gateway", "controller", "monitoring")
 NPU_MODELS = ("910B1", "910B2", "910B2C", "910B3", "910B4")
 
 

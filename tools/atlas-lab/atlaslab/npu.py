@@ -1,5 +1,6 @@
 """The simulated NPU driver layer of a lab node: npu.json state, version files, npu-smi install; the NPU
-network ports (hccn.json, the hccn_tool double at the driver's tools path, the lab's NPU fabric)."""
+network ports (hccn.json, the hccn_tool double at the driver's tools path, the lab's NPU fabric); the
+npu-exporter simulator (its unit, started at boot on npu-exporter's default port)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,27 @@ Before=sysinit.target
 Type=oneshot
 ExecStart=/usr/local/sbin/atlas-lab-driver load
 RemainAfterExit=yes
+
+[Install]
+WantedBy=multi-user.target
+"""
+# Huawei's npu-exporter is shipped in a site's offline bundle; the lab runs a simulator of its /metrics
+# (doubles/npu_exporter.py) on its default port, as the unit the lab inventory names
+# (monitoring_npu_exporter_unit): the monitoring role enables and starts it, and scrapes it.
+NPU_EXPORTER = Path(__file__).resolve().parent / "doubles" / "npu_exporter.py"
+NPU_EXPORTER_REL = Path("usr/local/sbin/atlas-lab-npu-exporter")
+NPU_EXPORTER_PORT = 8082
+NPU_EXPORTER_UNIT = "atlas-lab-npu-exporter.service"
+NPU_EXPORTER_UNIT_REL = Path("etc/systemd/system") / NPU_EXPORTER_UNIT
+NPU_EXPORTER_UNIT_LINK_REL = Path("etc/systemd/system/multi-user.target.wants") / NPU_EXPORTER_UNIT
+NPU_EXPORTER_UNIT_TEXT = f"""\
+[Unit]
+Description=atlas lab: npu-exporter simulator (Huawei npu-exporter's /metrics from the simulated NPUs)
+After=atlas-lab-npu-boot.service
+
+[Service]
+ExecStart=/{NPU_EXPORTER_REL} -port {NPU_EXPORTER_PORT} -ip 0.0.0.0
+Restart=on-failure
 
 [Install]
 WantedBy=multi-user.target
@@ -158,13 +180,17 @@ def install(root: Path, cfg: LabConfig, node: NodeSpec) -> None:
     _write(root, NPU_SMI_REL, SIMULATOR.read_text(), 0o755)
     _write(root, LAB_DRIVER_REL, LAB_DRIVER.read_text(), 0o755)
     _write(root, HCCN_TOOL_REL, HCCN_TOOL.read_text(), 0o755)
+    _write(root, NPU_EXPORTER_REL, NPU_EXPORTER.read_text(), 0o755)
     _write(root, BOOT_UNIT_REL, BOOT_UNIT)
+    _write(root, NPU_EXPORTER_UNIT_REL, NPU_EXPORTER_UNIT_TEXT)
     if not (root / HCCN_STATE_REL).is_file():
         _write(root, HCCN_STATE_REL, json.dumps(hccn_initial_state(node), indent=2) + "\n")
-    link = root / BOOT_UNIT_LINK_REL
-    link.parent.mkdir(parents=True, exist_ok=True)
-    if not link.is_symlink():
-        link.symlink_to(f"/{BOOT_UNIT_REL}")
+    units = ((BOOT_UNIT_LINK_REL, BOOT_UNIT_REL), (NPU_EXPORTER_UNIT_LINK_REL, NPU_EXPORTER_UNIT_REL))
+    for link_rel, unit_rel in units:
+        link = root / link_rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(f"/{unit_rel}")
     if (root / STATE_REL).is_file():
         return
     add_driver_account(root)

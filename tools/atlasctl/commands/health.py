@@ -1,6 +1,10 @@
 """`atlasctl health -i INV`: the fleet health table (service, /health, model, NPUs, last bench figures).
 
-The LAST BENCH column is the newest `atlasctl bench` result kept under artifacts/bench/<node>/.
+The LAST BENCH column is the newest `atlasctl bench` result kept under artifacts/bench/<node>/. When the
+inventory names a Prometheus (monitoring_prometheus_url, else its group monitoring: docs/monitoring.md; the
+health playbook resolves it, fact health_prometheus_url), the table gains its live figures per node (p95 TTFT
+and TPOT over 5 minutes, KV cache use, requests running: atlasctl.prometheus); a Prometheus that does not
+answer is a note under the table, not a failure.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ import importlib
 import json
 from pathlib import Path
 
-from atlasctl import exitcodes
+from atlasctl import exitcodes, prometheus
 from atlasctl.bench import report as bench_report
 from atlasctl.collection import ensure_on_path
 from atlasctl.runner import run_playbook
@@ -53,13 +57,35 @@ def _filters():
     return importlib.import_module("ansible_collections.atlas.serving.plugins.filter.serving")
 
 
-def columns() -> list[tuple[str, str]]:
-    return [*_filters().FLEET_COLUMNS, ("bench", "LAST BENCH")]
+def live_figures(result) -> prometheus.Live | None:
+    """The live figures of the inventory's Prometheus, which the health playbook names (fact
+    health_prometheus_url, resolved as the rollout resolves it); None when it names none."""
+    url = next((h.facts["health_prometheus_url"] for h in result.hosts.values()
+                if h.facts.get("health_prometheus_url")), "")
+    return prometheus.live(url) if url else None
 
 
-def render_table(rows: list[dict]) -> str:
-    lines = _filters().table_lines(rows, columns())
+def add_live(rows: list[dict], live: prometheus.Live) -> list[dict]:
+    for row in rows:
+        row["live"] = live.nodes.get(row["host"])
+    return rows
+
+
+def columns(live: prometheus.Live | None = None) -> list[tuple[str, str]]:
+    return [*_filters().FLEET_COLUMNS, *(prometheus.columns() if live else []), ("bench", "LAST BENCH")]
+
+
+def _cells(rows: list[dict], live: prometheus.Live | None) -> list[dict]:
+    return [{**row, **prometheus.cells(row.get("live"))} for row in rows] if live else rows
+
+
+def render_table(rows: list[dict], live: prometheus.Live | None = None) -> str:
+    lines = _filters().table_lines(_cells(rows, live), columns(live))
     lines += [f"{r['host']}: {r['problem']}" for r in rows if r.get("problem")]
+    if live and live.error:
+        lines.append(f"live figures: none ({live.error})")
+    elif live:
+        lines.append(f"live figures: {live.url}, over {live.window}")
     return "\n".join(lines)
 
 
@@ -67,10 +93,17 @@ def run(args: argparse.Namespace) -> int:
     result = run_playbook("playbooks/health.yml", args.inventory, limit=args.limit,
                           extravars={"health_timeout_s": args.wait})
     rows = rows_from(result)
+    live = live_figures(result)
+    if live:
+        add_live(rows, live)
     if args.json:
-        print(json.dumps({"ok": result.ok, "hosts": rows}, indent=2, sort_keys=True))
+        doc = {"ok": result.ok, "hosts": rows}
+        if live:
+            doc["prometheus"] = {"url": live.url, "window": live.window, "error": live.error}
+        print(json.dumps(doc, indent=2, sort_keys=True))
     else:
-        print(render_table(rows))
+        print(render_table(rows, live))
     if args.html:
-        args.html.write_text(bench_report.health_html(rows, columns(), result.ok and bool(rows), None))
+        ok = result.ok and bool(rows)
+        args.html.write_text(bench_report.health_html(_cells(rows, live), columns(live), ok, None))
     return exitcodes.OK if result.ok and rows else exitcodes.FAILED

@@ -35,6 +35,9 @@ Usage: npu-smi info <watch|proc-mem|-h|-m|-l|-t type -i id [-c chip_id]>
        npu-smi info -t board|memory|common|health -i id [-c chip_id]
        npu-smi -v
 """
+# The error code of an NPU whose health is not OK (an assumption: one of the real chip fault codes), shown by
+# `info -t health` and exported by the npu-exporter simulator.
+HEALTH_ERROR_CODE = "80E18005"
 PCI_VENDOR_ID = "0x19E5"
 PCI_DEVICE_ID = "0xD802"  # the 910B family
 
@@ -218,7 +221,7 @@ def render_common(state: dict, dev: dict) -> str:
 
 
 def render_health(state: dict, dev: dict) -> str:
-    return kv([("Health Status", dev["health"]), ("Error Code", "NA" if dev["health"] == "OK" else "80E18005")])
+    return kv([("Health Status", dev["health"]), ("Error Code", "NA" if dev["health"] == "OK" else HEALTH_ERROR_CODE)])
 
 
 def render_list(state: dict) -> str:

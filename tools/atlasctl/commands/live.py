@@ -1,0 +1,61 @@
+"""`atlasctl live`: the fleet's live figures from its Prometheus (p95 TTFT and TPOT, KV cache use, requests running
+per node) over a window, now or at a past time (docs/monitoring.md). The rollout's SLO gate runs it for the canary
+before its restart and after its bench; `atlasctl health` shows the same figures in its table.
+
+Prometheus not answering is no error here: the JSON says so (`error`) and the exit code is 3 (environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from pathlib import Path
+
+from atlasctl import exitcodes, prometheus
+from atlasctl.collection import ensure_on_path
+from atlasctl.errors import UsageError
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("live", help="live figures per node from the inventory's Prometheus")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("-i", "--inventory", type=Path,
+                       help="the inventory naming Prometheus (monitoring_prometheus_url, else group monitoring)")
+    where.add_argument("--prometheus", help="Prometheus's URL, e.g. http://10.0.0.5:9090")
+    parser.add_argument("--node", action="append", default=[], help="only this node (repeatable)")
+    parser.add_argument("--window", default=prometheus.RULE_WINDOW, help="a Prometheus duration (default 5m)")
+    parser.add_argument("--at", type=float, default=None, metavar="UNIX_TIME", help="the window's end (default now)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.set_defaults(func=run)
+
+
+def render(result: prometheus.Live, nodes: list[str]) -> str:
+    """The fleet table's layout (the collection's table_lines, as `atlasctl health` prints it)."""
+    ensure_on_path()
+    table_lines = importlib.import_module("ansible_collections.atlas.serving.plugins.filter.serving").table_lines
+    rows = [{"host": node, **prometheus.cells(result.nodes.get(node))} for node in nodes]
+    when = "now" if result.at is None else f"at {result.at:.0f}"
+    return "\n".join([*table_lines(rows, [("host", "NODE"), *prometheus.columns()]),
+                      f"({result.url}, over {result.window} {when})"])
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.inventory is not None:
+        result = prometheus.for_inventory(args.inventory, args.window, args.at)
+        if result is None:
+            raise UsageError(f"inventory {args.inventory} names no Prometheus",
+                             fix="add a host to group monitoring (playbooks/monitoring.yml), or set "
+                                 "monitoring_prometheus_url in its group_vars/all")
+    else:
+        result = prometheus.live(args.prometheus.rstrip("/"), args.window, args.at)
+    if args.node:
+        result = prometheus.Live(result.url, result.window, result.at,
+                                 {n: f for n, f in result.nodes.items() if n in args.node}, result.error)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2, sort_keys=True))
+    elif result.error:
+        print(f"no live figures: {result.error}")
+    else:
+        print(render(result, args.node or sorted(result.nodes)))
+    return exitcodes.ENVIRONMENT if result.error else exitcodes.OK

@@ -1,0 +1,151 @@
+"""Live figures from an inventory's Prometheus (docs/monitoring.md): p95 TTFT and TPOT, KV cache use and requests
+running per node, through Prometheus's HTTP API (``/api/v1/query``).
+
+The figures are the monitoring stage's recording rules, read as data from the suite
+(``roles/monitoring/files/atlas-rules.yml``) and evaluated as expressions, over a window of the caller's
+(the rules' own is 5 minutes) and at a time of the caller's: so they work against any Prometheus that scrapes
+the fleet with the stage's labels, and one definition serves the rules, ``atlasctl health``, ``atlasctl live``
+and the rollout's SLO gate. Where Prometheus is: ``monitoring_prometheus_url``, else the first host of group
+``monitoring`` (plugin_utils/monitoring.py, shared with the roles). A Prometheus that does not answer is a
+note in the result, not an exception: the caller's own work goes on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from atlasctl import inventory as inv
+from atlasctl.collection import plugin_utils
+from atlasctl.errors import AtlasError, UsageError
+from atlasctl.paths import suite_root
+
+RULE_WINDOW = "5m"
+_WINDOW = re.compile(r"^[1-9][0-9]*[smhd]$")
+# (key, the recording rule, how it is aggregated per node, scale, column title, cell format)
+FIGURES = (
+    ("ttft_p95_ms", "atlas:engine_ttft_seconds:p95_5m", "max", 1000.0, "TTFT p95", "{:.0f}ms"),
+    ("tpot_p95_ms", "atlas:engine_tpot_seconds:p95_5m", "max", 1000.0, "TPOT p95", "{:.0f}ms"),
+    ("kv_cache_pct", "atlas:engine_kv_cache_usage:ratio", "max", 100.0, "KV", "{:.0f}%"),
+    ("requests_running", "atlas:engine_requests_running:sum", "sum", 1.0, "RUN", "{:.0f}"),
+)
+# The probes ask Prometheus directly: proxy variables of the controller's environment never apply.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+class PrometheusError(AtlasError):
+    """Prometheus did not answer, or answered with an error: the message names the URL and the query."""
+
+
+def rules_file() -> Path:
+    return suite_root() / "roles/monitoring/files/atlas-rules.yml"
+
+
+@functools.cache
+def recording_rules() -> dict[str, str]:
+    """{recorded name: expression} of the suite's rules."""
+    doc = yaml.safe_load(rules_file().read_text(encoding="utf-8"))
+    return {r["record"]: " ".join(str(r["expr"]).split()) for g in doc["groups"] for r in g["rules"] if "record" in r}
+
+
+def expression(record: str, window: str = RULE_WINDOW) -> str:
+    """The expression of recording rule ``record`` over ``window`` (a Prometheus duration, e.g. 10m) instead of
+    the rule's own 5 minutes."""
+    if not _WINDOW.match(str(window)):
+        raise UsageError(f"window {window!r} is not a Prometheus duration", fix="use e.g. 5m, 90s or 1h")
+    return recording_rules()[record].replace(f"[{RULE_WINDOW}]", f"[{window}]")
+
+
+def query(url: str, promql: str, at: float | None = None, timeout: float = 5.0,
+          opener: urllib.request.OpenerDirector = _OPENER) -> list[tuple[dict[str, str], float]]:
+    """An instant query (at ``at``, unix seconds; None: now) -> [(labels, value)] of its vector."""
+    params = {"query": promql, **({"time": f"{at:.3f}"} if at is not None else {})}
+    target = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode(params)}"
+    try:
+        with opener.open(target, timeout=timeout) as response:
+            doc = json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            doc = json.loads(exc.read())
+        except ValueError:
+            raise PrometheusError(f"Prometheus at {url} answered HTTP {exc.code} to {promql[:80]!r}") from None
+    except (OSError, ValueError) as exc:
+        raise PrometheusError(f"Prometheus at {url} did not answer: {exc}",
+                              fix="check that it runs (playbooks/monitoring.yml) and this machine reaches it") from None
+    if doc.get("status") != "success":
+        raise PrometheusError(f"Prometheus at {url} refused {promql[:80]!r}: {doc.get('error', doc)}")
+    data = doc.get("data") or {}
+    if data.get("resultType") != "vector":
+        raise PrometheusError(f"Prometheus at {url} answered a {data.get('resultType')} to {promql[:80]!r}, "
+                              "not a vector")
+    return [(dict(item["metric"]), float(item["value"][1])) for item in data.get("result", [])]
+
+
+@dataclasses.dataclass(frozen=True)
+class Live:
+    """Figures per node (``FIGURES`` keys, None where Prometheus has no value), or why there are none."""
+
+    url: str
+    window: str
+    at: float | None
+    nodes: dict[str, dict[str, float | None]]
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def live(url: str, window: str = RULE_WINDOW, at: float | None = None,
+         query_fn: Callable[..., list[tuple[dict[str, str], float]]] = query) -> Live:
+    """Every figure of ``FIGURES`` per node, over ``window`` ending at ``at``. Prometheus not answering: ``error``."""
+    nodes: dict[str, dict[str, float | None]] = {}
+    try:
+        for key, record, how, scale, _title, _cell in FIGURES:
+            for labels, value in query_fn(url, f"{how} by (node) ({expression(record, window)})", at):
+                figures = nodes.setdefault(labels.get("node", "?"), {k: None for k, *_ in FIGURES})
+                figures[key] = None if math.isnan(value) or math.isinf(value) else value * scale
+    except PrometheusError as exc:
+        return Live(url, window, at, {}, exc.render())
+    return Live(url, window, at, dict(sorted(nodes.items())))
+
+
+def cells(figures: dict[str, float | None] | None) -> dict[str, str]:
+    """The figures of one node as table cells ('-' where there is none)."""
+    figures = figures or {}
+    return {key: "-" if figures.get(key) is None else cell.format(figures[key]) for key, *_, cell in FIGURES}
+
+
+def columns() -> list[tuple[str, str]]:
+    return [(key, title) for key, _rule, _how, _scale, title, _cell in FIGURES]
+
+
+def url_of(document: dict[str, Any]) -> str:
+    """Where the inventory's Prometheus is, from an ``ansible-inventory --list`` document ('' none): a host's
+    ``monitoring_prometheus_url`` (group_vars/all), else the first host of group ``monitoring``."""
+    mon = plugin_utils("monitoring")
+    hostvars = inv.hostvars(document)
+    explicit = next((hv[mon.URL_VAR] for _, hv in sorted(hostvars.items()) if hv.get(mon.URL_VAR)), "")
+    group = document.get(mon.MONITORING_GROUP) or {}
+    hosts = list(group.get("hosts") or []) or sorted(inv.group_hosts(document, mon.MONITORING_GROUP))
+    try:
+        return mon.prometheus_url(explicit, hosts, hostvars)
+    except mon.MonitoringError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def for_inventory(inventory: Path, window: str = RULE_WINDOW, at: float | None = None,
+                  query_fn: Callable[..., list[tuple[dict[str, str], float]]] = query) -> Live | None:
+    """The live figures of an inventory's fleet; None when the inventory names no Prometheus."""
+    url = url_of(inv.listing(inventory))
+    return live(url, window, at, query_fn) if url else None
