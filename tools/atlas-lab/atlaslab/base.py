@@ -25,7 +25,7 @@ from atlaslab.proc import require_tools, run
 log = logging.getLogger(__name__)
 
 SUITE = "bookworm"
-RECIPE_VERSION = 3  # bump when clean_rootfs or the build steps change
+RECIPE_VERSION = 4  # bump when clean_rootfs or the build steps change
 PACKAGES: tuple[str, ...] = (
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "sudo", "curl",
     "iproute2", "ca-certificates", "libpam-systemd", "rsync", "nginx-light", "libnuma1", "libgomp1",
@@ -35,11 +35,38 @@ PACKAGES: tuple[str, ...] = (
     "gnupg",
     # the monitoring stage (roles/monitoring) installs these from the OS package; the nodes have no network
     "prometheus", "prometheus-node-exporter",
+    # Ansible's apt module (ansible.builtin.package on Debian) needs it on the node, and would fetch it
+    "python3-apt",
+    # the container runtime of the serving stage's `runtime: container` (docs/containers.md): Podman with crun
+    # (Podman's dependency is "crun | runc": named), catatonit for --init
+    "podman", "crun", "catatonit",
 )
 MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "apt-daily.service", "apt-daily-upgrade.service")
 # Enabled by their packages; the stage that needs one enables it (gateway: nginx; monitoring: Prometheus on the
 # monitoring node, the node exporter on the Atlas nodes and gateways), so no other node runs them.
-DISABLED_UNITS = ("nginx.service", "prometheus.service", "prometheus-node-exporter.service")
+DISABLED_UNITS = ("nginx.service", "prometheus.service", "prometheus-node-exporter.service",
+                  # enabled by the podman package; nothing here uses Podman's API socket or its auto-update
+                  "podman.socket", "podman-auto-update.timer", "podman-restart.service")
+# Podman inside a lab node (an nspawn container on a cgroup v1 host, measured: docs/containers.md, "The lab"):
+# nspawn's system-call filter refuses keyctl (crun: "create keyring ...: Operation not permitted"), nspawn mounts
+# the v1 controllers read-only (crun: "creating cgroup directory ...: No such file or directory"), and Podman's
+# default network is a CNI bridge with NAT inside the node. Lab only: a real node keeps Podman's defaults.
+PODMAN_LAB_CONF = """\
+# atlas lab: Podman inside a systemd-nspawn node (tools/atlas-lab/atlaslab/base.py)
+[containers]
+keyring = false
+cgroups = "disabled"
+netns = "host"
+"""
+# overlay needs a filesystem that is not overlayfs under /var/lib/containers: the lab binds a directory of
+# the host's ext4 there per node (node.py); without the bind Podman refuses with a clear error.
+PODMAN_STORAGE_CONF = """\
+# atlas lab: the node's /var/lib/containers is a bind of the host's ext4 (tools/atlas-lab/atlaslab/node.py)
+[storage]
+driver = "overlay"
+graphroot = "/var/lib/containers/storage"
+runroot = "/run/containers/storage"
+"""
 SSHD_DROPIN = """\
 # atlas lab: one host key per node, generated on the controller and pinned in its known_hosts
 HostKey /etc/ssh/ssh_host_ed25519_key
@@ -119,6 +146,10 @@ def clean_rootfs(root: Path) -> None:
             link = wants_dir / unit
             if os.path.lexists(link):
                 link.unlink()
+    conf_d = root / "etc/containers/containers.conf.d"
+    conf_d.mkdir(parents=True, exist_ok=True)
+    (conf_d / "50-atlas-lab.conf").write_text(PODMAN_LAB_CONF)
+    (root / "etc/containers/storage.conf").write_text(PODMAN_STORAGE_CONF)
     for leftover in (root / "var/cache/apt/archives").glob("*.deb"):
         leftover.unlink()
     (root / "root/.ssh").mkdir(mode=0o700, exist_ok=True)

@@ -108,13 +108,23 @@ def _import_path() -> str:
     return os.pathsep.join(roots)
 
 
+CONTAINERS_MOUNT = "/var/lib/containers"
+
+
+def containers_dir(name: str) -> Path:
+    """The node's container store (its /var/lib/containers), in its own directory: gone with the node."""
+    return paths.node_dir(name) / "containers"
+
+
 def nspawn_argv(node: NodeSpec) -> list[str]:
     return [
         "systemd-nspawn", "-D", str(merged(node.name)), "-M", node.name, f"--hostname={node.name}",
         "--register=no", "--keep-unit", "--console=passive", "--link-journal=no",
         f"--network-namespace-path={net.netns_path(node)}", "--capability=CAP_NET_ADMIN",
         "--resolv-conf=off", f"--bind-ro={paths.bundle_dir()}:{BUNDLE_MOUNT}",
-        f"--bind={paths.fabric_dir()}:{npu.FABRIC_MOUNT}", "-b",
+        f"--bind={paths.fabric_dir()}:{npu.FABRIC_MOUNT}",
+        # Podman's overlay store cannot sit on the node's overlayfs root: a directory of the host's filesystem
+        f"--bind={containers_dir(node.name)}:{CONTAINERS_MOUNT}", "-b",
     ]
 
 
@@ -148,6 +158,7 @@ def start(node: NodeSpec) -> None:
     ndir = paths.node_dir(node.name)
     (ndir / supervisor.SUPERVISOR_PID).unlink(missing_ok=True)
     paths.fabric_dir().mkdir(parents=True, exist_ok=True)  # bound into every node (nspawn_argv)
+    containers_dir(node.name).mkdir(mode=0o700, exist_ok=True)
     cgroups = ",".join(str(d) for d in cgroup_dirs(node.name))
     argv = ["setsid", "-f", sys.executable, "-m", "atlaslab.supervisor", str(ndir), cgroups, "--",
             *nspawn_argv(node)]
