@@ -12,9 +12,11 @@ from atlaslab import base, net
 
 def test_hash_covers_packages_and_recipe() -> None:
     assert base.base_hash() == base.base_hash()
-    assert base.base_hash(base.PACKAGES + ("vim",)) != base.base_hash()
+    every = base.PACKAGES + base.LATE_PACKAGES
+    assert base.base_hash(every + ("vim",)) != base.base_hash()
+    assert base.base_hash(base.PACKAGES) != base.base_hash(), "the packages installed after debootstrap count"
     assert base.base_hash(recipe_version=base.RECIPE_VERSION + 1) != base.base_hash()
-    assert base.base_hash(tuple(reversed(base.PACKAGES))) == base.base_hash()
+    assert base.base_hash(tuple(reversed(every))) == base.base_hash()
 
 
 def test_cache_path_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

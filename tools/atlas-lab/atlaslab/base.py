@@ -37,16 +37,18 @@ PACKAGES: tuple[str, ...] = (
     "prometheus", "prometheus-node-exporter",
     # Ansible's apt module (ansible.builtin.package on Debian) needs it on the node, and would fetch it
     "python3-apt",
-    # the container runtime of the serving stage's `runtime: container` (docs/containers.md): Podman with crun
-    # (Podman's dependency is "crun | runc": named), catatonit for --init
-    "podman", "crun", "catatonit",
 )
+# Installed after debootstrap, with apt in the new root: debootstrap's own configuration pass fails on
+# golang-github-containers-common (measured), apt's does not. The container runtime of the serving stage's
+# `runtime: container` (docs/containers.md): Podman with crun (Podman's dependency is "crun | runc": named),
+# catatonit for --init.
+LATE_PACKAGES: tuple[str, ...] = ("podman", "crun", "catatonit")
 MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "apt-daily.service", "apt-daily-upgrade.service")
 # Enabled by their packages; the stage that needs one enables it (gateway: nginx; monitoring: Prometheus on the
 # monitoring node, the node exporter on the Atlas nodes and gateways), so no other node runs them.
 DISABLED_UNITS = ("nginx.service", "prometheus.service", "prometheus-node-exporter.service",
                   # enabled by the podman package; nothing here uses Podman's API socket or its auto-update
-                  "podman.socket", "podman-auto-update.timer", "podman-restart.service")
+                  "podman.socket", "podman.service", "podman-auto-update.timer", "podman-restart.service")
 # Podman inside a lab node (an nspawn container on a cgroup v1 host, measured: docs/containers.md, "The lab"):
 # nspawn's system-call filter refuses keyctl (crun: "create keyring ...: Operation not permitted"), nspawn mounts
 # the v1 controllers read-only (crun: "creating cgroup directory ...: No such file or directory"), and Podman's
@@ -89,7 +91,7 @@ class BaseImage:
     seconds: float
 
 
-def base_hash(packages: tuple[str, ...] = PACKAGES, recipe_version: int = RECIPE_VERSION) -> str:
+def base_hash(packages: tuple[str, ...] = PACKAGES + LATE_PACKAGES, recipe_version: int = RECIPE_VERSION) -> str:
     blob = json.dumps(
         {"packages": sorted(packages), "recipe": recipe_version, "suite": SUITE, "arch": platform.machine()},
         sort_keys=True,
@@ -155,6 +157,21 @@ def clean_rootfs(root: Path) -> None:
     (root / "root/.ssh").mkdir(mode=0o700, exist_ok=True)
 
 
+def install_late(root: Path, packages: tuple[str, ...]) -> None:
+    """``apt-get install`` of ``packages`` inside the fresh root (its own sources list and resolv.conf, as
+    debootstrap left them), with /proc mounted for the maintainer scripts."""
+    if not packages:
+        return
+    (root / "proc").mkdir(exist_ok=True)
+    run(["mount", "-t", "proc", "proc", str(root / "proc")], timeout=60)
+    try:
+        run(["chroot", str(root), "sh", "-c", "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install "
+             f"-y -q --no-install-recommends {' '.join(packages)} >/dev/null && apt-get clean"],
+            timeout=900, fix="check that the Debian mirror in the new root's sources.list is reachable")
+    finally:
+        run(["umount", str(root / "proc")], timeout=60)
+
+
 def build(force: bool = False) -> BaseImage:
     """Return the cached base tarball, building it with debootstrap if absent (or ``force``)."""
     digest = base_hash()
@@ -176,6 +193,7 @@ def build(force: bool = False) -> BaseImage:
             timeout=1800,
             fix=f"check that {mirror} is reachable (set ATLAS_DEBIAN_MIRROR to the host's Debian mirror)",
         )
+        install_late(root, LATE_PACKAGES)
         clean_rootfs(root)
         partial = work / "base.tar.zst"
         run(
