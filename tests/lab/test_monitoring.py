@@ -1,0 +1,103 @@
+"""The monitoring stage on the converged lab (docs/monitoring.md): Prometheus on atlas-mon scrapes every
+target the inventory gives it (each entry's engine, each Atlas node's npu-exporter simulator and node
+exporter, the gateways' node exporters), up, with the branch/node/instance/release labels; an NPU set
+unhealthy fires AtlasNpuUnhealthy within its `for:` window (and clears when it is healthy again); and a
+rollout's report carries the canary's live p95 latency from Prometheus before its restart and after its bench."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+from labtools import atlasctl, lab, lab_hosts, rollout
+
+pytestmark = pytest.mark.lab
+
+CANARY, SICK = "atlas-n3", "atlas-n1"
+WAIT_S = 240  # the alert's for: 1m, plus scrape and evaluation intervals (15 s each), on a busy 2-core machine
+
+
+def _prometheus() -> str:
+    return f"http://{lab_hosts()['atlas-mon']['ansible_host']}:9090"
+
+
+def _get(path: str, **query: str) -> dict:
+    url = f"{_prometheus()}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    with urllib.request.urlopen(url, timeout=20) as response:  # noqa: S310 (lab address)
+        return json.loads(response.read())
+
+
+def _wait(predicate, timeout: float, poll: float = 5):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(poll)
+
+
+def _firing(alert: str, **labels: str) -> list[dict]:
+    return [a for a in _get("/api/v1/alerts")["data"]["alerts"] if a["labels"].get("alertname") == alert
+            and a["state"] == "firing" and all(a["labels"].get(k) == v for k, v in labels.items())]
+
+
+@pytest.fixture(scope="module")
+def monitored(converged_lab):
+    assert converged_lab.first.returncode == 0, converged_lab.first.stdout[-6000:]
+    return converged_lab.hosts
+
+
+def test_every_target_the_inventory_gives_is_scraped_and_up_with_its_labels(monitored) -> None:
+    def all_up():
+        targets = _get("/api/v1/targets")["data"]["activeTargets"]
+        return targets if targets and all(t["health"] == "up" for t in targets) else None
+
+    targets = _wait(all_up, 120) or _get("/api/v1/targets")["data"]["activeTargets"]
+    down = [(t["labels"].get("job"), t["labels"].get("node"), t.get("lastError"))
+            for t in targets if t["health"] != "up"]
+    assert down == [], down
+    jobs: dict[str, set[str]] = {}
+    for t in targets:
+        jobs.setdefault(t["labels"]["job"], set()).add(t["labels"].get("node", ""))
+    serving = {"atlas-n1", "atlas-n2", "atlas-n3", "atlas-n4", "atlas-n5"}
+    assert jobs["atlas-engine"] == serving and jobs["atlas-npu-exporter"] == serving
+    assert jobs["atlas-node"] == serving | {"atlas-gw-east", "atlas-gw-west"}
+    engine = next(t["labels"] for t in targets
+                  if t["labels"]["job"] == "atlas-engine" and t["labels"]["node"] == CANARY)
+    assert (engine["branch"], engine["instance"], engine["engine"]) == ("west", CANARY, "sglang"), engine
+    assert engine["release"].startswith("lab-"), engine
+
+
+def test_an_unhealthy_npu_fires_its_alert_within_the_window_and_clears(monitored) -> None:
+    assert _firing("AtlasNpuUnhealthy", node=SICK) == [], "firing before the fault"
+    lab("npu", SICK, "--device", "1", "--health", "Critical", timeout=60)
+    try:
+        started = time.monotonic()
+        fired = _wait(lambda: _firing("AtlasNpuUnhealthy", node=SICK), WAIT_S)
+        took = time.monotonic() - started
+    finally:
+        lab("npu", SICK, "--device", "1", "--health", "OK", timeout=60)
+    assert fired, f"AtlasNpuUnhealthy did not fire within {WAIT_S} s"
+    assert fired[0]["labels"]["id"] == "1" and fired[0]["labels"]["branch"] == "east", fired[0]["labels"]
+    assert took >= 60, f"fired after {took:.0f} s: its for: 1m was not respected"
+    assert _wait(lambda: not _firing("AtlasNpuUnhealthy", node=SICK), WAIT_S), "still firing once healthy again"
+
+
+def test_the_rollout_report_has_the_canarys_live_latency_before_and_after(monitored) -> None:
+    """Traffic on the canary first (so Prometheus has latency of the release that runs now), then the
+    canary wave of a new release: its node report carries p95 TTFT/TPOT before the restart and after the
+    bench, read from Prometheus."""
+    url = f"http://{lab_hosts()[CANARY]['ansible_host']}:30000"
+    atlasctl("bench", url, "--model", "atlas-tiny-llama", "--num-requests", "40", "--concurrency", "2",
+             "--output-len", "8", "--duration", "60", timeout=300)
+    time.sleep(35)  # two scrapes of that traffic (15 s interval): a rate() over the window has its points
+    rc, report = rollout("--release", "lab-2026.12.9", "-e", 'rollout_slo={"e2el_ms": 60000}',
+                         "-e", 'rollout_waves=[{"name": "canary", "hosts": "canary"}]')
+    assert rc == 0, report
+    live = next(n for n in report["nodes"] if n["host"] == CANARY)["slo"]["prometheus"]
+    assert live["error"] is None, live
+    for when in ("before", "after"):
+        assert live[when] and live[when]["ttft_p95_ms"] is not None, (when, live)
