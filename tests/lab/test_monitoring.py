@@ -12,7 +12,8 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from labtools import atlasctl, lab, lab_hosts, rollout
+import yaml
+from labtools import ROOT, atlasctl, lab, lab_hosts, rollout
 
 pytestmark = pytest.mark.lab
 
@@ -21,7 +22,8 @@ WAIT_S = 240  # the alert's for: 1m, plus scrape and evaluation intervals (15 s 
 
 
 def _prometheus() -> str:
-    return f"http://{lab_hosts()['atlas-mon']['ansible_host']}:9090"
+    data = yaml.safe_load((ROOT / "inventory/lab/hosts.yml").read_text())
+    return f"http://{data['all']['children']['monitoring']['hosts']['atlas-mon']['ansible_host']}:9090"
 
 
 def _get(path: str, **query: str) -> dict:
