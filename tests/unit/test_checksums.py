@@ -662,6 +662,19 @@ def test_small_files_get_more_readers_once_the_large_files_are_all_taken(tmp_pat
         barrier.wait()
         return checksums.Digests(0, "", ""), checksums.FileStat.of(os.stat(path))
 
+    # The order the files are taken in, recorded as they are taken (what the threads then append to events
+    # runs unordered: a reader that took the last large file may append after another appended a small one).
+    taken: list[str] = []
+    take, take_lock = checksums._Jobs.take, threading.Lock()
+
+    def recording_take(jobs):
+        with take_lock:
+            key, advise = take(jobs)
+            if key is not None:
+                taken.append(key)
+            return key, advise
+
+    monkeypatch.setattr(checksums._Jobs, "take", recording_take)
     monkeypatch.setattr(checksums, "hash_file", fake_large)
     monkeypatch.setattr(checksums, "hash_small_file", fake_small)
     names = [f"L{i}" for i in range(4)] + [f"s{i}" for i in range(2 * readers)]
@@ -671,8 +684,8 @@ def test_small_files_get_more_readers_once_the_large_files_are_all_taken(tmp_pat
     sizes = {k: (GIB if k.startswith("L") else 1) for k in names}
     outcomes = checksums.hash_many(paths, workers=workers, sizes=sizes)
     assert all(o.error is None for o in outcomes.values())
-    kinds = [kind for kind, _ in events]
-    assert kinds == ["large"] * 4 + ["small"] * 2 * readers  # no small file before every large one is taken
+    assert sorted(kind for kind, _ in events) == sorted(["large"] * 4 + ["small"] * 2 * readers)
+    assert [k[0] for k in taken] == ["L"] * 4 + ["s"] * 2 * readers  # no small file before every large one is taken
 
 
 @pytest.mark.parametrize("n_large, most_at_once", [(2, 2), (3, 3), (4, 2), (5, 3), (6, 2)])
