@@ -154,8 +154,9 @@ def _check_entries(path: Path, data: dict) -> None:
     for key, mapping, example in (("huawei", False, "- Ascend-cann-toolkit_8.5.0_linux-aarch64.run"),
                                   ("models", True, "- {name: qwen2.5-7b-instruct, path: /srv/models/qwen}"),
                                   ("pip", True, "- {set: x, requirements: [...], targets: [...]}"),
-                                  ("images", True, "- {name: vllm-ascend-0.11.0, archive: /srv/images/vllm-ascend.tar, "
-                                                   "variant: 910b, cann: 8.3.RC2, engine_release: vllm-ascend-0.11.0}")):
+                                  ("images", True, "- {name: vllm-ascend-0.11.0, archive: /srv/images/vllm.tar, "
+                                                   "variant: 910b, cann: 8.3.RC2, engine_release: vllm-ascend-0.11.0}")
+                                  ):
         for index, entry in enumerate(data.get(key, [])):
             ok = isinstance(entry, dict) if mapping else isinstance(entry, str | int | float) and not isinstance(
                 entry, bool)

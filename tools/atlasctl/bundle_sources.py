@@ -114,8 +114,8 @@ def model_dir_step(model: dict) -> PlannedStep:
 
 
 IMAGE_KEYS = ("name", "archive", "variant", "cann", "engine_release")
-_IMAGE_EXAMPLE = ("write e.g. '- {name: vllm-ascend-0.11.0, archive: /srv/images/vllm-ascend-v0.11.0.tar, variant: 910b, "
-                  "cann: 8.3.RC2, engine_release: vllm-ascend-0.11.0}'")
+_IMAGE_EXAMPLE = ("write e.g. '- {name: vllm-ascend-0.11.0, archive: /srv/images/vllm-ascend-v0.11.0.tar, "
+                  "variant: 910b, cann: 8.3.RC2, engine_release: vllm-ascend-0.11.0}'")
 _RELEASE = re.compile(r"^[a-z0-9][a-z0-9.+-]*-[0-9][A-Za-z0-9.+-]*$")
 
 

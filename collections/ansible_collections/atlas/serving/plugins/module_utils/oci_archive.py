@@ -60,7 +60,8 @@ class _Archive:
             raise ImageArchiveError(f"{path}: is a directory, not an image archive") from None
         except (tarfile.TarError, OSError) as exc:
             raise ImageArchiveError(f"{path}: not an uncompressed tar archive ({exc}); an image archive is what "
-                                    f"`podman save` or `docker save` writes (decompress it first, e.g. gunzip)") from None
+                                    "`podman save` or `docker save` writes (decompress it first, e.g. gunzip)"
+                                    ) from None
         self.members = {}
         try:
             for member in self.tar.getmembers():
