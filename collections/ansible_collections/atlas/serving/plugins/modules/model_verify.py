@@ -55,7 +55,7 @@ options:
   files:
     description:
       - Verify only these files (relative to O(path)); the other files the lists name are neither read nor
-        reported. A file the lists do not name fails the task. Default: every listed file.
+        reported. A file the lists do not name fails the task. Empty (the default) verifies every listed file.
       - For a bundle directory of which a node needs one file (an image archive under C(images/)).
     type: list
     elements: str
