@@ -10,11 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
+from image_archives import docker_archive, oci_archive
 
 from atlasctl import bundle
 from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
-from image_archives import docker_archive, oci_archive
 
 fmt = module_utils("manifest")
 

@@ -4,9 +4,9 @@ takes, and every way an archive is refused (several images, a damaged or missing
 from __future__ import annotations
 
 import pytest
+from image_archives import docker_archive, oci_archive
 
 from atlasctl.collection import module_utils
-from image_archives import docker_archive, oci_archive
 
 archive = module_utils("oci_archive")
 
