@@ -166,9 +166,10 @@ def _image(**change):
     (_image(), ["910B3"] * 8, "vllm-ascend-0.11.0", []),
     (_image(variant="a3"), ["Ascend910"] * 16, "vllm-ascend-0.11.0", []),
     (_image(variant="a3"), ["910B3"], "vllm-ascend-0.11.0",
-     ["image vllm is built for a3 (its CANN kernels), but n1's NPUs are 910B3, which need a 910b image"]),
+     ["image vllm is built for a3 (its CANN kernels), but n1's NPUs are 910B3, which need an image of variant 910b"]),
     (_image(), ["Ascend910"], "vllm-ascend-0.11.0",
-     ["image vllm is built for 910b (its CANN kernels), but n1's NPUs are Ascend910, which need a a3 image"]),
+     ["image vllm is built for 910b (its CANN kernels), but n1's NPUs are Ascend910, which need an image of "
+      "variant a3"]),
     (_image(), ["310P3"], "vllm-ascend-0.11.0", ["n1's NPUs are 310P3, a chip this suite does not map"]),
     (_image(), [], "vllm-ascend-0.11.0", ["n1 reports no NPU (npu-smi)"]),
     (_image(), ["910B3"], "sglang-0.5.6",

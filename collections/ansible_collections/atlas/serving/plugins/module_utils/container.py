@@ -250,8 +250,8 @@ def image_problems(image, host, chips, engine_release):
                         "serve this node from a venv release (serving_runtime: venv)")
     elif wanted != [image.get("variant")]:
         problems.append(f"image {name} is built for {image.get('variant')} (its CANN kernels), but {host}'s NPUs are "
-                        f"{', '.join(names)}, which need a {'/'.join(wanted)} image: put the {'/'.join(wanted)} "
-                        "image of "
+                        f"{', '.join(names)}, which need an image of variant {'/'.join(wanted)}: put the "
+                        f"{'/'.join(wanted)} image of "
                         "the same release in the bundle (e.g. quay.io/ascend/vllm-ascend:<v> for 910b, <v>-a3 for a3) "
                         "and set serving_image to it")
     if str(image.get("engine_release")) != str(engine_release):
