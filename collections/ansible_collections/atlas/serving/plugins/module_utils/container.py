@@ -25,6 +25,9 @@ import json
 import posixpath
 import re
 
+from ansible_collections.atlas.serving.plugins.module_utils.manifest import IMAGE_VARIANTS as VARIANTS
+from ansible_collections.atlas.serving.plugins.module_utils.oci_archive import is_image_id
+
 DRIVER_DIR = "/usr/local/Ascend/driver"
 # The official container run mounts (vllm-ascend quick start; docs/ascend-platform.md section 3), with the
 # WHOLE driver directory instead of only lib64 and version.info: a partial driver mount is what breaks HCCL.
@@ -33,9 +36,7 @@ CONTROL_DEVICES = ("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
 HCCN_CONF = "/etc/hccn.conf"
 DEFAULT_HCCN_TOOL = DRIVER_DIR + "/tools/hccn_tool"
 VISIBLE = "ASCEND_RT_VISIBLE_DEVICES"
-VARIANTS = ("910b", "a3")
 _DAVINCI = re.compile(r"^/dev/davinci(\d+)$")
-_ID = re.compile(r"^[0-9a-f]{64}$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _SIZE = re.compile(r"^[0-9]+[bkmg]?$")
 # What systemd's EnvironmentFile parses but podman --env-file takes literally (quotes, escapes, $): the
@@ -137,7 +138,7 @@ def run_argv(spec):
     if not _NAME.match(name):
         raise ContainerError(f"container name {name!r}: letters, digits, '_', '.' and '-' (the service name)")
     image_id = str(spec.get("image_id") or "")
-    if not _ID.match(image_id):
+    if not is_image_id(image_id):
         raise ContainerError(f"image id {image_id!r} is not 64 hex digits (the image config's sha256 the bundle "
                              "manifest records): run the engines stage, which loads the image and records its id")
     npu_ids = list(spec.get("npus") or [])

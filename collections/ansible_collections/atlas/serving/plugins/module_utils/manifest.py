@@ -22,6 +22,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
+from ansible_collections.atlas.serving.plugins.module_utils.oci_archive import is_image_id
 from ansible_collections.atlas.serving.plugins.module_utils.signature import check_trusted_sha256
 
 ALGORITHMS = ("md5", "sha256")
@@ -306,7 +307,6 @@ IMAGE_KIND = "image"
 IMAGE_SUFFIX = ".tar"
 IMAGE_VARIANTS = ("910b", "a3")  # the chip family an image's CANN kernels are built for (docs/containers.md)
 IMAGE_FIELDS = ("image_id", "variant", "cann", "engine_release")
-_IMAGE_ID = re.compile(r"^[0-9a-f]{64}$")
 
 
 def bundle_images(data: object, source: str) -> dict[str, dict]:
@@ -327,7 +327,7 @@ def bundle_images(data: object, source: str) -> dict[str, dict]:
         if missing:
             raise ManifestError(f"{where}: an image entry needs {', '.join(missing)}; rebuild the bundle with its "
                                 "`images:` spec entry (atlasctl bundle build)")
-        if not _IMAGE_ID.match(entry["image_id"]):
+        if not is_image_id(entry["image_id"]):
             raise ManifestError(f"{where}: image_id {entry['image_id']!r} is not 64 hex digits (the image config's "
                                 "sha256)")
         if entry["variant"] not in IMAGE_VARIANTS:
