@@ -26,7 +26,7 @@ import posixpath
 import re
 
 from ansible_collections.atlas.serving.plugins.module_utils.manifest import IMAGE_VARIANTS as VARIANTS
-from ansible_collections.atlas.serving.plugins.module_utils.oci_archive import is_image_id
+from ansible_collections.atlas.serving.plugins.module_utils.manifest import is_image_id
 
 DRIVER_DIR = "/usr/local/Ascend/driver"
 # The official container run mounts (vllm-ascend quick start; docs/ascend-platform.md section 3), with the

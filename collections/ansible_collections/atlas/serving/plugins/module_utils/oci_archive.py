@@ -44,11 +44,6 @@ class ImageArchiveError(ValueError):
     """The archive is not a single image in a format ``podman load`` reads; the message names it."""
 
 
-def is_image_id(value):
-    """True for 64 lower-case hex digits: an image id as Podman prints it (``podman inspect --format {{.Id}}``)."""
-    return isinstance(value, str) and bool(_HEX.match(value))
-
-
 class _Archive:
     def __init__(self, path):
         self.path = path
