@@ -441,3 +441,111 @@ def test_bundle_trust_pinned_is_quiet_and_findings_reach_the_report():
     extra = checks.check_bundle_trust("n1", {"atlas_bundle_allow_unsigned": True})
     result = report.build(["n1"], {}, {}, None, 0.0, extra=extra)
     assert [f.check for f in result.for_host("n1")] == ["bundle-signature"]
+
+
+# --- a container release (docs/containers.md) ---------------------------------------------------
+
+CONTAINER = module_utils("container")
+IMAGE_ID = "9e" * 32
+CID = "c0" * 32
+
+
+def container_args(npus=(0,)) -> str:
+    argv = CONTAINER.run_argv({
+        "podman": "/usr/bin/podman", "name": "atlas-serving", "image_id": IMAGE_ID, "npus": list(npus),
+        "model_source": MODEL_DIR, "model_path": "/var/lib/atlas/models/tiny/current",
+        "env_file": "/etc/atlas/serving/releases/r1/atlas-serving.env", "uid": 990, "gid": 990, "device_gid": 1000,
+        "home": "/var/lib/atlas/serving", "shm_size": "1g", "entrypoint": ["python3"],
+        "command": ["-m", "sglang.launch_server", "--model-path", "/var/lib/atlas/models/tiny/current",
+                    "--tp-size", "1", "--mem-fraction-static", "0.85", "--port", "30000"]})
+    return "#\n# Ansible managed\n#\n" + "\n".join(argv)
+
+
+def inspect(devices=("/dev/davinci0", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"), driver=True,
+            image=IMAGE_ID) -> Section:
+    mounts = [{"Type": "bind", "Source": MODEL_DIR, "Destination": "/var/lib/atlas/models/tiny/current", "RW": False}]
+    if driver:
+        mounts.append({"Type": "bind", "Source": "/usr/local/Ascend/driver",
+                       "Destination": "/usr/local/Ascend/driver", "RW": False})
+    else:
+        mounts.append({"Type": "bind", "Source": "/usr/local/Ascend/driver/lib64",
+                       "Destination": "/usr/local/Ascend/driver/lib64", "RW": False})
+    return Section(0, json.dumps([{"Id": CID, "Image": image, "Mounts": mounts,
+                                   "HostConfig": {"Devices": [{"PathOnHost": d, "PathInContainer": d}
+                                                              for d in devices]}}]))
+
+
+IN_CONTAINER = dict(ENGINE, pid=4321, cmdline="python3 -m sglang.launch_server", unit=f"libpod-{CID}.scope",
+                    engine=False)
+
+
+def container_ev(**changes: Section | None) -> Evidence:
+    base = {"record": Section(0, record(runtime="container", image="sglang", image_id=IMAGE_ID)),
+            "args": Section(0, container_args()), "container": inspect(),
+            "environ": Section(0, ""),  # podman's environment: the image's CANN is inside the container
+            "npu_procs": Section(0, npu_procs(IN_CONTAINER))}
+    return ev(**(base | changes))
+
+
+def test_a_healthy_container_release_has_no_findings(ctx):
+    assert checks.diagnose(container_ev(), ctx) == []
+
+
+@pytest.mark.parametrize("changes, check, text", [
+    ({"container": inspect(devices=("/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"))},
+     "container-devices", "the container lacks /dev/davinci0 that its release gives it"),
+    ({"container": inspect(driver=False)}, "container-driver-mount",
+     "/usr/local/Ascend/driver is not mounted in the container, not the whole directory read-only (only "
+     "/usr/local/Ascend/driver/lib64: a partial driver mount breaks HCCL)"),
+    ({"container": inspect(image="ab" * 32)}, "container-image", f"not {IMAGE_ID}, the image of its release"),
+    ({"container": Section(125, "Error: no such container atlas-serving")}, "container",
+     "is active but its container atlas-serving cannot be inspected"),
+    ({"args": Section(0, container_args()), "npu_procs": Section(0, npu_procs(dict(IN_CONTAINER, unit="libpod-"
+                                                                                   + "d1" * 32 + ".scope")))},
+     "leftover-processes", "outside atlas-serving.service hold NPUs"),
+    ({"args": Section(0, container_args().replace("--tp-size\n1", "--tp-size\n2"))}, "npu-count",
+     "of the container's --device list (davinci0) for tensor parallel size 2"),
+])
+def test_a_container_fault_is_diagnosed_with_evidence_and_fix(ctx, changes, check, text):
+    found = [f for f in checks.diagnose(container_ev(**changes), ctx) if f.check == check]
+    assert found and any(text in f.message or text in f.evidence for f in found), checks.diagnose(
+        container_ev(**changes), ctx)
+    assert all(f.fix and f.evidence for f in found)
+
+
+def test_the_container_check_runs_only_for_an_active_container_release(ctx):
+    assert checks.check_container(container_ev(service=INACTIVE, container=None), ctx) == []
+    assert checks.check_container(ev(container=Section(0, "")), ctx) == []  # a venv release: nothing gathered
+
+
+def test_the_gathered_script_inspects_only_where_the_record_says_container():
+    from atlasctl.doctor import gather
+
+    snippet = dict(gather.snippets())["container"]
+    assert snippet.startswith("grep -q '\"runtime\": \"container\"' /etc/atlas/serving/atlas-serving.json")
+    assert snippet.endswith("|| exit 0; podman inspect --type container atlas-serving")
+
+
+def test_the_container_section_runs_podman_only_on_a_container_node(tmp_path):
+    import os
+    import subprocess
+
+    from atlasctl.doctor import gather
+    from atlasctl.layout import Layout
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "podman").write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/podman.log\necho '[]'\n")
+    (bin_dir / "podman").chmod(0o755)
+    layout = Layout.of({"serving_config_dir": str(tmp_path / "etc")})
+    (tmp_path / "etc").mkdir()
+    script = gather.script((("container", dict(gather.snippets(layout))["container"]),))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    for runtime, calls in (("venv", 0), ("container", 1)):
+        (tmp_path / "etc/atlas-serving.json").write_text(record(runtime=runtime) + "\n")
+        evidence = gather.split_sections("n", subprocess.run(["bash", "-c", script], env=env, capture_output=True,
+                                                             text=True, timeout=30).stdout, layout)
+        log = tmp_path / "podman.log"
+        assert (len(log.read_text().splitlines()) if log.exists() else 0) == calls
+        assert evidence.section("container").rc == 0
+    assert log.read_text().strip() == "inspect --type container atlas-serving"

@@ -208,3 +208,23 @@ def test_bundle_verify_and_the_node_verifier_give_the_same_verdicts(tmp_path: Pa
     node = [checksums.FileResult(**{k: tuple(f[k]) if k == "mismatched" else f[k] for k in fields})
             for f in result["files"]]
     assert {r.path: r.problem for r in node if r.problem} == here
+
+
+def test_files_verifies_only_those_and_refuses_an_unlisted_name(tmp_path: Path) -> None:
+    """`files`: one image archive of a bundle's images/ is read; the other listed archives are neither read nor
+    reported; a damaged one of them does not matter; a file outside the lists is still an extra file."""
+    tree = module_utils("tree_check")
+    root = _model(tmp_path / "m")
+    wanted, other = "model-00003-of-00003.safetensors", "model-00001-of-00003.safetensors"
+    (root / other).write_bytes(b"damaged")
+    sums = [str(root / "sha256sums.txt"), str(root / "md5sums.txt")]
+    report, _ = tree.check_tree(str(root), checksum_files=sums, files=[wanted], stamps=False)
+    assert [r.path for r in report.results] == [wanted] and not report.failed
+    assert report.bytes_read == (root / wanted).stat().st_size
+    full, _ = tree.check_tree(str(root), checksum_files=sums, stamps=False)
+    assert full.failed, "without files the damaged one fails: the test can fail"
+    with pytest.raises(checksums.VerifyError, match="absent.bin: not listed in .*sha256sums.txt"):
+        tree.check_tree(str(root), checksum_files=sums, files=["absent.bin"], stamps=False)
+    (root / "stray.bin").write_bytes(b"x")
+    stray, _ = tree.check_tree(str(root), checksum_files=sums, files=[wanted], stamps=False)
+    assert stray.failed and "stray.bin" in [r.path for r in stray.results]

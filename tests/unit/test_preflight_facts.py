@@ -31,6 +31,14 @@ def test_readable_means_a_regular_file_that_can_be_read(tmp_path: Path) -> None:
     assert got == {str(tmp_path / "m.json"): True, str(tmp_path): False, str(tmp_path / "gone"): False}
 
 
+def test_exist_means_any_kind_of_path_links_followed(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path / "f")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    paths = [str(tmp_path / n) for n in ("f", "link", "dangling", "gone")] + [str(tmp_path), "/dev/null"]
+    assert node_facts.exist(paths) == dict(zip(paths, [True, True, False, False, True, True], strict=True))
+
+
 def _ansible(module: str, args: dict) -> dict:
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections_dir()), ANSIBLE_LOCALHOST_WARNING="False",
                ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="0")
@@ -45,7 +53,8 @@ def _ansible(module: str, args: dict) -> dict:
 def test_module_reads_everything_in_one_call_as_setup_and_the_fact_modules_do(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text("{}")
     args = {"npu_smi_path": str(tmp_path / "no-npu-smi"), "install_path": str(tmp_path / "Ascend"),
-            "free_space": [str(tmp_path), "/nonexistent-path"], "readable": [str(tmp_path / "manifest.json")]}
+            "free_space": [str(tmp_path), "/nonexistent-path"], "readable": [str(tmp_path / "manifest.json")],
+            "exist": [str(tmp_path), "/nonexistent-path"]}
     got = _ansible("atlas.serving.preflight_facts", args)
     setup = _ansible("ansible.builtin.setup", {"gather_subset": ["!all", "min"]})["ansible_facts"]
     facts = got["ansible_facts"]
@@ -58,4 +67,5 @@ def test_module_reads_everything_in_one_call_as_setup_and_the_fact_modules_do(tm
     assert list(got["free_gib"]) == [str(tmp_path)] and got["free_gib"][str(tmp_path)] > 0
     assert "does not exist" in got["free_errors"]["/nonexistent-path"]
     assert got["readable"] == {str(tmp_path / "manifest.json"): True}
+    assert got["exist"] == {str(tmp_path): True, "/nonexistent-path": False}
     assert got["changed"] is False

@@ -29,11 +29,12 @@ from atlasctl.inputs import load_yaml
 _LAYOUT = module_utils("signature")
 _FORMAT = module_utils("manifest")
 _CHECKSUMS = module_utils("checksums")
+_ARCHIVE = module_utils("oci_archive")
 MANIFEST = _LAYOUT.MANIFEST_NAME
 SIGNATURE = _LAYOUT.SIGNATURE_NAME  # GPG detached signature of manifest.json; required unless opted out
 UNLISTED = _LAYOUT.UNLISTED  # the only files of a bundle its manifest does not list
 _KEYS = {"name": str, "arch": str, "models": list, "huawei_dir": str, "huawei": list, "pip": list, "suite": bool,
-         "controller": dict, "sign": str, "sign_home": str}
+         "controller": dict, "sign": str, "sign_home": str, "images": list}
 FORMAT = _FORMAT.MANIFEST_FORMAT
 SOURCE_GROUP = "atlasctl.bundle_sources"  # entry points of other installed packages: a SourceKind each
 
@@ -43,11 +44,14 @@ Step = Callable[[Path], None]
 @dataclasses.dataclass(frozen=True)
 class PlannedStep:
     """One build step: what it is, the function that writes into the bundle directory, the source its files
-    are recorded with in the manifest, and the patterns (fnmatch, relative to the bundle) of the files it owns."""
+    are recorded with in the manifest, the patterns (fnmatch, relative to the bundle) of the files it owns, and
+    fields its files' manifest entries carry beyond the common ones ({path: {field: value}}: an image's
+    variant, cann and engine_release)."""
     title: str
     run: Step
     source: str
     owns: tuple[str, ...]
+    fields: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +95,8 @@ class BundleSpec:
     controller: Mapping[str, object] | None = None
     sign: str = ""
     sign_home: str = ""
+    # Container images (bundle_sources.image_step): images/<name>.tar, each with its variant, cann, engine_release.
+    images: tuple[dict, ...] = ()
     extra: Mapping[str, object] = dataclasses.field(default_factory=dict)  # keys of installed SourceKinds
 
     @classmethod
@@ -121,6 +127,10 @@ class BundleSpec:
             from atlasctl.bundle_sources import check_controller
 
             check_controller(path, data["controller"])
+        if data.get("images"):
+            from atlasctl.bundle_sources import check_images
+
+            check_images(path, data["images"])
         if data.get("arch", "x86_64") not in ("x86_64", "aarch64"):
             raise UsageError(f"bundle spec {path}: arch must be x86_64 or aarch64, not {data['arch']!r}")
         return cls(
@@ -134,6 +144,7 @@ class BundleSpec:
             controller=data.get("controller"),
             sign=data.get("sign", ""),
             sign_home=data.get("sign_home", ""),
+            images=tuple(data.get("images", [])),
             extra={k: v for k, v in data.items() if k not in _KEYS},
         )
 
@@ -142,7 +153,10 @@ def _check_entries(path: Path, data: dict) -> None:
     """List entries of the right kind: names are scalars, models and pip entries mappings."""
     for key, mapping, example in (("huawei", False, "- Ascend-cann-toolkit_8.5.0_linux-aarch64.run"),
                                   ("models", True, "- {name: qwen2.5-7b-instruct, path: /srv/models/qwen}"),
-                                  ("pip", True, "- {set: x, requirements: [...], targets: [...]}")):
+                                  ("pip", True, "- {set: x, requirements: [...], targets: [...]}"),
+                                  ("images", True, "- {name: vllm-ascend-0.11.0, archive: /srv/images/vllm.tar, "
+                                                   "variant: 910b, cann: 8.3.RC2, engine_release: vllm-ascend-0.11.0}")
+                                  ):
         for index, entry in enumerate(data.get(key, [])):
             ok = isinstance(entry, dict) if mapping else isinstance(entry, str | int | float) and not isinstance(
                 entry, bool)
@@ -166,6 +180,7 @@ def _check_names(path: Path, data: dict) -> None:
     names = [("huawei", v) for v in data.get("huawei", [])]
     names += [("models", m.get("name")) for m in data.get("models", []) if isinstance(m, dict) and "name" in m]
     names += [("pip", e.get("set")) for e in data.get("pip", []) if isinstance(e, dict) and "set" in e]
+    names += [("images", e.get("name")) for e in data.get("images", []) if isinstance(e, dict) and "name" in e]
     check_plain_names(path, names)
 
 
@@ -185,6 +200,8 @@ def _kind_and_version(rel: str) -> tuple[str, str]:
         return "suite", ""
     if parts[0] == "models":
         return "model", parts[1] if len(parts) > 1 else ""
+    if parts[0] == _FORMAT.IMAGE_DIR and len(parts) == 2 and parts[1].endswith(_FORMAT.IMAGE_SUFFIX):
+        return _FORMAT.IMAGE_KIND, ""
     return "other", ""
 
 
@@ -217,8 +234,21 @@ def _zip_members(path: Path) -> list[dict]:
     return members
 
 
+def _is_image(rel: str) -> bool:
+    return _kind_and_version(rel)[0] == _FORMAT.IMAGE_KIND
+
+
+def _image_id(root: Path, rel: str) -> str:
+    try:
+        return _ARCHIVE.image_id(str(root / rel))
+    except _ARCHIVE.ImageArchiveError as exc:
+        raise UsageError(f"bundle {root}: {exc}", fix="replace the archive by a `podman save`/`docker save` of one "
+                         "image, or remove it and its `images:` entry") from None
+
+
 def write_manifest(root: Path, name: str, *, workers: int | None = None,
-                   sources: Iterable[tuple[str, str]] = ()) -> dict:
+                   sources: Iterable[tuple[str, str]] = (),
+                   fields: Mapping[str, Mapping[str, str]] | None = None) -> dict:
     """Describe every file under root in manifest.json (atomically replaced).
 
     Every regular file is listed, dot-files included (only manifest.json and its signature are
@@ -227,9 +257,12 @@ def write_manifest(root: Path, name: str, *, workers: int | None = None,
     cache beside the bundle maps (size, mtime_ns, inode) -> digests, so unchanged files are not
     hashed again; the others are hashed by module_utils/checksums (md5 + sha256 in one read, in
     parallel, largest first). ``sources``: (fnmatch pattern, source) pairs; a file gets the source of the
-    first pattern that matches it (``vendor``, ``download``, ``local-model``, ``suite``, ``lab-double``),
-    none when no step of this build owns it.
+    first pattern that matches it (``vendor``, ``download``, ``local-model``, ``local-image``, ``suite``,
+    ``lab-double``), none when no step of this build owns it. An image archive (``images/<name>.tar``) gets its
+    ``image_id`` (module_utils/oci_archive.py, kept in the cache like a zip's members) and the fields its step
+    gives (``fields``: {path: {variant, cann, engine_release}}); one that no step describes is refused.
     """
+    fields = {rel: dict(extra) for rel, extra in (fields or {}).items()}
     owners = list(sources)
     cache_file = stat_cache_path(root)
     legacy = root / LEGACY_STAT_CACHE
@@ -253,7 +286,7 @@ def write_manifest(root: Path, name: str, *, workers: int | None = None,
         st = stats[rel]
         prev = old.get(rel)
         if prev and prev["stat"] == [st.st_size, st.st_mtime_ns, st.st_ino] and (
-                "members" in prev or not rel.endswith(".zip")):
+                "members" in prev or not rel.endswith(".zip")) and ("image_id" in prev or not _is_image(rel)):
             cache[rel] = prev
         else:
             to_hash[rel] = str(root / rel)
@@ -268,6 +301,14 @@ def write_manifest(root: Path, name: str, *, workers: int | None = None,
                       "sha256": outcome.digests.sha256}
         if rel.endswith(".zip"):
             cache[rel]["members"] = _zip_members(root / rel)
+        if _is_image(rel):
+            cache[rel]["image_id"] = _image_id(root, rel)
+    undescribed = [rel for rel in rels if _is_image(rel)
+                   and not all(fields.get(rel, {}).get(key) for key in _FORMAT.IMAGE_FIELDS if key != "image_id")]
+    if undescribed:
+        raise UsageError(f"bundle {root}: {', '.join(undescribed)}: an image archive that no `images:` entry of this "
+                         "build describes (variant, cann, engine_release)",
+                         fix="add its entry to the bundle spec's `images:`, or remove the archive from the bundle")
 
     def entry(rel: str) -> dict:
         known = cache[rel]
@@ -276,6 +317,8 @@ def write_manifest(root: Path, name: str, *, workers: int | None = None,
                "kind": kind, "version": version}
         source = next((src for pattern, src in owners if fnmatch.fnmatchcase(rel, pattern)), None)
         out |= {"source": source} if source else {}
+        if _is_image(rel):
+            out |= {"image_id": known["image_id"], **fields[rel]}
         return out | ({"members": known["members"]} if "members" in known else {})
 
     files = [entry(rel) for rel in rels]
@@ -373,6 +416,7 @@ def plan_build(spec: BundleSpec, cache: Path) -> list[PlannedStep]:
     from atlasctl.wheelhouse import canns_of
 
     steps += [bundle_sources.pip_step(e, cache, tuple(canns_of(spec.huawei))) for e in spec.pip]
+    steps += [bundle_sources.image_step(e) for e in spec.images]
     if spec.suite or spec.controller is not None:
         from atlasctl.paths import suite_root
 
@@ -397,7 +441,8 @@ def build_bundle(spec: BundleSpec, out: Path, cache: Path,
     if progress:
         progress("manifest")
     (out / SIGNATURE).unlink(missing_ok=True)  # a signature of the previous manifest is never left beside it
-    manifest = write_manifest(out, spec.name, sources=[(pattern, s.source) for s in steps for pattern in s.owns])
+    manifest = write_manifest(out, spec.name, sources=[(pattern, s.source) for s in steps for pattern in s.owns],
+                              fields={path: extra for s in steps for path, extra in s.fields.items()})
     key = sign_key or spec.sign
     home = sign_home or (Path(spec.sign_home) if spec.sign_home else None)
     if key:

@@ -11,6 +11,10 @@ Spec keys (bundle.yml; the lab's package adds its own, see atlasctl.bundle.Sourc
     find_links, no_index, index_url}``: an engine wheelhouse in ``wheels/<set>/`` resolved, gated by the
     compatibility table, downloaded and proven for each target platform (atlasctl.wheelhouse).
 ``models`` entries with ``path``: a local model directory copied to ``models/<name>/``.
+``images``: list of ``{name, archive, variant, cann, engine_release}``: a container image archive (``podman save``
+    or ``docker save`` output, OCI or docker-archive) copied to ``images/<name>.tar``, listed with its image id
+    (the config digest read from the archive), the chip family its CANN is built for (``910b`` or ``a3``), that
+    CANN and the engine release it runs (docs/containers.md).
 ``suite: true``: the suite (atlasctl.paths.SUITE_ITEMS: site.yml, playbooks/, roles/, the collection,
     ansible.cfg, templates/, inventory/example-bank) into ``suite/``.
 ``controller``: ``{targets: [{platform, python}], wheel}``: the controller kit in ``controller/`` (and the
@@ -24,6 +28,7 @@ Spec keys (bundle.yml; the lab's package adds its own, see atlasctl.bundle.Sourc
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 import sys
@@ -106,6 +111,78 @@ def model_dir_step(model: dict) -> PlannedStep:
         shutil.copytree(src, out / "models" / name, dirs_exist_ok=True, copy_function=shutil.copy2)
 
     return PlannedStep(f"model {name} from {src}", run, "local-model", (f"models/{name}/*",))
+
+
+IMAGE_KEYS = ("name", "archive", "variant", "cann", "engine_release")
+_IMAGE_EXAMPLE = ("write e.g. '- {name: vllm-ascend-0.11.0, archive: /srv/images/vllm-ascend-v0.11.0.tar, "
+                  "variant: 910b, cann: 8.3.RC2, engine_release: vllm-ascend-0.11.0}'")
+_RELEASE = re.compile(r"^[a-z0-9][a-z0-9.+-]*-[0-9][A-Za-z0-9.+-]*$")
+
+
+def check_images(path: Path, entries: list) -> None:
+    """The spec's ``images`` entries: the five keys, each a string, a known variant, a CANN release name, an
+    engine release named as the schemas name them (``vllm-ascend-0.11.0``), each name once."""
+    from atlasctl.collection import module_utils
+
+    fmt, cann = module_utils("manifest"), module_utils("cann")
+    seen: set[str] = set()
+    for index, entry in enumerate(entries):
+        where = f"bundle spec {path}: images[{index}]"
+        keys = set(entry)
+        if keys != set(IMAGE_KEYS):
+            missing, unknown = sorted(set(IMAGE_KEYS) - keys), sorted(keys - set(IMAGE_KEYS))
+            said = "; ".join(p for p in (f"missing {', '.join(missing)}" if missing else "",
+                                         f"unknown {', '.join(unknown)}" if unknown else "") if p)
+            raise UsageError(f"{where}: {said}", fix=_IMAGE_EXAMPLE)
+        bad = [key for key in IMAGE_KEYS if not isinstance(entry[key], str) or not entry[key]]
+        if bad:
+            raise UsageError(f"{where}: {', '.join(bad)} must be non-empty strings (quote a version like '8.5.0')",
+                             fix=_IMAGE_EXAMPLE)
+        if entry["variant"] not in fmt.IMAGE_VARIANTS:
+            raise UsageError(f"{where}: variant {entry['variant']!r} is not one of {', '.join(fmt.IMAGE_VARIANTS)}",
+                             fix="910b for an image built for Atlas A2 (Ascend 910B), a3 for Atlas A3 (the image's "
+                                 "tag says which: quay.io/ascend/vllm-ascend:<v> or <v>-a3)")
+        if cann.version_key(entry["cann"]) is None:
+            raise UsageError(f"{where}: cann {entry['cann']!r} is not a CANN release name (7.0.RC1, 8.3.RC2, 8.5.0)",
+                             fix="write the CANN the image carries, as its tag or Dockerfile names it")
+        if not _RELEASE.match(entry["engine_release"]):
+            raise UsageError(f"{where}: engine_release {entry['engine_release']!r} is not <engine>-<version>",
+                             fix="name the engine release as the serving profiles do, e.g. vllm-ascend-0.11.0 or "
+                                 "sglang-0.5.6")
+        if entry["name"] in seen:
+            raise UsageError(f"{where}: image name {entry['name']!r} is listed twice", fix="give each image its name")
+        seen.add(entry["name"])
+
+
+def image_step(entry: dict, source: str = "local-image") -> PlannedStep:
+    """``images/<name>.tar``: the archive copied (when its size or mtime differ), after its image id was read,
+    so a file that is not one image in a format ``podman load`` reads is refused before it is copied. The lab
+    plans its own images with this step (``source``: lab-double)."""
+    from atlasctl.collection import module_utils
+
+    archive_fmt, fmt = module_utils("oci_archive"), module_utils("manifest")
+    name, src = str(entry["name"]), Path(str(entry["archive"])).expanduser()
+    rel = f"{fmt.IMAGE_DIR}/{name}{fmt.IMAGE_SUFFIX}"
+
+    def run(out: Path) -> None:
+        if src.is_symlink():
+            raise UsageError(f"image {name}: {src} is a symlink; a bundle is built from regular files only",
+                             fix=f"point archive at the file itself ({src.resolve()})")
+        if not src.is_file():
+            raise UsageError(f"image {name}: {src} does not exist", fix="save the image there (`podman save -o "
+                             f"{src} IMAGE`) or fix the entry's archive")
+        try:
+            archive_fmt.image_id(str(src))
+        except archive_fmt.ImageArchiveError as exc:
+            raise UsageError(f"image {name}: {exc}") from None
+        dest = out / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if not (dest.exists() and dest.stat().st_size == src.stat().st_size
+                and dest.stat().st_mtime_ns == src.stat().st_mtime_ns):
+            shutil.copy2(src, dest)
+
+    fields = {key: str(entry[key]) for key in ("variant", "cann", "engine_release")}
+    return PlannedStep(f"image {name} from {src}", run, source, (rel,), {rel: fields})
 
 
 def suite_step(repo: Path) -> PlannedStep:

@@ -220,7 +220,11 @@ def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = ""
                              f"{variables['serving_service_name']}.keys.yaml")
         keys_text = json.dumps({"api-key": [api_key] if profile["engine"] == "vllm" else api_key}) + "\n"
     argv = command + filters.engine_argv(flags)
-    variables.update({"__serving_argv": argv, "__serving_env": envd, "__serving_engine": profile["engine"]})
+    # A venv release's files: a container release's podman run line needs the node's ids and the loaded image's id,
+    # so the serving stage renders it on the node's facts (docs/containers.md).
+    variables.update({"__serving_argv": argv, "__serving_exec_argv": argv, "__serving_env": envd,
+                      "__serving_engine": profile["engine"],
+                      "serving_runtime_resolved": {"runtime": "venv", "image": None, "entrypoint": []}})
     templates = _serving_role() / "templates"
     texts = {t: env.from_string((templates / f"{t}.j2").read_text(encoding="utf-8")).render(variables)
              for t in ("serving.args", "serving.env", "serving.service")}

@@ -18,6 +18,8 @@ from atlasctl.collection import module_utils
 from atlasctl.doctor import parse
 from atlasctl.doctor.model import ERROR, INFO, REDACTED, WARNING, Evidence, Finding
 
+_CONTAINER = module_utils("container")
+
 # set_env.sh of the CANN toolkit exports them (docs/ascend-platform.md §3, unverified per release; the lab's double).
 CANN_ENV_MARKERS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
 TP_FLAGS = ("--tensor-parallel-size", "-tp", "--tp-size", "--tp")
@@ -122,11 +124,14 @@ def check_npu_count(ev: Evidence, ctx: Context) -> list[Finding]:
         return []
     devices = parse.npu(ev)["devices"]
     env = parse.env_file(ev.text("env"))
-    visible = parse.visible_devices(env)
+    given = _CONTAINER.argv_npus(args) if _CONTAINER.is_run_argv(args) else None  # a container's --device list
+    visible = given if given is not None else parse.visible_devices(env)
     usable = [d for d in devices if visible is None or d["id"] in visible]
     if not devices or len(usable) >= tp:
         return []
-    where = f" of ASCEND_RT_VISIBLE_DEVICES={env.get('ASCEND_RT_VISIBLE_DEVICES')}" if visible is not None else ""
+    where = (f" of the container's --device list ({', '.join(f'davinci{n}' for n in given)})" if given is not None
+             else f" of ASCEND_RT_VISIBLE_DEVICES={env.get('ASCEND_RT_VISIBLE_DEVICES')}" if visible is not None
+             else "")
     return [_f(ev, "npu-count", ERROR,
                f"{len(usable)} usable NPU(s){where} for tensor parallel size {tp}",
                f"{ev.layout.args_file}: {tp_text and 'tp ' + tp_text}; npu-smi info lists {len(devices)} NPU(s)",
@@ -184,8 +189,12 @@ def check_leftover_processes(ev: Evidence, ctx: Context) -> list[Finding]:
     everyone = procs.holders(smi["processes"], scanned["processes"])
     unit = f"{ev.layout.service}.service"
     if state == "active":
-        # a pid npu-smi lists that the scan did not see has no known unit: not judged
-        left = [p for p in everyone if p["npus"] and p.get("unit") != unit and p["seen"] != ["npu-smi"]]
+        # a pid npu-smi lists that the scan did not see has no known unit: not judged; a container release's
+        # engine runs in its container's scope (libpod-<id>.scope), which is the service's too
+        own = {unit} | _container_scopes(ev)
+        left = [p for p in everyone if p["npus"] and p.get("unit") not in own and p["seen"] != ["npu-smi"]
+                and not (parse.is_container(ev) and not parse.container(ev)
+                         and str(p.get("unit") or "").startswith("libpod-"))]
         zombies: list[dict[str, Any]] = []
         said = f"{len(left)} process(es) outside {unit} hold NPUs while it runs"
     else:
@@ -201,6 +210,14 @@ def check_leftover_processes(ev: Evidence, ctx: Context) -> list[Finding]:
                f"{evidence} (npu-smi info process table, /proc/*/fd and /proc/PID/cgroup on the node; "
                f"systemctl show {unit}: ActiveState={state})",
                procs.fix(left, zombies))]
+
+
+def _container_scopes(ev: Evidence) -> set[str]:
+    """The systemd scopes of a container release's container (Podman's systemd cgroup manager puts the container
+    in libpod-<id>.scope and its conmon in libpod-conmon-<id>.scope)."""
+    found = parse.container(ev) if parse.is_container(ev) else None
+    cid = str((found or {}).get("Id") or "")
+    return {f"libpod-{cid}.scope", f"libpod-conmon-{cid}.scope"} if cid else set()
 
 
 # --- service and its environment -------------------------------------------------------
@@ -247,8 +264,8 @@ def check_cann_env(ev: Evidence, ctx: Context) -> list[Finding]:
     """CANN installed, engine running, but set_env.sh's variables never reached its process."""
     cann = parse.versions(ev)["cann"]
     show = parse.key_values(ev.text("service"))
-    if not cann or show.get("MainPID", "0") in ("0", "") or not ev.ok("environ"):
-        return []
+    if not cann or show.get("MainPID", "0") in ("0", "") or not ev.ok("environ") or parse.is_container(ev):
+        return []  # a container release's engine runs on the image's CANN; its main process is podman
     environ = parse.key_values(ev.text("environ"))
     if any(environ.get(name) for name in CANN_ENV_MARKERS):
         return []
@@ -512,9 +529,42 @@ def _hang_evidence(found: dict[str, Any], progress: Any) -> str:
             f"{completion.get('deadline_s')} s) {progress.describe_completion(completion)}")
 
 
+_CONTAINER_FIXES = {
+    "container-devices": "the release's args give the container its NPUs: restart it on them "
+                         "(`systemctl restart {svc}`); if the args name the wrong NPUs, fix ASCEND_RT_VISIBLE_DEVICES "
+                         "or atlas_hardware.npu_count and " + RERUN_SERVING,
+    "container-driver-mount": "the serving stage renders the whole driver directory read-only into the podman run "
+                              "line: " + RERUN_SERVING + " (a container started by hand is replaced on restart)",
+    "container-image": "the engines stage loads and pins the release's image: ansible-playbook -i INV "
+                       "playbooks/engines.yml --limit {host}, then " + RERUN_SERVING,
+}
+
+
+def check_container(ev: Evidence, ctx: Context) -> list[Finding]:
+    """A container release whose unit is active: the devices the container holds against the NPUs its release
+    gives it, the whole driver directory mounted read-only, the running image against the record's image id
+    (``podman inspect``, gathered only where the record says runtime container)."""
+    rec = parse.record(ev)
+    show = parse.key_values(ev.text("service"))
+    if not parse.is_container(ev) or show.get("ActiveState") != "active":
+        return []
+    svc = ev.layout.service
+    found = parse.container(ev)
+    if found is None:
+        return [_f(ev, "container", ERROR, f"{svc} is active but its container {svc} cannot be inspected",
+                   f"podman inspect --type container {svc}: {_first_lines(ev.text('container'))} "
+                   f"(rc {ev.section('container').rc if ev.section('container') else 'not gathered'})",
+                   f"read `journalctl -u {svc} -n 100` and `podman ps -a`; then `systemctl restart {svc}`")]
+    args = parse.argv(ev.text("args"))
+    return [_f(ev, check, ERROR, message, f"{evidence}; {ev.layout.args_file}, service record {ev.layout.record}",
+               _CONTAINER_FIXES[check].format(svc=svc, host=ev.host))
+            for check, message, evidence in _CONTAINER.inspect_problems(found, args, str((rec or {}).get("image_id")
+                                                                                          or ""))]
+
+
 CHECKS: tuple[Callable[[Evidence, Context], list[Finding]], ...] = (
     check_npu_visible, check_npu_health, check_npu_count, check_hbm, check_leftover_processes, check_service,
-    check_cann_env,
+    check_container, check_cann_env,
     check_env_file, check_file_modes, check_api_key, check_oom, check_versions, check_reboot_pending, check_model,
     check_instance_hung,
 )

@@ -189,6 +189,9 @@ def snippets(layout: Layout | None = None, hang_window_s: float = 0.0) -> tuple[
         ("models", f"python3 -c {q(_MODELS_PY)} {q(layout.models_root)} {q(layout.stamp_dir)}"),
         ("probe", f"python3 -c {q(_PROBE_PY)} {q(layout.record)}"),
         ("npu_procs", f"python3 -c {q(_collection_source('npu_procs'))} {q(layout.engines_root)}"),
+        # a container release only (the record says runtime container): what Podman gave the container
+        ("container", f"grep -q '\"runtime\": \"container\"' {q(layout.record)} 2>/dev/null || exit 0; "
+                      f"podman inspect --type container {q(layout.service)}"),
     ) + hang
 
 

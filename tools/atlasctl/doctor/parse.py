@@ -133,6 +133,20 @@ def npu_procs(ev: Evidence) -> dict[str, Any] | None:
     return scanned if isinstance(scanned, dict) and isinstance(scanned.get("processes"), list) else None
 
 
+def container(ev: Evidence) -> dict[str, Any] | None:
+    """The serving container as ``podman inspect`` describes it (the section runs only where the record says
+    runtime container), or None when absent, not inspected or malformed."""
+    found = json_section(ev, "container")
+    if isinstance(found, list) and len(found) == 1 and isinstance(found[0], dict):
+        return found[0]
+    return None
+
+
+def is_container(ev: Evidence) -> bool:
+    """The service record says the running release is a container release."""
+    return (record(ev) or {}).get("runtime") == "container"
+
+
 def json_section(ev: Evidence, name: str) -> Any:
     if not ev.ok(name):
         return None

@@ -301,6 +301,61 @@ def sha256_index(data: object, source: str) -> dict[str, str]:
     return index
 
 
+IMAGE_DIR = "images"
+IMAGE_KIND = "image"
+IMAGE_SUFFIX = ".tar"
+IMAGE_VARIANTS = ("910b", "a3")  # the chip family an image's CANN kernels are built for (docs/containers.md)
+IMAGE_FIELDS = ("image_id", "variant", "cann", "engine_release")
+_IMAGE_ID = re.compile(r"^[0-9a-f]{64}$")
+
+
+def is_image_id(value: object) -> bool:
+    """64 lower-case hex digits: an image id as Podman prints it (``podman inspect --format {{.Id}}``), the sha256
+    of the image's config (module_utils/oci_archive.py reads it from an archive)."""
+    return isinstance(value, str) and bool(_IMAGE_ID.match(value))
+
+
+def bundle_images(data: object, source: str) -> dict[str, dict]:
+    """A bundle's manifest.json, parsed JSON -> {image name: {name, path, size, sha256, image_id, variant, cann,
+    engine_release}}: every entry of kind ``image`` (``images/<name>.tar``), each field checked. The one
+    reading of a bundle's images for preflight, the engines stage and ``atlasctl bundle``."""
+    listed = parse_bundle_manifest(data, source)
+    images: dict[str, dict] = {}
+    for number, entry in enumerate(data["files"]):
+        if entry.get("kind") != IMAGE_KIND:
+            continue
+        path = entry["path"]
+        where = f"{source}: files[{number}] ({path})"
+        folder, _, base = path.partition("/")
+        if folder != IMAGE_DIR or "/" in base or not base.endswith(IMAGE_SUFFIX) or base == IMAGE_SUFFIX:
+            raise ManifestError(f"{where}: an image is listed as {IMAGE_DIR}/<name>{IMAGE_SUFFIX}")
+        missing = [key for key in IMAGE_FIELDS if not isinstance(entry.get(key), str) or not entry[key]]
+        if missing:
+            raise ManifestError(f"{where}: an image entry needs {', '.join(missing)}; rebuild the bundle with its "
+                                "`images:` spec entry (atlasctl bundle build)")
+        if not is_image_id(entry["image_id"]):
+            raise ManifestError(f"{where}: image_id {entry['image_id']!r} is not 64 hex digits (the image config's "
+                                "sha256)")
+        if entry["variant"] not in IMAGE_VARIANTS:
+            raise ManifestError(f"{where}: variant {entry['variant']!r} is not one of {', '.join(IMAGE_VARIANTS)}")
+        name = base[: -len(IMAGE_SUFFIX)]
+        images[name] = {"name": name, "path": path, "size": listed[path].size, "sha256": listed[path].sha256,
+                        **{key: entry[key] for key in IMAGE_FIELDS}}
+    return images
+
+
+def bundle_image(data: object, name: str, source: str) -> dict:
+    """The image ``name`` of a bundle's manifest.json (parsed), as :func:`bundle_images` reads it, or a
+    ManifestError naming the images the bundle has."""
+    images = bundle_images(data, source)
+    if name not in images:
+        have = ", ".join(sorted(images)) or "none"
+        raise ManifestError(f"{source} lists no image {name!r} ({IMAGE_DIR}/{name}{IMAGE_SUFFIX}); the bundle's "
+                            f"images: {have}. Set serving_image to one of them, or add the image to the bundle spec's "
+                            "`images:` and rebuild the bundle")
+    return images[name]
+
+
 def merge_expected(
     *sources: dict[str, Expected], digest_maps: dict[str, dict[str, str]] | None = None
 ) -> dict[str, Expected]:

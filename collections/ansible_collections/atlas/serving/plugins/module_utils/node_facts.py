@@ -32,3 +32,8 @@ def free_gib(paths):
 def readable(paths):
     """{path: True when it is a regular file this process can read}."""
     return {path: os.path.isfile(path) and os.access(path, os.R_OK) for path in paths}
+
+
+def exist(paths):
+    """{path: True when it exists (a file, a directory, a device node; links followed)}."""
+    return {path: os.path.exists(path) for path in paths}

@@ -29,12 +29,14 @@ def _relative_inside(root, path):
 
 
 def check_tree(root, manifest=None, checksum_files=(), prefix="", manifest_sha256=None, stamps=True,
-               stamp_file=None, **verify):
+               stamp_file=None, files=(), **verify):
     """(report, stamp path or None) of ``root`` against a manifest.json and/or md5sum/sha256sum
     lists (default: those of DEFAULT_LISTS in ``root``). ``manifest_sha256``: the manifest's bytes must
     have it (the verified one). The lists and a manifest's detached signature inside ``root`` are not
-    extra files. ``verify``: the rest of :func:`checksums.verify_tree`'s options. Raises VerifyError
-    with a message that names the input and the fix."""
+    extra files. ``files``: only these (relative to ``root``) are verified; the other files the lists name
+    are neither read nor reported (a bundle directory of which a node needs one file: an image archive).
+    ``verify``: the rest of :func:`checksums.verify_tree`'s options. Raises VerifyError with a message that
+    names the input and the fix."""
     lists = ([manifest] if manifest else []) + list(checksum_files)
     if not lists:
         lists = [os.path.join(root, n) for n in DEFAULT_LISTS if os.path.isfile(os.path.join(root, n))]
@@ -50,6 +52,15 @@ def check_tree(root, manifest=None, checksum_files=(), prefix="", manifest_sha25
         raise VerifyError(str(exc)) from None
     stamp_path = (stamp_file or os.path.join(root, STAMP_FILE_NAME)) if stamps else None
     ignore = {rel for rel in (_relative_inside(root, x) for x in lists) if rel}
+    if files:
+        wanted = [posixpath.normpath(str(f)) for f in files]
+        unlisted = [f for f in wanted if f not in expected]
+        if unlisted:
+            raise VerifyError(f"{', '.join(unlisted)}: not listed in {', '.join(lists)}"
+                              + (f" under {prefix}" if prefix else "") + "; the checksum list names "
+                              + (", ".join(sorted(expected)[:10]) or "nothing there"))
+        ignore |= set(expected) - set(wanted)
+        expected = {rel: expected[rel] for rel in wanted}
     # a bundle root: the manifest's detached signature is not listed in it (DESIGN.md)
     ignore |= {posixpath.join(posixpath.dirname(rel), SIGNATURE_NAME) for rel in list(ignore)
                if posixpath.basename(rel) == "manifest.json"}

@@ -52,6 +52,14 @@ options:
     type: str
     default: ''
     aliases: [manifest_prefix]
+  files:
+    description:
+      - Verify only these files (relative to O(path)); the other files the lists name are neither read nor
+        reported. A file the lists do not name fails the task. Empty (the default) verifies every listed file.
+      - For a bundle directory of which a node needs one file (an image archive under C(images/)).
+    type: list
+    elements: str
+    default: []
   allow_extra:
     description: Files under O(path) that no list names are reported; with V(false) they fail the task.
     type: bool
@@ -178,6 +186,7 @@ def run_module():
             manifest=dict(type="path"),
             checksum_files=dict(type="list", elements="path", default=[], aliases=["checksums"]),
             prefix=dict(type="str", default="", aliases=["manifest_prefix"]),
+            files=dict(type="list", elements="str", default=[]),
             allow_extra=dict(type="bool", default=False),
             full=dict(type="bool", default=False),
             links=dict(type="str", default="follow", choices=["follow", "refuse"]),
@@ -195,7 +204,7 @@ def run_module():
         report, stamp_path = check_tree(
             p["path"], p["manifest"], p["checksum_files"], prefix=p["prefix"], manifest_sha256=p["manifest_sha256"],
             stamps=p["stamps"], stamp_file=p["stamp_file"], full=p["full"], workers=p["workers"],
-            allow_extra=p["allow_extra"], write_stamps=not module.check_mode, links=p["links"])
+            allow_extra=p["allow_extra"], write_stamps=not module.check_mode, links=p["links"], files=p["files"])
     except VerifyError as exc:
         module.fail_json(msg=str(exc))
     for warning in report.warnings:

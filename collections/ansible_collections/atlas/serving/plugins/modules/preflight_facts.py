@@ -15,8 +15,8 @@ description:
     C(ansible_facts.service_mgr) with Ansible's own fact collectors (the values C(setup) gives),
     C(ansible_facts.npu) as M(atlas.serving.npu_facts) does and C(ansible_facts.cann) as
     M(atlas.serving.cann_facts) does.
-  - Measures the free space of O(free_space) (statvfs, as C(df) does) and whether the files of
-    O(readable) can be read.
+  - Measures the free space of O(free_space) (statvfs, as C(df) does), whether the files of
+    O(readable) can be read and whether the paths of O(exist) exist.
 version_added: 0.2.0
 author:
   - atlas.serving contributors
@@ -35,6 +35,11 @@ options:
     default: []
   readable:
     description: Files whose readability is checked.
+    type: list
+    elements: path
+    default: []
+  exist:
+    description: Paths (files, directories, device nodes) whose existence is checked, links followed.
     type: list
     elements: path
     default: []
@@ -78,6 +83,11 @@ readable:
   description: For each file of O(readable), whether it is a regular file that can be read.
   returned: always
   type: dict
+exist:
+  description: For each path of O(exist), whether it exists.
+  returned: always
+  type: dict
+  sample: {/usr/local/dcmi: true, /dev/davinci_manager: true}
 """
 
 import platform  # noqa: E402
@@ -87,7 +97,7 @@ from ansible.module_utils.facts.system.platform import PlatformFactCollector  # 
 from ansible.module_utils.facts.system.service_mgr import ServiceMgrFactCollector  # noqa: E402
 from ansible_collections.atlas.serving.plugins.module_utils.cann import DEFAULT_INSTALL_PATH  # noqa: E402
 from ansible_collections.atlas.serving.plugins.module_utils.cann import gather as cann_gather  # noqa: E402
-from ansible_collections.atlas.serving.plugins.module_utils.node_facts import free_gib, readable  # noqa: E402
+from ansible_collections.atlas.serving.plugins.module_utils.node_facts import exist, free_gib, readable  # noqa: E402
 from ansible_collections.atlas.serving.plugins.module_utils.npu_smi import gather as npu_gather  # noqa: E402
 
 
@@ -98,6 +108,7 @@ def main():
             install_path=dict(type="path", default=DEFAULT_INSTALL_PATH),
             free_space=dict(type="list", elements="path", default=[]),
             readable=dict(type="list", elements="path", default=[]),
+            exist=dict(type="list", elements="path", default=[]),
         ),
         supports_check_mode=True,
     )
@@ -114,7 +125,7 @@ def main():
     )
     free, errors = free_gib(p["free_space"])
     module.exit_json(changed=False, ansible_facts=facts, free_gib=free, free_errors=errors,
-                     readable=readable(p["readable"]))
+                     readable=readable(p["readable"]), exist=exist(p["exist"]))
 
 
 if __name__ == "__main__":
