@@ -76,3 +76,40 @@ def test_a_failed_install_leaves_no_archive_and_no_build_tree(setup) -> None:
     with pytest.raises(RuntimeError, match="pip failed"):
         images.build(image, install=broken, base_root=root, base_hash="b1")
     assert list(images.images_dir().iterdir()) == []
+
+
+def test_the_lab_bundle_step_puts_the_built_image_in_the_bundle_with_its_fields(setup, tmp_path, monkeypatch) -> None:
+    """`lab_images:` of the lab's bundle spec: the image built from the bundle's own wheelset, copied to
+    images/<name>.tar by the product's image step and listed in the manifest as an image with its id."""
+    from atlasctl import bundle
+    from atlaslab import bundle_doubles
+
+    image, root, _calls, install = setup
+    out = tmp_path / "bundle"
+    (out / "wheels").mkdir(parents=True)
+    (out / "wheels" / "engine-1.0").symlink_to(image.wheelset)
+    real_build = images.build
+    built_for: list[images.EngineImage] = []
+    built: list[oci_image.BuiltImage] = []
+
+    def build(img: images.EngineImage):
+        built_for.append(img)
+        built.append(real_build(img, install=install, base_root=root, base_hash="base"))
+        return built[-1]
+
+    monkeypatch.setattr(images, "build", build)
+    entry = {"name": "engine-1.0", "wheelset": "engine-1.0", "variant": "910b", "cann": "8.5.0",
+             "engine_release": "engine-1.0"}
+    step = bundle_doubles._lab_image_step(entry)
+    step.run(out)
+    assert built_for[0].wheelset == out / "wheels" / "engine-1.0"
+    assert built_for[0].venv == "/opt/atlas/engines/engine-1.0"
+    assert step.owns == ("images/engine-1.0.tar",)
+    archive = out / "images" / "engine-1.0.tar"
+    assert archive.read_bytes() == built[0].path.read_bytes()
+    (out / "wheels" / "engine-1.0").unlink()
+    manifest = bundle.write_manifest(out, "t", sources=[("images/*", "lab-double")], fields=step.fields)
+    record = {f["path"]: f for f in manifest["files"]}["images/engine-1.0.tar"]
+    assert (record["kind"], record["variant"], record["cann"], record["engine_release"], record["source"]) == (
+        "image", "910b", "8.5.0", "engine-1.0", "lab-double"), record
+    assert record["image_id"] == oci_image.verify(archive).config_digest.split(":")[1], record

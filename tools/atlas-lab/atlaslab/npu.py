@@ -18,6 +18,11 @@ NPU_SMI_REL = Path("usr/local/bin/npu-smi")
 DRIVER_INFO_REL = Path("usr/local/Ascend/driver/version.info")
 FIRMWARE_INFO_REL = Path("usr/local/Ascend/firmware/version.info")
 INSTALL_INFO_REL = Path("etc/ascend_install.info")
+# The HDK's DCMI library directory, which the official container run line mounts read-only (-v
+# /usr/local/dcmi:/usr/local/dcmi; docs/containers.md): on a server the driver package puts its DCMI header and
+# library there. The lab's stands for it (no NPU library can run here), so a container is given what a server's is.
+DCMI_REL = Path("usr/local/dcmi/dcmi_interface_api.h")
+DCMI_TEXT = "/* atlas lab: stands for the HDK's DCMI interface (libdcmi.so and this header on a server) */\n"
 SIMULATOR = Path(__file__).resolve().parent / "doubles" / "npu_smi.py"
 LAB_DRIVER = Path(__file__).resolve().parent / "doubles" / "lab_driver.py"
 LAB_DRIVER_REL = Path("usr/local/sbin/atlas-lab-driver")
@@ -180,6 +185,7 @@ def install(root: Path, cfg: LabConfig, node: NodeSpec) -> None:
     _write(root, NPU_SMI_REL, SIMULATOR.read_text(), 0o755)
     _write(root, LAB_DRIVER_REL, LAB_DRIVER.read_text(), 0o755)
     _write(root, HCCN_TOOL_REL, HCCN_TOOL.read_text(), 0o755)
+    _write(root, DCMI_REL, DCMI_TEXT)
     _write(root, NPU_EXPORTER_REL, NPU_EXPORTER.read_text(), 0o755)
     _write(root, BOOT_UNIT_REL, BOOT_UNIT)
     _write(root, NPU_EXPORTER_UNIT_REL, NPU_EXPORTER_UNIT_TEXT)
