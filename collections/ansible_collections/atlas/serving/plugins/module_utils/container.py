@@ -271,19 +271,24 @@ def inspect_problems(inspect, argv, image_id):
     of its release and the record's ``image_id``: (check, message, evidence) triples."""
     found = []
     host_config = inspect.get("HostConfig") or {}
-    seen = {str(d.get("PathOnHost")) for d in host_config.get("Devices") or [] if isinstance(d, dict)}
+    # PathInContainer: the suite gives each device at its own path (--device /dev/X), and that is what the engine
+    # opens. PathOnHost is not reliable: Podman 4.3's inspect names a device by its major:minor, the first /dev entry
+    # with those numbers (measured in the lab, whose NPU doubles are 1:3 like /dev/null: every PathOnHost read
+    # /dev/null).
+    seen = {str(d.get("PathInContainer") or d.get("PathOnHost")) for d in host_config.get("Devices") or []
+            if isinstance(d, dict)}
     given = argv_devices(argv)
     missing = [d for d in given if d not in seen]
     if missing:
         found.append(("container-devices", f"the container lacks {', '.join(missing)} that its release gives it "
                       f"({len(argv_npus(argv))} NPU(s))",
-                      f"podman inspect HostConfig.Devices: {', '.join(sorted(seen)) or 'none'}; args: --device "
+                      f"podman inspect HostConfig.Devices (PathInContainer): {', '.join(sorted(seen)) or 'none'}; args: --device "
                       f"{' --device '.join(given)}"))
     extra = sorted(d for d in seen if _DAVINCI.match(d) and d not in given)
     if extra:
         found.append(("container-devices", f"the container holds {', '.join(extra)}, which its release does not give "
                       "it (NPUs of another instance?)",
-                      f"podman inspect HostConfig.Devices: {', '.join(sorted(seen))}"))
+                      f"podman inspect HostConfig.Devices (PathInContainer): {', '.join(sorted(seen))}"))
     mounts = _mounts(inspect)
     driver = mounts.get(DRIVER_DIR)
     if driver is None or driver.get("RW") is not False or driver.get("Source") != DRIVER_DIR:
