@@ -914,6 +914,51 @@ def _unit_state() -> dict[str, tuple[str, str]]:
     return out
 
 
+def instance_out_and_back() -> Outcome:
+    """Out: a new release over branch west, the instance first as one unit (both ranks in one batch, stopped
+    together, NPUs free, head first), then atlas-n5. Back: the next release fails the entry's SLO gate, so both
+    ranks go back to the release they ran and restart together; atlas-n5 is not touched. (Moved here from the
+    lab tests: a multi-node scenario of minutes, issue 14 allows it; the instance's convergence stays there.)"""
+    expect, inv = Expect(), instance_mode()
+    other = "atlas-n5"
+    unit = [HEAD, RANK1]
+    before = {h: model_service(h)[1] for h in (*unit, other)}
+    previous = releases([*unit, other])
+    notes = []
+    with Load() as load:
+        rc, report = rollout("--release", "drill-unit-out", "-e", LENIENT_SLO, "-e", WEST_WAVE, inventory=inv)
+        plan = (report.get("plan") or [{}])[0]
+        out = {h: model_service(h)[1] for h in (*unit, other)}
+        starts = {h: sh(h, "systemctl show --timestamp=unix -p ExecMainStartTimestamp --value atlas-serving"
+                        ).strip().lstrip("@") for h in unit}
+        expect(rc == 0 and report.get("completed") == ["west"], "the rollout completes")
+        expect(plan.get("units") == [unit, [other]] and plan.get("batches") == [2, 1],
+               "the plan: the instance as one unit (a batch of its 2 ranks), then atlas-n5")
+        expect(releases([*unit, other]) == dict.fromkeys([*unit, other], "drill-unit-out"), "west on the release")
+        expect(all(out[h] != before[h] for h in (*unit, other)), "every node restarted")
+        expect(starts[HEAD].isdigit() and starts[RANK1].isdigit() and int(starts[HEAD]) <= int(starts[RANK1]),
+               "the head started first")
+        notes.append(f"out: exit {rc}, plan units {plan.get('units')} batches {plan.get('batches')}, starts {starts}")
+        rc, report = rollout("--release", "drill-unit-back", "-e", 'rollout_slo={"e2el_ms": 1}', "-e", WEST_WAVE,
+                             inventory=inv)
+        failure = report.get("failure") or {}
+        followed = [f for f in report.get("rollbacks") or [] if f.get("host") == RANK1]
+        back = {h: model_service(h)[1] for h in (*unit, other)}
+        expect(rc == 1 and (failure.get("host"), failure.get("gate"), failure.get("via_unit")) == (HEAD, "slo", False),
+               "the second rollout stops at the entry's SLO gate")
+        expect(bool(followed) and followed[0].get("via_unit") and HEAD in followed[0].get("why", ""),
+               "rank 1 is rolled back with its unit, naming the entry")
+        expect(releases([*unit, other]) == dict.fromkeys([*unit, other], "drill-unit-out"), "back as one unit")
+        expect(all(back[h] != out[h] for h in unit), "both ranks restarted on the release they ran")
+        expect(back[other] == out[other], "the rollout stopped before atlas-n5")
+        notes.append(f"back: exit {rc}, failure {failure.get('host')} gate {failure.get('gate')}, rank 1 rolled back "
+                     f"via its unit: {bool(followed)}")
+    expect(not load.failed, "0 client requests failed")
+    lost = ("none: the previous release's snapshot is kept on every node"
+            if all(previous[h] in release_snapshots(h) for h in unit) else "a rank lost its previous snapshot")
+    return Outcome("; ".join(notes) + f"; {load_text(load)}", len(load.failed), lost, expect.unmet)
+
+
 def rank_frozen() -> Outcome:
     """Every process of rank 1 SIGSTOPped: the head waits on a collective forever, its /health may still
     answer for a while (SGLang's 20 s health timeout; vLLM's stays 200). The hang check finds it, the
@@ -1067,6 +1112,10 @@ DRILLS = [
           "rollout completes, fleet on the new release; client failures: what the restart costs",
           gateway_restart),
     # the multi-node drills, last: the first converges the lab's two-node instance (atlas-n3 + atlas-n4)
+    Drill("instance-out-and-back", "two-node instance: a release rolled over branch west, then one that fails the "
+          "entry's SLO gate, under load",
+          "out as one unit (both ranks one batch, head first), then atlas-n5; back as one unit (rank 1 follows its "
+          "entry), atlas-n5 untouched; 0 failed", instance_out_and_back),
     Drill("rank-frozen", "two-node instance: every process of rank 1 (atlas-n4) SIGSTOPped, under load",
           "atlasctl health reports it hung; recover.yml drains the entry, restarts both ranks together, enables "
           "it; release and model unchanged (0 data lost)", rank_frozen),

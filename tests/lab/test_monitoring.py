@@ -95,7 +95,12 @@ def test_the_rollout_report_has_the_canarys_live_latency_before_and_after(monito
     url = f"http://{lab_hosts()[CANARY]['ansible_host']}:30000"
     atlasctl("bench", url, "--model", "atlas-tiny-llama", "--num-requests", "40", "--concurrency", "2",
              "--output-len", "8", "--duration", "60", timeout=300)
-    time.sleep(35)  # two scrapes of that traffic (15 s interval): a rate() over the window has its points
+    # the rollout's own query (atlasctl.prometheus.live, its 5m window) has the canary's figures once Prometheus
+    # scraped that traffic twice (a rate() needs two points): awaited, not slept
+    from atlasctl import prometheus
+
+    assert _wait(lambda: (prometheus.live(_prometheus(), "5m").nodes.get(CANARY) or {}).get("ttft_p95_ms")
+                 is not None, 120, poll=3), "Prometheus never had the canary's TTFT"
     rc, report = rollout("--release", "lab-2026.12.9", "-e", 'rollout_slo={"e2el_ms": 60000}',
                          "-e", 'rollout_waves=[{"name": "canary", "hosts": "canary"}]')
     assert rc == 0, report
