@@ -39,7 +39,7 @@ pytestmark = pytest.mark.lab
 
 CTR, VENV = CONTAINER_NODE, "atlas-n1"
 # atlas-n2 alone: atlas-n1 serves the branch while it restarts
-WAVE = 'rollout_waves=[{"name": "east", "hosts": "atlas-n2"}]'
+WAVE = 'rollout_waves=[{"name": "east", "hosts": ["atlas-n2"]}]'
 LENIENT_SLO = 'rollout_slo={"e2el_ms": 60000}'
 TO_VENV, TO_CONTAINER = "lab-2026.12.20", "lab-2026.12.21"
 
