@@ -282,8 +282,8 @@ def inspect_problems(inspect, argv, image_id):
     if missing:
         found.append(("container-devices", f"the container lacks {', '.join(missing)} that its release gives it "
                       f"({len(argv_npus(argv))} NPU(s))",
-                      f"podman inspect HostConfig.Devices (PathInContainer): {', '.join(sorted(seen)) or 'none'}; args: --device "
-                      f"{' --device '.join(given)}"))
+                      f"podman inspect HostConfig.Devices (PathInContainer): {', '.join(sorted(seen)) or 'none'}; "
+                      f"args: --device {' --device '.join(given)}"))
     extra = sorted(d for d in seen if _DAVINCI.match(d) and d not in given)
     if extra:
         found.append(("container-devices", f"the container holds {', '.join(extra)}, which its release does not give "
