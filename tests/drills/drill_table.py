@@ -332,6 +332,11 @@ class Phases:
     def mark(self, label: str) -> None:
         self.marks.append((label, time.monotonic()))
 
+    def failures(self) -> dict[str, int]:
+        """Client failures in each phase (the last one ends now)."""
+        ends = [t for _, t in self.marks[1:]] + [time.monotonic()]
+        return {label: self.load.failed_between(t, end) for (label, t), end in zip(self.marks, ends, strict=True)}
+
     def text(self) -> str:
         self._stop.set()
         self._sampler.join(5)
@@ -1056,12 +1061,19 @@ def rank_power_off() -> Outcome:
         lab("power", RANK1, "on", timeout=300)
         phases.mark("--resume")
         rc2, resumed = rollout("--release", release, "--resume", "-e", LENIENT_SLO, "-e", WEST_WAVE, inventory=inv)
+        per_phase = phases.failures()
         by_phase = phases.text()
     now = releases()
     west = [h for h in SERVING if BRANCH[h] == "west"]
     expect(rc2 == 0, "--resume completes")
     expect(all(now[h] == release for h in west), "branch west (the instance and atlas-n5) on the new release")
-    expect(not load.failed, "0 client requests failed")
+    # A completion in flight on the instance when its rank loses power cannot finish (half of its model ran
+    # there): the drain had marked the entry down and was waiting for it. One client per gateway, so at most one
+    # such request; none may fail in any other phase.
+    fault = "power-off to the rollout's stop"
+    expect(sum(n for phase, n in per_phase.items() if phase != fault) == 0,
+           "0 client requests failed outside the power-off")
+    expect(per_phase.get(fault, 0) <= 1, "at most the one request in flight on the instance at the power-off failed")
     notes.append(f"--resume exit {rc2}, nodes rolled {[n['host'] for n in resumed.get('nodes', [])]}: west on "
                  f"{sorted({now[h] for h in west})}")
     snaps = all(before[h] in release_snapshots(h) for h in west)
@@ -1124,5 +1136,5 @@ DRILLS = [
           npu_link_down),
     Drill("rank-power-off", "two-node instance: atlas-n4 powered off while the instance rolls",
           "the unit rolls back (head stopped, entry drained, atlas-n5 serves); after power-on --resume completes; "
-          "0 failed", rank_power_off),
+          "0 failed but the request in flight on the instance at the power-off (at most 1)", rank_power_off),
 ]
