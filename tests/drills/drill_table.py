@@ -340,9 +340,7 @@ class Phases:
     def text(self) -> str:
         self._stop.set()
         self._sampler.join(5)
-        ends = [t for _, t in self.marks[1:]] + [time.monotonic()]
-        parts = [f"{label} {self.load.failed_between(t, end)}"
-                 for (label, t), end in zip(self.marks, ends, strict=True)]
+        parts = [f"{label} {failed}" for label, failed in self.failures().items()]
         empty = ", ".join(f"{b} {s:.0f} s" for b, s in self.empty.items() if s >= 0.5) or "never"
         return f"failures by phase: {', '.join(parts)}; a branch with no backend enabled at its gateway: {empty}"
 

@@ -15,10 +15,12 @@ import contextlib
 import dataclasses
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 from labtools import (
     CONTROLLER,
+    changed_tasks,
     controller_playbook,
     fleet_inventory,
     fresh_lab_session,
@@ -29,6 +31,7 @@ from labtools import (
     lab_prerequisites,
     layout,
     playbook,
+    recap,
     release_hdk,
 )
 
@@ -110,9 +113,16 @@ def converged_lab():
 
 @dataclasses.dataclass
 class FullFleet:
-    inventory: object  # pathlib.Path of the overlay inventory
+    inventory: Path  # the overlay inventory (labtools.fleet_inventory)
     first: subprocess.CompletedProcess
     second: subprocess.CompletedProcess | None
+
+    def assert_converged(self) -> None:
+        """Both site.yml runs succeeded and the second changed nothing on any host."""
+        assert self.first.returncode == 0, self.first.stdout[-6000:]
+        assert self.second is not None and self.second.returncode == 0, self.second.stdout[-6000:]
+        stats = recap(self.second.stdout)
+        assert {h: s["changed"] for h, s in stats.items()} == dict.fromkeys(stats, 0), changed_tasks(self.second.stdout)
 
 
 @pytest.fixture(scope="session")

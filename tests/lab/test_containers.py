@@ -25,12 +25,10 @@ from labtools import (
     LAB_IMAGE,
     ROOT,
     Load,
-    changed_tasks,
     lab_hosts,
     layout,
     model_service,
     on_node,
-    recap,
     releases,
     rollout,
 )
@@ -42,16 +40,6 @@ CTR, VENV = CONTAINER_NODE, "atlas-n1"
 WAVE = 'rollout_waves=[{"name": "east", "hosts": ["atlas-n2"]}]'
 LENIENT_SLO = 'rollout_slo={"e2el_ms": 60000}'
 TO_VENV, TO_CONTAINER = "lab-2026.12.20", "lab-2026.12.21"
-
-
-@pytest.fixture(scope="module")
-def inventory(full_fleet):
-    return full_fleet.inventory
-
-
-@pytest.fixture(scope="module")
-def converged(full_fleet):
-    return full_fleet.first, full_fleet.second
 
 
 def _record(host: str) -> dict:
@@ -72,12 +60,8 @@ def _container(host: str) -> dict | None:
     return json.loads(proc.stdout)[0] if proc.returncode == 0 else None
 
 
-def test_site_yml_converges_a_container_node_beside_a_venv_node_and_a_second_run_changes_nothing(converged):
-    first, second = converged
-    assert first.returncode == 0, first.stdout[-6000:]
-    assert second is not None and second.returncode == 0, second.stdout[-6000:]
-    stats = recap(second.stdout)
-    assert {h: s["changed"] for h, s in stats.items()} == dict.fromkeys(stats, 0), changed_tasks(second.stdout)
+def test_site_yml_converges_a_container_node_beside_a_venv_node_and_a_second_run_changes_nothing(full_fleet):
+    full_fleet.assert_converged()
     ctr, venv = _record(CTR), _record(VENV)
     assert (ctr["runtime"], ctr["image"], ctr["image_id"]) == ("container", LAB_IMAGE, _manifest_image_id()), ctr
     assert venv["runtime"] == "venv", venv
@@ -93,8 +77,8 @@ def test_site_yml_converges_a_container_node_beside_a_venv_node_and_a_second_run
         assert out["usage"]["completion_tokens"] >= 1, (host, out)
 
 
-def test_the_container_sees_exactly_its_npus_and_the_whole_driver_read_only(converged, inventory):
-    assert converged[0].returncode == 0, converged[0].stdout[-3000:]
+def test_the_container_sees_exactly_its_npus_and_the_whole_driver_read_only(full_fleet):
+    assert full_fleet.first.returncode == 0, full_fleet.first.stdout[-3000:]
     name = layout(CTR)["serving_service_name"]
     on_host = set(on_node(CTR, "ls /dev").stdout.split())
     inside = set(on_node(CTR, f"podman exec {name} ls /dev").stdout.split())
@@ -113,27 +97,27 @@ def test_the_container_sees_exactly_its_npus_and_the_whole_driver_read_only(conv
     env = on_node(CTR, f"podman exec {name} env").stdout
     assert "ASCEND_RT_VISIBLE_DEVICES" not in env, env
     # doctor: the devices against the NPUs the release gives it, the driver mount, the image id
-    proc = subprocess.run([*ATLASCTL, "doctor", "-i", str(inventory), "--json", "-l", CTR],
+    proc = subprocess.run([*ATLASCTL, "doctor", "-i", str(full_fleet.inventory), "--json", "-l", CTR],
                           cwd=ROOT, env=ENV, text=True, capture_output=True, timeout=180)
     report = json.loads(proc.stdout)
     found = [f for f in report["hosts"][CTR]["findings"] if f["check"].startswith("container")]
     assert found == [], found
 
 
-def test_a_release_moves_between_runtimes_and_back_under_load(converged, inventory):
+def test_a_release_moves_between_runtimes_and_back_under_load(full_fleet):
     """Out: a release rolled to atlas-n2 with serving_runtime=venv moves it from the container to its
     virtualenv; back: the next, with the inventory's container runtime, moves it into the container again.
     atlas-n1 serves the branch while atlas-n2 restarts: no client request fails."""
-    assert converged[0].returncode == 0, converged[0].stdout[-3000:]
+    assert full_fleet.first.returncode == 0, full_fleet.first.stdout[-3000:]
     with Load(gateways={"east": "http://10.77.0.15:8080"}) as load:
         rc, report = rollout("-e", WAVE, "--release", TO_VENV, "-e", LENIENT_SLO, "-e", "serving_runtime=venv",
-                             inventory=inventory)
+                             inventory=full_fleet.inventory)
         assert rc == 0, report
         assert releases([CTR]) == {CTR: TO_VENV}
         assert _record(CTR)["runtime"] == "venv" and _container(CTR) is None
         assert model_service(CTR)[0] == "active"
 
-        rc, report = rollout("-e", WAVE, "--release", TO_CONTAINER, "-e", LENIENT_SLO, inventory=inventory)
+        rc, report = rollout("-e", WAVE, "--release", TO_CONTAINER, "-e", LENIENT_SLO, inventory=full_fleet.inventory)
         assert rc == 0, report
         assert releases([CTR]) == {CTR: TO_CONTAINER}
         assert _record(CTR)["runtime"] == "container" and _container(CTR)["Image"] == _manifest_image_id()
