@@ -30,6 +30,34 @@ ENV = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PYTHONUNBUFFE
        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
 
 
+# Every atlasctl, atlas-lab and ansible-playbook call of the lab tests, with the test that made it and
+# its seconds, one JSON line each: where the lab's time goes (`make test`'s profile, issue 16).
+CALL_LOG = ROOT / "artifacts" / "lab-calls.jsonl"
+
+
+def _what(cmd: list[str]) -> list[str]:
+    """The call's tool and what it acted on, never its other words: an extra var or a command line run on
+    a node can carry an API key, which is written nowhere (test_doctor's test_api_key_*)."""
+    if Path(cmd[0]).name == "ansible-playbook":
+        limit = [cmd[i + 1] for i, word in enumerate(cmd[:-1]) if word in ("-l", "--limit")]
+        return ["ansible-playbook", *(w for w in cmd if w.endswith(".yml")), *(["--limit", *limit] if limit else [])]
+    tool, words = ("atlasctl", cmd[3:]) if cmd[:3] == ATLASCTL else ("atlas-lab", cmd[3:])
+    return [tool, *words[:1], *(w for w in words[1:2] if w.startswith("atlas-"))]
+
+
+def _run(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, text=True, capture_output=True, timeout=timeout)
+    record = {"at": round(time.time() - (time.monotonic() - started), 1),
+              "test": os.environ.get("PYTEST_CURRENT_TEST", ""), "what": _what(cmd),
+              "rc": proc.returncode, "seconds": round(time.monotonic() - started, 2)}
+    with contextlib.suppress(OSError):
+        CALL_LOG.parent.mkdir(exist_ok=True)
+        with CALL_LOG.open("a") as log:
+            log.write(json.dumps(record) + "\n")
+    return proc
+
+
 def lab_prerequisites() -> str | None:
     if os.geteuid() != 0:
         return "the lab needs root"
@@ -40,7 +68,7 @@ def lab_prerequisites() -> str | None:
 
 
 def atlasctl(*args: str, timeout: int = 900, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*ATLASCTL, *args], cwd=ROOT, env=ENV, text=True, capture_output=True, timeout=timeout)
+    proc = _run([*ATLASCTL, *args], timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"atlasctl {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -48,7 +76,7 @@ def atlasctl(*args: str, timeout: int = 900, check: bool = True) -> subprocess.C
 
 def lab(*args: str, timeout: int = 900, check: bool = True) -> subprocess.CompletedProcess:
     """`atlas-lab ARGS`: the lab's own command (up, down, ssh, power, npu, bundle)."""
-    proc = subprocess.run([*LAB, *args], cwd=ROOT, env=ENV, text=True, capture_output=True, timeout=timeout)
+    proc = _run([*LAB, *args], timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"atlas-lab {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -68,7 +96,7 @@ def on_node(host: str, command: str | Sequence[str], *, check: bool = True,
 
 def playbook(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "inventory/lab", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=ENV, text=True, capture_output=True, timeout=timeout)
+    return _run(cmd, timeout)
 
 
 def recap(output: str) -> dict[str, dict[str, int]]:
