@@ -46,9 +46,9 @@ def _what(cmd: list[str]) -> list[str]:
 
 
 def _run(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
-    started = time.monotonic()
+    at, started = time.time(), time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=ENV, text=True, capture_output=True, timeout=timeout)
-    record = {"at": round(time.time() - (time.monotonic() - started), 1),
+    record = {"at": round(at, 1),
               "test": os.environ.get("PYTEST_CURRENT_TEST", ""), "what": _what(cmd),
               "rc": proc.returncode, "seconds": round(time.monotonic() - started, 2)}
     with contextlib.suppress(OSError):

@@ -14,17 +14,14 @@ next one back, with no failed request: the runtime is part of a release like any
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 from labtools import (
-    ATLASCTL,
     CONTAINER_NODE,
     CONTAINER_NPUS,
-    ENV,
     LAB_IMAGE,
-    ROOT,
     Load,
+    atlasctl,
     lab_hosts,
     layout,
     model_service,
@@ -97,8 +94,7 @@ def test_the_container_sees_exactly_its_npus_and_the_whole_driver_read_only(full
     env = on_node(CTR, f"podman exec {name} env").stdout
     assert "ASCEND_RT_VISIBLE_DEVICES" not in env, env
     # doctor: the devices against the NPUs the release gives it, the driver mount, the image id
-    proc = subprocess.run([*ATLASCTL, "doctor", "-i", str(full_fleet.inventory), "--json", "-l", CTR],
-                          cwd=ROOT, env=ENV, text=True, capture_output=True, timeout=180)
+    proc = atlasctl("doctor", "-i", str(full_fleet.inventory), "--json", "-l", CTR, check=False, timeout=180)
     report = json.loads(proc.stdout)
     found = [f for f in report["hosts"][CTR]["findings"] if f["check"].startswith("container")]
     assert found == [], found
