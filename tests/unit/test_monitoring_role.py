@@ -185,8 +185,7 @@ def test_prometheus_loads_what_was_written_and_a_second_run_changes_nothing(stag
                                "atlas-slo-thresholds"}
         alerts = {r["name"] for g in groups.values() for r in g["rules"] if r["type"] == "alerting"}
         assert {"AtlasEngineDown", "AtlasInstanceHung", "AtlasNpuUnhealthy", "AtlasTtftP95AboveSlo"} <= alerts
-        targets = _get(f"{api}/targets")["activeTargets"]
-        engine = [t["labels"] for t in targets if t["labels"]["job"] == "atlas-engine"]
+        engine = _engine_targets(api)
         assert {(t["node"], t["instance"], t["branch"], t["release"], t["engine"]) for t in engine} == {
             ("n1", "n1", "east", "r2", "vllm"), ("n2", "n2", "east", "r1", "vllm"),
             ("n3", "big", "west", "r2", "sglang")}
@@ -203,6 +202,18 @@ def _get(url: str) -> dict:
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(url, timeout=10) as response:
         return json.loads(response.read())["data"]
+
+
+def _engine_targets(api: str, timeout: float = 60) -> list[dict]:
+    """The atlas-engine job's active targets' labels, once Prometheus has them: /-/ready answers before
+    service discovery hands the static targets to the scrape manager (it sends updates every 5 s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        engine = [t["labels"] for t in _get(f"{api}/targets")["activeTargets"]
+                  if t["labels"]["job"] == "atlas-engine"]
+        if engine or time.monotonic() > deadline:
+            return engine
+        time.sleep(0.5)
 
 
 def _wait_ready(url: str, server: subprocess.Popen, timeout: float = 60) -> None:
