@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import functools
@@ -11,6 +12,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -38,7 +40,8 @@ CALL_LOG = ROOT / "artifacts" / "lab-calls.jsonl"
 def _what(cmd: list[str]) -> list[str]:
     """The call's tool and what it acted on, never its other words: an extra var or a command line run on
     a node can carry an API key, which is written nowhere (test_doctor's test_api_key_*)."""
-    if Path(cmd[0]).name == "ansible-playbook":
+    if cmd[0] == "ssh":  # _multiplexed: the node, not the command line
+        return ["ssh", *(Path(w).name.rsplit("-", 1)[0] for w in cmd if w.startswith("ControlPath="))]
         limit = [cmd[i + 1] for i, word in enumerate(cmd[:-1]) if word in ("-l", "--limit")]
         return ["ansible-playbook", *(w for w in cmd if w.endswith(".yml")), *(["--limit", *limit] if limit else [])]
     tool, words = ("atlasctl", cmd[3:]) if cmd[:3] == ATLASCTL else ("atlas-lab", cmd[3:])
@@ -74,21 +77,64 @@ def atlasctl(*args: str, timeout: int = 900, check: bool = True) -> subprocess.C
     return proc
 
 
-def lab(*args: str, timeout: int = 900, check: bool = True) -> subprocess.CompletedProcess:
-    """`atlas-lab ARGS`: the lab's own command (up, down, ssh, power, npu, bundle)."""
-    proc = _run([*LAB, *args], timeout)
+def lab(*args: str, timeout: int = 900, check: bool = True, cli: bool = False) -> subprocess.CompletedProcess:
+    """`atlas-lab ARGS`: the lab's own command (up, down, ssh, power, npu, bundle). `atlas-lab ssh NODE
+    COMMAND...` runs as the same ssh command line over the node's multiplexed connection (_multiplexed) unless
+    ``cli`` (test_lab_basics tests the command itself), and as the command when there is no such connection."""
+    argv = None if cli or args[:1] != ("ssh",) or len(args) < 3 else _multiplexed(args[1], args[2:])
+    proc = _run(argv or [*LAB, *args], timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"atlas-lab {' '.join(args)} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
 
 
-def on_node(host: str, command: str | Sequence[str], *, check: bool = True,
-            timeout: int = 120) -> subprocess.CompletedProcess:
-    """Run on a lab node through `atlas-lab ssh`: a shell command line, or an argv (quoted once:
+# One SSH master connection per lab node boot, for the lab tests' ~200 commands on nodes: `atlas-lab ssh` costs
+# ~0.4 s a call (a Python start, the lab-up checks, a new SSH session), most of it CPU that the lab's nodes need.
+# The sockets are in a fresh private directory (tempfile.mkdtemp: 0700, a name nobody can predict), named by node
+# and the PID of its supervisor (atlaslab.node), so a node powered off and on gets a new master, never the dead
+# connection of its last boot. The options are atlas-lab ssh's own (its key, its known_hosts, strict host key checking).
+_MASTERS: dict[str, Any] = {}
+_MASTERS_LOCK = threading.Lock()  # the load and watcher threads of some tests run commands on nodes too
+
+
+def _multiplexed(host: str, words: Sequence[str]) -> list[str] | None:
+    """The ssh argv that runs ``words`` on ``host`` over its master connection, started here if it has none; None
+    when the node is not running or no master starts (the caller then runs `atlas-lab ssh`, which says why)."""
+    from atlasctl.errors import AtlasError
+    from atlaslab import api, node, ssh
+
+    pid = node.supervisor_pid(host)
+    if pid is None:
+        return None
+    with _MASTERS_LOCK:
+        if "dir" not in _MASTERS:
+            _MASTERS["dir"] = tempfile.mkdtemp(prefix="atlas-lab-tests-ssh-")
+            atexit.register(shutil.rmtree, _MASTERS["dir"], True)
+        socket = os.path.join(_MASTERS["dir"], f"{host}-{pid}")
+        if not os.path.exists(socket):  # none yet, or its connection ended (the node rebooted itself)
+            try:
+                spec = api.require_lab_up().node(host)  # never connect to a lab that is down
+            except AtlasError:
+                return None
+            base = ["ssh", *ssh.ssh_options(), "-o", f"ControlPath={socket}"]
+            master = subprocess.run(
+                [*base, "-o", "ControlMaster=yes", "-o", "ControlPersist=120", "-o", "ServerAliveInterval=5",
+                 "-o", "ServerAliveCountMax=3", "-N", "-f", f"root@{spec.ip}"],  # -f: to the background once in
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60,
+                check=False)
+            if master.returncode != 0:
+                return None
+            _MASTERS[socket] = [*base, "-o", "ControlMaster=no", f"root@{spec.ip}"]
+        return [*_MASTERS[socket], "--", *words]
+
+
+def on_node(host: str, command: str | Sequence[str], *, check: bool = True, timeout: int = 120,
+            cli: bool = False) -> subprocess.CompletedProcess:
+    """Run on a lab node as `atlas-lab ssh` does (lab): a shell command line, or an argv (quoted once:
     `atlas-lab ssh` hands its words to the remote shell). With ``check`` a failure names the node,
     the command and what it printed."""
     line = command if isinstance(command, str) else shlex.join(command)
-    proc = lab("ssh", host, line, check=False, timeout=timeout)
+    proc = lab("ssh", host, line, check=False, timeout=timeout, cli=cli)
     if check and proc.returncode != 0:
         raise AssertionError(f"{host}: {line} exited {proc.returncode}\n{proc.stdout}{proc.stderr}")
     return proc

@@ -6,17 +6,22 @@ brought down in the fixture's teardown, even when a test fails.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 from pathlib import Path
 
+import labtools
 import pytest
-from labtools import fresh_lab_session, lab, lab_prerequisites, on_node
+from labtools import fresh_lab_session, lab, lab_prerequisites
 
 from atlaslab import api, net, node, paths
 
 pytestmark = pytest.mark.lab
 ROOT = Path(__file__).resolve().parents[2]
+# `atlas-lab ssh` itself, here where the lab's own commands are tested (the other modules' commands on nodes
+# share one SSH connection per node: labtools.lab)
+on_node = functools.partial(labtools.on_node, cli=True)
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +124,6 @@ def test_down_removes_everything_but_keeps_the_blackhole(fleet) -> None:
     assert not fleet.inventory_path.exists()
     assert not any(node.cgroup_dirs(n.name)[0].exists() for n in fleet.nodes)
     assert net.blackhole_present(fleet.subnet)
-    proc = lab("ssh", fleet.nodes[0].name, "true", check=False)
+    proc = lab("ssh", fleet.nodes[0].name, "true", check=False, cli=True)
     assert proc.returncode == 3 and "not up" in proc.stderr
     assert "already down" in lab("down").stdout
