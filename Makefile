@@ -33,7 +33,9 @@ demo: host-deps venv
 # default), CPU is shared between sessions first and nice only orders processes inside one, and
 # every lab node and each of its services is a session of its own. So lint and unit tests get a
 # session of their own (setsid) whose autogroup is set to nice 19 (proc(5), /proc/PID/autogroup);
-# `nice -n 15` inside it is for kernels without autogroup, where plain nice is what orders them.
+# `nice -n 15` inside it is for kernels without autogroup, where plain nice is what orders them. Ansible's
+# workers call setsid(), so the unit tests' playbook runs each get a fresh autogroup at nice 0 and still compete
+# (docs/fast-paths.md, "Stop 29").
 test: host-deps venv
 	@mkdir -p artifacts; \
 	setsid -w sh -c 'echo 19 > /proc/self/autogroup 2>/dev/null; \
