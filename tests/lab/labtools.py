@@ -42,6 +42,7 @@ def _what(cmd: list[str]) -> list[str]:
     a node can carry an API key, which is written nowhere (test_doctor's test_api_key_*)."""
     if cmd[0] == "ssh":  # _multiplexed: the node, not the command line
         return ["ssh", *(Path(w).name.rsplit("-", 1)[0] for w in cmd if w.startswith("ControlPath="))]
+    if Path(cmd[0]).name == "ansible-playbook":
         limit = [cmd[i + 1] for i, word in enumerate(cmd[:-1]) if word in ("-l", "--limit")]
         return ["ansible-playbook", *(w for w in cmd if w.endswith(".yml")), *(["--limit", *limit] if limit else [])]
     tool, words = ("atlasctl", cmd[3:]) if cmd[:3] == ATLASCTL else ("atlas-lab", cmd[3:])
