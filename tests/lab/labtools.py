@@ -94,8 +94,15 @@ def lab(*args: str, timeout: int = 900, check: bool = True, cli: bool = False) -
 # The sockets are in a fresh private directory (tempfile.mkdtemp: 0700, a name nobody can predict), named by node
 # and the PID of its supervisor (atlaslab.node), so a node powered off and on gets a new master, never the dead
 # connection of its last boot. The options are atlas-lab ssh's own (its key, its known_hosts, strict host key checking).
-_MASTERS: dict[str, Any] = {}
+_MASTERS: dict[str, list[str]] = {}  # socket path -> the ssh argv that runs a command over it
 _MASTERS_LOCK = threading.Lock()  # the load and watcher threads of some tests run commands on nodes too
+
+
+@functools.cache
+def _masters_dir() -> str:
+    folder = tempfile.mkdtemp(prefix="atlas-lab-tests-ssh-")
+    atexit.register(shutil.rmtree, folder, True)
+    return folder
 
 
 def _multiplexed(host: str, words: Sequence[str]) -> list[str] | None:
@@ -108,10 +115,7 @@ def _multiplexed(host: str, words: Sequence[str]) -> list[str] | None:
     if pid is None:
         return None
     with _MASTERS_LOCK:
-        if "dir" not in _MASTERS:
-            _MASTERS["dir"] = tempfile.mkdtemp(prefix="atlas-lab-tests-ssh-")
-            atexit.register(shutil.rmtree, _MASTERS["dir"], True)
-        socket = os.path.join(_MASTERS["dir"], f"{host}-{pid}")
+        socket = os.path.join(_masters_dir(), f"{host}-{pid}")
         if not os.path.exists(socket):  # none yet, or its connection ended (the node rebooted itself)
             try:
                 spec = api.require_lab_up().node(host)  # never connect to a lab that is down
