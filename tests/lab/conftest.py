@@ -3,10 +3,15 @@
 ``fresh_lab`` (module): a lab brought up from scratch with its bundle, down afterwards.
 ``converged_lab`` (session): one lab for every module that needs a serving fleet: nodes started
 on the release's HDK (``atlas-lab up --hdk``), ``site.yml --check --diff`` on them, then
-``site.yml`` twice: the second time from the site's air-gapped controller (atlas-ctl), once the
-suite is installed there from the bundle's controller kit (tests/lab/test_controller.py). Modules
-that use it run after all the others (one lab per machine: a module's own fresh lab would
-destroy it), and it is brought down at the end of the session.
+``site.yml``, then the suite installed on the site's air-gapped controller (atlas-ctl) from the
+bundle's controller kit (tests/lab/test_controller.py). Modules that use it run after all the
+others (one lab per machine: a module's own fresh lab would destroy it), and it is brought down at
+the end of the session.
+``full_fleet`` (session): the converged lab with the two-node instance and the container node
+declared beside its inventory, converged by ``site.yml`` twice: the first run from the lab host,
+the second from atlas-ctl. That second run is the suite's idempotence proof (changed=0 on every
+host, the lab's inventory included) and the controller's proof that it drives the fleet: one
+fleet-wide run for both (a site.yml over the lab costs about a minute of both cores).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 import pytest
 from labtools import (
     CONTROLLER,
+    carry_inventory,
     changed_tasks,
     controller_playbook,
     fleet_inventory,
@@ -43,22 +49,25 @@ class ConvergedLab:
     bare_check: subprocess.CompletedProcess
     bare_leftovers: dict
     first: subprocess.CompletedProcess
-    second: subprocess.CompletedProcess | None
-    # gpgv and install.sh on the controller node, and where the second run ran (its name, or "host"
-    # when the install failed: the idempotence tests still judge a second run, test_controller fails)
+    # gpgv and install.sh on the controller node (None when the first run failed)
     controller: tuple[subprocess.CompletedProcess, subprocess.CompletedProcess] | None = None
-    second_from: str = "host"
+
+    @property
+    def controller_installed(self) -> bool:
+        return self.controller is not None and self.controller[1].returncode == 0
 
 
 def pytest_collection_modifyitems(session, config, items):
     # Modules on the converged lab run last; test_site first among them (it checks the
-    # fleet as site.yml left it, before rollouts move it to other releases), then test_containers
-    # and test_instance, last (their fixture full_fleet leaves the fleet with a two-node instance and
-    # a container node).
+    # fleet as site.yml left it, before rollouts move it to other releases); the tests on full_fleet
+    # last (it leaves the fleet with a two-node instance and a container node), test_containers then
+    # test_instance among them.
     def key(item):
-        converged = "converged_lab" in getattr(item, "fixturenames", ())
+        names = getattr(item, "fixturenames", ())
+        converged = "converged_lab" in names
         late = ("test_containers.py" in item.nodeid) + 2 * ("test_instance.py" in item.nodeid)
-        return (converged, converged and "test_site.py" not in item.nodeid, converged and late)
+        return (converged, "full_fleet" in names, converged and "test_site.py" not in item.nodeid,
+                converged and late)
 
     items.sort(key=key)
 
@@ -85,9 +94,7 @@ def converged_lab():
             stack.enter_context(lab_lock())
             hosts = lab_hosts()
             first = playbook("site.yml")
-            controller = install_controller()
-            second = controller_playbook("site.yml") if controller[1].returncode == 0 else None
-            yield ConvergedLab(hosts, first, {}, first, second, controller, CONTROLLER if second else "host")
+            yield ConvergedLab(hosts, first, {}, first, install_controller())
             return
         # The nodes start on the release's HDK: the upgrade (firmware, driver, reboot) is
         # test_offline_install's test_hdk_upgrade_*, on a lab of its own that starts on the older one.
@@ -102,14 +109,12 @@ def converged_lab():
             for host in hosts
         }
         first = playbook("site.yml")
-        controller, second, second_from = None, None, "host"
-        if first.returncode == 0:
-            controller = install_controller()
-            if controller[1].returncode == 0:
-                second, second_from = controller_playbook("site.yml"), CONTROLLER
-            else:
-                second = playbook("site.yml")
-        yield ConvergedLab(hosts, bare, leftovers, first, second, controller, second_from)
+        controller = install_controller() if first.returncode == 0 else None
+        yield ConvergedLab(hosts, bare, leftovers, first, controller)
+
+
+# full_fleet's inventory on the controller node (the lab's own is labtools.CONTROLLER_INVENTORY)
+FLEET_INVENTORY_ON_CONTROLLER = "/root/fleet-inventory"
 
 
 @dataclasses.dataclass
@@ -117,6 +122,9 @@ class FullFleet:
     inventory: Path  # the overlay inventory (labtools.fleet_inventory)
     first: subprocess.CompletedProcess
     second: subprocess.CompletedProcess | None
+    # where the second run ran: the controller node, or "host" when the controller kit did not install (the
+    # idempotence tests still judge a second run; test_controller fails)
+    second_from: str = "host"
 
     def assert_converged(self) -> None:
         """Both site.yml runs succeeded and the second changed nothing on any host."""
@@ -130,7 +138,8 @@ class FullFleet:
 def full_fleet(converged_lab, tmp_path_factory):
     """The converged lab with what the product adds on top, declared in an inventory beside the lab's
     (labtools.fleet_inventory): the two-node serving instance of branch west (test_instance) and the container
-    node of branch east (test_containers), converged by site.yml twice: one pair of runs for both."""
+    node of branch east (test_containers), converged by site.yml twice: one pair of runs for both, the second
+    from the site's controller (atlas-ctl) with the same inventory carried there (test_controller)."""
     assert converged_lab.first.returncode == 0, converged_lab.first.stdout[-6000:]
     inventory = fleet_inventory(tmp_path_factory.mktemp("fleet-inventory"))
     # The release the fleet runs now (the rollout tests rolled it forward), as a site names the release it
@@ -139,5 +148,10 @@ def full_fleet(converged_lab, tmp_path_factory):
     running = set(releases().values())
     release = ("-e", f"atlas_release_id={running.pop()}") if len(running) == 1 else ()
     first = playbook("-i", str(inventory), "site.yml", *release)
-    second = playbook("-i", str(inventory), "site.yml", *release) if first.returncode == 0 else None
-    return FullFleet(inventory, first, second)
+    if first.returncode != 0:
+        return FullFleet(inventory, first, None)
+    if converged_lab.controller_installed:
+        on_controller = carry_inventory(inventory, FLEET_INVENTORY_ON_CONTROLLER)
+        return FullFleet(inventory, first, controller_playbook("site.yml", *release, inventory=on_controller),
+                         CONTROLLER)
+    return FullFleet(inventory, first, playbook("-i", str(inventory), "site.yml", *release))

@@ -316,11 +316,7 @@ def install_controller() -> tuple[subprocess.CompletedProcess, subprocess.Comple
 
     for path in (signing.keyring(), lab_paths.private_key(), lab_paths.known_hosts()):
         _carry(path)
-    _carry(ROOT / "inventory/lab/hosts.yml", f"{CONTROLLER_INVENTORY}/hosts.yml")
-    _carry(ROOT / "inventory/lab/group_vars", f"{CONTROLLER_INVENTORY}/group_vars")
-    # the inventory's own data, beside it (serving_profile_dirs, atlas_compat_extra_tables: relative paths)
-    _carry(ROOT / "inventory/lab/profiles", f"{CONTROLLER_INVENTORY}/profiles")
-    _carry(ROOT / "inventory/lab/compat.yml", f"{CONTROLLER_INVENTORY}/compat.yml")
+    carry_inventory(ROOT / "inventory" / "lab", CONTROLLER_INVENTORY)
     verify = on_node(CONTROLLER, f"gpgv --keyring {signing.keyring()} {NODE_BUNDLE}/manifest.json.asc"
                                  f" {NODE_BUNDLE}/manifest.json", check=False)
     install = on_node(CONTROLLER, f"sh {NODE_BUNDLE}/controller/install.sh {CONTROLLER_PREFIX}", check=False,
@@ -328,10 +324,27 @@ def install_controller() -> tuple[subprocess.CompletedProcess, subprocess.Comple
     return verify, install
 
 
-def controller_playbook(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
-    """Plain ansible-playbook on the controller node, from the installed suite, against the site inventory."""
+# What an inventory directory of the lab's holds (inventory/lab also holds lab.yml and bundle.yml, which are the
+# lab's, not inventory): the hosts, the group_vars, and the inventory's own data beside them (serving_profile_dirs,
+# atlas_compat_extra_tables: relative paths).
+INVENTORY_ITEMS = ("hosts.yml", "group_vars", "profiles", "compat.yml")
+
+
+def carry_inventory(folder: Path, dest: str) -> str:
+    """An inventory of the lab host's on the controller node at ``dest``, the same files with links followed:
+    inventory/lab's INVENTORY_ITEMS, or everything in an overlay_inventory (those items and its own files)."""
+    names = INVENTORY_ITEMS if folder == ROOT / "inventory" / "lab" else sorted(p.name for p in folder.iterdir())
+    for name in names:
+        _carry(folder / name, f"{dest}/{name}")
+    return dest
+
+
+def controller_playbook(*args: str, inventory: str = CONTROLLER_INVENTORY,
+                        timeout: int = 1500) -> subprocess.CompletedProcess:
+    """Plain ansible-playbook on the controller node, from the installed suite, against a site inventory there
+    (the lab's by default; carry_inventory puts another there)."""
     return on_node(CONTROLLER, f"cd {CONTROLLER_PREFIX}/suite && {CONTROLLER_PREFIX}/venv/bin/ansible-playbook"
-                               f" -i {CONTROLLER_INVENTORY} {shlex.join(args)}", check=False, timeout=timeout)
+                               f" -i {inventory} {shlex.join(args)}", check=False, timeout=timeout)
 
 
 def releases(hosts: list[str] | None = None) -> dict[str, str]:
@@ -383,7 +396,7 @@ def overlay_inventory(folder: Path, files: dict[str, dict]) -> Path:
     to the lab's hosts, group_vars and own data, and each of ``files`` ({name: data}). The lab's own inventory
     is unchanged."""
     folder.mkdir(parents=True, exist_ok=True)
-    for item in ("hosts.yml", "group_vars", "profiles", "compat.yml"):
+    for item in INVENTORY_ITEMS:
         if not (folder / item).is_symlink():
             (folder / item).symlink_to(ROOT / "inventory" / "lab" / item)
     for name, data in files.items():

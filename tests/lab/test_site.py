@@ -23,7 +23,7 @@ PORTS = {"vllm": 8000, "sglang": 30000}
 
 @pytest.fixture(scope="module")
 def site_runs(converged_lab):
-    return converged_lab.hosts, converged_lab.first, converged_lab.second
+    return converged_lab.hosts, converged_lab.first
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def _post(url: str, body: dict, timeout: float = 120) -> dict:
 
 
 def test_first_run_converges(site_runs):
-    hosts, first, _ = site_runs
+    hosts, first = site_runs
     assert first.returncode == 0, first.stdout[-6000:] + first.stderr[-3000:]
     stats = recap(first.stdout)
     assert set(hosts) < set(stats), "the serving nodes and the gateways"
@@ -67,19 +67,17 @@ def test_first_run_converges(site_runs):
         assert s["changed"] > 0, f"{host}: a first run on a bare node must change something"
 
 
-def test_second_run_changes_nothing(site_runs):
-    hosts, first, second = site_runs
-    assert second is not None, "first run failed"
-    assert second.returncode == 0, second.stdout[-6000:]
-    stats = recap(second.stdout)
-    assert set(hosts) < set(stats), "the serving nodes and the gateways"
-    changed = {h: s["changed"] for h, s in stats.items() if s["changed"]}
-    assert not changed, f"second run changed: {changed}: {changed_tasks(second.stdout)}"
+def test_second_run_changes_nothing(site_runs, full_fleet):
+    """The lab's second site.yml is full_fleet's (conftest.py): the lab's inventory and the declarations it adds,
+    run from the site's controller. It runs late, with the tests on full_fleet."""
+    hosts, _ = site_runs
+    full_fleet.assert_converged()
+    assert set(hosts) < set(recap(full_fleet.second.stdout)), "the serving nodes and the gateways"
 
 
 def test_check_mode_after_convergence_reports_nothing(site_runs):
-    hosts, first, second = site_runs
-    assert second is not None and second.returncode == 0
+    hosts, first = site_runs
+    assert first.returncode == 0, first.stdout[-6000:]
     run = playbook("site.yml", "--check")
     assert run.returncode == 0, run.stdout[-6000:]
     changed = {h: s["changed"] for h, s in recap(run.stdout).items() if s["changed"]}
@@ -87,14 +85,14 @@ def test_check_mode_after_convergence_reports_nothing(site_runs):
 
 
 def test_fleet_table_printed(site_runs):
-    hosts, first, _ = site_runs
+    hosts, first = site_runs
     assert "NODE" in first.stdout and "/health" in first.stdout
     for host in hosts:
         assert host in first.stdout
 
 
 def test_every_service_answers(site_runs):
-    hosts, first, _ = site_runs
+    hosts, first = site_runs
     assert first.returncode == 0
     for host, hv in hosts.items():
         engine = _engine(host)
@@ -151,7 +149,7 @@ def test_gateway_retries_a_backend_that_answers_500(site_runs):
 
 
 def test_streaming_chat_with_usage(site_runs):
-    hosts, first, _ = site_runs
+    hosts, first = site_runs
     assert first.returncode == 0
     for host, hv in hosts.items():
         engine = _engine(host)
@@ -177,7 +175,7 @@ def test_streaming_chat_with_usage(site_runs):
 
 
 def test_metrics_have_engine_names(site_runs):
-    hosts, first, _ = site_runs
+    hosts, first = site_runs
     assert first.returncode == 0
     for host, hv in hosts.items():
         engine = _engine(host)
@@ -188,7 +186,7 @@ def test_metrics_have_engine_names(site_runs):
 
 
 def test_env_file_is_private(site_runs):
-    hosts, first, _ = site_runs
+    hosts, first = site_runs
     assert first.returncode == 0
     for host in hosts:
         out = lab("ssh", host, f"stat -L -c '%a %U' {layout(host)['serving_env_file']}", timeout=60)
@@ -196,7 +194,7 @@ def test_env_file_is_private(site_runs):
 
 
 def test_release_configuration_behind_current(site_runs):
-    hosts, first, _ = site_runs
+    hosts, first = site_runs
     assert first.returncode == 0
     for host in hosts:
         out = lab("ssh", host, f"cd {layout(host)['serving_config_dir']} && readlink current atlas-serving.env "
@@ -209,7 +207,7 @@ def test_release_configuration_behind_current(site_runs):
 def test_a_branch_with_its_own_layout_keeps_nothing_at_the_default_paths(site_runs):
     """Branch west's inventory moves serving_config_dir and models_root (roles/layout): the service,
     its files and the model live there only, and the unit reads the moved files."""
-    hosts, first, _ = site_runs
+    hosts, first = site_runs
     assert first.returncode == 0
     moved = [h for h in hosts if layout(h)["serving_config_dir"] != node_layout.default_layout().config_dir]
     assert moved, "the lab inventory gives branch west a layout of its own"
@@ -230,7 +228,7 @@ NODE = "atlas-n3"  # an SGLang stand-in node: restarts in about a second
 
 
 def test_corrupt_new_model_version_is_refused_and_service_keeps_serving(site_runs):
-    hosts, first, _ = site_runs
+    hosts, first = site_runs
     assert first.returncode == 0
     before = _service(NODE)
     assert before[0] == "active"
@@ -247,7 +245,7 @@ def test_corrupt_new_model_version_is_refused_and_service_keeps_serving(site_run
 
 
 def test_verified_new_model_version_becomes_current_and_restarts(site_runs):
-    hosts, first, _ = site_runs
+    hosts, first = site_runs
     assert first.returncode == 0
     before = _service(NODE)
     good = _new_model_version(NODE, corrupt=False)
