@@ -28,7 +28,10 @@ def test_bench_measures_every_shape_with_both_readers(tmp_path: Path, monkeypatc
     assert figures["capacity_beside_mb_s"] > 0 and figures["md5_1_mb_s"] > 0
     assert all(s["ceiling_mb_s"] > 0 and s["hash_cpu_s_per_gb"] > 0 for s in shapes.values())
     assert figures["hash_cpu_beside_s_per_gb"] > 0
-    assert shapes["one large file"]["ceiling_mb_s"] < 1.5 * figures["md5_1_mb_s"]
+    # which ceiling, by name: the figures themselves are two measurements a second apart on shared cores
+    # (one run measured md5 on one core at 152 MB/s and the ceiling beside the file at 383)
+    assert {n: s["ceiling_of"] for n, s in shapes.items()} == {
+        "mixed": "capacity", "small": "capacity", "one large file": verify_bench.ONE_FILE_CEILING}
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "the generated data is removed"
     text = verify_bench.render(verify_bench.Figures(**figures))
     assert "through the page cache" in text and "one large file" in text and "many" not in text
@@ -41,3 +44,13 @@ def test_a_figure_passes_at_90_percent_of_its_ceiling_and_not_below() -> None:
     assert verify_bench.goal_line("x", 620, 690, "capacity").endswith(" 89.9 %  MISSED")
     assert verify_bench.goal_line("x", 500, 0, "capacity").endswith("MISSED")
     assert verify_bench.goal_line("x", 621, 690, "capacity", 0.9).endswith(" 90.0 %  (CPU  90 %)  PASS")
+
+
+def test_one_files_ceiling_is_md5_on_one_core_unless_the_capacity_is_lower(monkeypatch) -> None:
+    def capacity(md5_1, both):
+        return lambda workers, seconds=2.0, algorithms=("md5", "sha256"): (
+            (md5_1, 2.0) if algorithms == ("md5",) else (both, 3.0))
+    monkeypatch.setattr(verify_bench, "hash_capacity", capacity(674, 854))
+    assert verify_bench.one_file_ceiling(2) == (674, 3.0, verify_bench.ONE_FILE_CEILING)
+    monkeypatch.setattr(verify_bench, "hash_capacity", capacity(700, 650))  # a loaded machine's capacity
+    assert verify_bench.one_file_ceiling(2) == (650, 3.0, "capacity")

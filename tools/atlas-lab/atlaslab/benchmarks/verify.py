@@ -83,7 +83,8 @@ class Figures:
     pct_of_capacity: float = 0.0
     md5_1_mb_s: float = 0.0  # md5 on one core: what one file can reach at best
     # other shapes of data, each cold: [{name, files, bytes, direct_mb_s, buffered_mb_s, pct_of_limit,
-    # ceiling_mb_s (the capacity measured right before; one file: md5 on one core), pct_of_ceiling, ...}]
+    # ceiling_mb_s (the capacity measured right before; one file: md5 on one core, unless the capacity
+    # is lower), ceiling_of (which of the two), pct_of_ceiling, ...}]
     shapes: list | None = None
 
 
@@ -293,11 +294,15 @@ def shapes_dir(root: Path) -> Path:
     return root.parent / "shapes"
 
 
-def one_file_ceiling(workers: int) -> tuple[float, float]:
+ONE_FILE_CEILING = "one file's ceiling: md5 on one core"
+
+
+def one_file_ceiling(workers: int) -> tuple[float, float, str]:
     """What one file can reach: md5 is sequential, so md5 on one core, or the capacity if lower
-    (MB/s), and the capacity's CPU seconds per GB."""
+    (MB/s), the capacity's CPU seconds per GB, and which of the two the ceiling is."""
     capacity, cpu = hash_capacity(workers, 1.0)
-    return min(hash_capacity(1, 1.0, ("md5",))[0], capacity), cpu
+    md5_1 = hash_capacity(1, 1.0, ("md5",))[0]
+    return (md5_1, cpu, ONE_FILE_CEILING) if md5_1 < capacity else (capacity, cpu, "capacity")
 
 
 def measure_shapes(base: Path, workers: int, limit: float, largest: Path) -> list[dict]:
@@ -316,14 +321,16 @@ def measure_shapes(base: Path, workers: int, limit: float, largest: Path) -> lis
         log(f"shape: {name} ({len(files)} files), cold, O_DIRECT by size and buffered")
         expected = expected_of(root, workers)
         nbytes = sum(p.stat().st_size for p in files)
-        ceiling, hash_cpu = one_file_ceiling(workers) if len(files) == 1 else hash_capacity(workers, 1.0)
+        ceiling, hash_cpu, ceiling_of = (one_file_ceiling(workers) if len(files) == 1
+                                         else (*hash_capacity(workers, 1.0), "capacity"))
         t_direct, cpu_direct = timed_verify(root, files, workers, None, frozenset(), expected)
         t_buffered, cpu_buffered = timed_verify(root, files, workers, False, frozenset(), expected)
         out.append({"name": name, "files": len(files), "bytes": nbytes,
                     "direct_mb_s": nbytes / 1e6 / t_direct, "buffered_mb_s": nbytes / 1e6 / t_buffered,
                     "direct_cpu_s_per_gb": cpu_direct, "buffered_cpu_s_per_gb": cpu_buffered,
                     "pct_of_limit": 100 * nbytes / 1e6 / t_direct / limit,
-                    "ceiling_mb_s": ceiling, "pct_of_ceiling": 100 * nbytes / 1e6 / t_direct / ceiling,
+                    "ceiling_mb_s": ceiling, "ceiling_of": ceiling_of,
+                    "pct_of_ceiling": 100 * nbytes / 1e6 / t_direct / ceiling,
                     "hash_cpu_s_per_gb": hash_cpu})  # fmt: skip
     return out
 
@@ -462,8 +469,7 @@ def render(f: Figures) -> str:
            else ""),
         goal_line(f"model: {f.files} files", f.verifier_mb_s, f.capacity_beside_mb_s, "capacity",
                   f.hash_cpu_beside_s_per_gb / f.verifier_cpu_s_per_gb),
-        *[goal_line(x["name"], x["direct_mb_s"], x["ceiling_mb_s"],
-                    "one file's ceiling: md5 on one core" if x["files"] == 1 else "capacity",
+        *[goal_line(x["name"], x["direct_mb_s"], x["ceiling_mb_s"], x["ceiling_of"],
                     x["hash_cpu_s_per_gb"] / x["direct_cpu_s_per_gb"])
           for x in (f.shapes or [])],
         "",
