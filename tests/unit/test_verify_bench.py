@@ -28,10 +28,10 @@ def test_bench_measures_every_shape_with_both_readers(tmp_path: Path, monkeypatc
     assert figures["capacity_beside_mb_s"] > 0 and figures["md5_1_mb_s"] > 0
     assert all(s["ceiling_mb_s"] > 0 and s["hash_cpu_s_per_gb"] > 0 for s in shapes.values())
     assert figures["hash_cpu_beside_s_per_gb"] > 0
-    # which ceiling, by name: the figures themselves are two measurements a second apart on shared cores
-    # (one run measured md5 on one core at 152 MB/s and the ceiling beside the file at 383)
-    assert {n: s["ceiling_of"] for n, s in shapes.items()} == {
-        "mixed": "capacity", "small": "capacity", "one large file": verify_bench.ONE_FILE_CEILING}
+    # which ceiling, by name (the rule is tested below with fixed capacities): the figures are measurements a
+    # second apart on shared cores, so either may be the lower one in this run
+    assert shapes["mixed"]["ceiling_of"] == shapes["small"]["ceiling_of"] == "capacity"
+    assert shapes["one large file"]["ceiling_of"] in (verify_bench.ONE_FILE_CEILING, "capacity")
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "the generated data is removed"
     text = verify_bench.render(verify_bench.Figures(**figures))
     assert "through the page cache" in text and "one large file" in text and "many" not in text
