@@ -178,11 +178,8 @@ def test_run_stops_at_its_duration_and_counts_what_it_did_not_send():
         r = run_bench(BenchConfig(url=srv.url, concurrency=2, num_requests=1000, duration_s=0.5, output_len=1,
                                   warmup_requests=0, timeout_s=5))
         elapsed = time.monotonic() - started
-    # 1,000 requests at 100 ms, two at a time, would take 50 s; stopping at 0.5 s leaves at most 0.5 s x 2 / 0.1 s
-    # completed plus the two in flight. The lower bounds leave room for shared cores (make test runs this
-    # test beside the lab's): a bound that needs the CPU on time is a timed test, not a check of the stop.
-    assert elapsed < 10
-    assert 1 <= r.completed <= 12
+    assert elapsed < 2.0
+    assert 6 <= r.completed <= 12
     assert r.not_sent == 1000 - r.completed - r.failed
 
 
