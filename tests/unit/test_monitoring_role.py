@@ -6,6 +6,7 @@ systemctl is a stand-in that records its calls: no service of this machine is to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -132,8 +134,12 @@ def test_check_mode_writes_nothing(stage: Stage) -> None:
 
 
 def test_first_run_writes_checked_files_and_reloads_through_the_handler(stage: Stage) -> None:
-    # rules dir, rules, SLO thresholds, prometheus.yml, command line; the restart and reload handlers
-    assert changed(stage.play()) == 7
+    # rules dir, rules, SLO thresholds, prometheus.yml, command line; the restart and reload handlers (the reload
+    # waits for /-/ready: here the Prometheus the package would have started, on its own configuration)
+    packaged = stage.tmp / "packaged.yml"
+    packaged.write_text("global: {}\n")
+    with _prometheus(stage, packaged, stage.tmp / "tsdb-packaged"):
+        assert changed(stage.play()) == 7
     config = yaml.safe_load((stage.etc / "prometheus.yml").read_text())
     assert (stage.etc / "prometheus.yml").read_text().startswith("#")  # ansible_managed
     assert config["rule_files"] == [str(stage.etc / "rules/atlas-rules.yml"), str(stage.etc / "rules/atlas-slo.yml")]
@@ -167,15 +173,20 @@ def test_a_file_promtool_refuses_is_not_written(stage: Stage) -> None:
     assert "30s" not in (stage.etc / "prometheus.yml").read_text()
 
 
+def test_a_reload_waits_until_prometheus_answers(tmp_path: Path) -> None:
+    """A SIGHUP before Prometheus has its handler for it ends it, and systemd leaves it down (roles/monitoring/
+    handlers/main.yml). With nothing answering /-/ready the run fails there, and the reload is never sent."""
+    fresh = Stage(tmp_path)
+    result = fresh.play(monitoring_ready_timeout_s=1)
+    assert result.returncode != 0
+    assert "wait until Prometheus answers before it is reloaded" in result.stdout
+    assert f"127.0.0.1:{fresh.port}/-/ready" in result.stdout
+    assert "restart prometheus" in fresh.calls() and "reload prometheus" not in fresh.calls()
+
+
 def test_prometheus_loads_what_was_written_and_a_second_run_changes_nothing(stage: Stage) -> None:
-    data = stage.tmp / "tsdb"
-    server = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={stage.etc / 'prometheus.yml'}", f"--storage.tsdb.path={data}",
-         f"--web.listen-address=127.0.0.1:{stage.port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
+    with _prometheus(stage, stage.etc / "prometheus.yml", stage.tmp / "tsdb"):
         api = f"http://127.0.0.1:{stage.port}/api/v1"
-        _wait_ready(f"http://127.0.0.1:{stage.port}/-/ready", server)
         calls = len(stage.calls())
         result = stage.play(with_service=True)
         assert changed(result) == 0
@@ -189,6 +200,18 @@ def test_prometheus_loads_what_was_written_and_a_second_run_changes_nothing(stag
         assert {(t["node"], t["instance"], t["branch"], t["release"], t["engine"]) for t in engine} == {
             ("n1", "n1", "east", "r2", "vllm"), ("n2", "n2", "east", "r1", "vllm"),
             ("n3", "big", "west", "r2", "sglang")}
+
+
+@contextlib.contextmanager
+def _prometheus(stage: Stage, config: Path, data: Path) -> Iterator[None]:
+    """A real Prometheus on the stage's port, ready, for the length of the block."""
+    server = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={data}",
+         f"--web.listen-address=127.0.0.1:{stage.port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_ready(f"http://127.0.0.1:{stage.port}/-/ready", server)
+        yield
     finally:
         server.terminate()
         try:
