@@ -17,7 +17,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: demo test lint unit lab-test drills host-deps venv lab-up lab-down bundle site bench-verify bench-client \
+.PHONY: demo test lint unit lab-test drills ci-drills host-deps venv lab-up lab-down bundle site bench-verify bench-client \
 	bench-rollout bench-wheelhouse clean wheel
 
 demo: host-deps venv
@@ -66,6 +66,12 @@ lab-test: host-deps venv
 # fault / expected / observed / client requests failed / data lost (artifacts/drills/).
 drills: host-deps venv
 	$(VENV)/bin/pytest -ra tests/drills
+
+# The drill rows that stand in for lab tests (long rollouts moved out of `make test`); `.ci/run` runs
+# them after `make test` on a lab of their own.
+CI_DRILLS ?= node-lost
+ci-drills: host-deps venv
+	$(VENV)/bin/pytest -ra tests/drills -k "$(CI_DRILLS)"
 
 # The atlasctl wheel and the atlas.serving collection tarball (dist/): the product and the suite it
 # drives, no lab code (DESIGN.md, "Installing"); execution-environment.yml installs both.

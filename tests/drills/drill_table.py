@@ -593,6 +593,57 @@ def power_off_mid_wave() -> Outcome:
     return Outcome(observed, len(load.failed), lost, expect.unmet)
 
 
+# --- 6b. a node lost before its wave: its branch's last backend is not drained; --resume -------------
+
+def node_lost_before_wave() -> Outcome:
+    """atlas-n2 is off when the east wave starts, so atlas-n1 is the branch's last healthy backend: its drain is
+    refused (it is not touched and keeps serving) and the rollout stops there, west on the old release. With
+    atlas-n2 back, --resume rolls the rest. (Was tests/lab/test_rollout.py's node-lost test: the drills hold
+    the long rollouts, and `.ci/run` runs this row after `make test`.)"""
+    expect, victim, release = Expect(), "atlas-n2", "drill-node-lost"
+    before = releases()
+    n1_pid = model_service("atlas-n1")[1]
+    notes = []
+    with Load() as load:
+        phases = Phases(load)
+        phases.mark(f"{victim} off, rollout to its stop")
+        lab("power", victim, "off", timeout=120)
+        try:
+            rc, report = rollout("--release", release, "-e", LENIENT_SLO, "-e", "gateway_last_backend_wait_s=5")
+        finally:
+            phases.mark(f"{victim} powered on")
+            lab("power", victim, "on", timeout=300)
+        failure = report.get("failure") or {}
+        why = str(failure.get("why", ""))
+        stopped = releases(["atlas-n1", "atlas-n3", "atlas-n4"])
+        expect(rc == 1, "the rollout stops (exit 1)")
+        expect((failure.get("host"), failure.get("wave"), failure.get("gate")) == ("atlas-n1", "east", "drain"),
+               "it stops at atlas-n1's drain gate, wave east")
+        expect("last healthy backend of branch east" in why and victim in why,
+               f"the refusal names atlas-n1 the last healthy backend of branch east and {victim}")
+        expect(report.get("completed") == ["canary"], "only the canary wave completed")
+        expect(model_service("atlas-n1")[1] == n1_pid, "atlas-n1 not restarted (its drain was refused)")
+        expect(stopped == {"atlas-n1": before["atlas-n1"], "atlas-n3": release, "atlas-n4": before["atlas-n4"]},
+               "the canary on the release, atlas-n1 and the west wave on the old one")
+        notes.append(f"{victim} off: rollout exit {rc}, stopped at {failure.get('host')} (wave {failure.get('wave')}, "
+                     f"gate {failure.get('gate')}: {one_line(why, 160)}), waves done {report.get('completed')}, "
+                     f"releases {stopped}")
+        phases.mark("--resume")
+        rc2, resumed = rollout("--release", release, "--resume", "-e", LENIENT_SLO)
+        expect(rc2 == 0, "--resume completes")
+        expect(resumed.get("completed") == ["canary", "east", "west"], "--resume: canary, east and west done")
+        now = releases()
+        expect(now == dict.fromkeys(SERVING, release), "the whole fleet on the new release")
+        notes.append(f"--resume exit {rc2} (waves {resumed.get('completed')}): releases {sorted(set(now.values()))}")
+        by_phase = phases.text()
+    expect(not load.failed, "0 client requests failed")
+    expect(load.ok > 10, "the client load ran (more than 10 requests answered)")
+    snaps = all(before[h] in release_snapshots(h) for h in SERVING)
+    lost = ("none: the previous release's snapshot is kept on every node" if snaps
+            else "a node lost its previous release's snapshot")
+    return Outcome("; ".join(notes) + f"; {load_text(load)}; {by_phase}", len(load.failed), lost, expect.unmet)
+
+
 # --- 7. gateway restart during a rollout -----------------------------------------------------------
 
 def gateway_restart() -> Outcome:
@@ -1118,6 +1169,10 @@ DRILLS = [
     Drill("power-off-mid-wave", "atlas-n2 powered off after its wave drained it",
           "rollout stops at atlas-n2 (wave east); atlas-n4 keeps the old release; after power-on --resume "
           "completes; 0 failed", power_off_mid_wave),
+    Drill("node-lost", "atlas-n2 powered off before the east wave starts, under load",
+          "atlas-n1 (the branch's last healthy backend) not drained nor restarted; rollout stops there, west on the "
+          "old release; after power-on --resume completes; 0 failed",
+          node_lost_before_wave),
     Drill("gateway-restart", "`systemctl restart nginx` on atlas-gw-east during a rollout, under load",
           "rollout completes, fleet on the new release; client failures: what the restart costs",
           gateway_restart),

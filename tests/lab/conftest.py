@@ -59,15 +59,17 @@ class ConvergedLab:
 
 def pytest_collection_modifyitems(session, config, items):
     # Modules on the converged lab run last; test_site first among them (it checks the
-    # fleet as site.yml left it, before rollouts move it to other releases); the tests on full_fleet
-    # last (it leaves the fleet with a two-node instance and a container node), test_containers then
-    # test_instance among them.
+    # fleet as site.yml left it, before rollouts move it to other releases); test_monitoring after
+    # test_rollout (its canary-only rollout leaves the canary on a release of its own, and
+    # test_rollout's last test needs the whole fleet on one); the tests on full_fleet last (it leaves
+    # the fleet with a two-node instance and a container node), test_containers then test_instance
+    # among them.
     def key(item):
         names = getattr(item, "fixturenames", ())
         converged = "converged_lab" in names
         late = ("test_containers.py" in item.nodeid) + 2 * ("test_instance.py" in item.nodeid)
         return (converged, "full_fleet" in names, converged and "test_site.py" not in item.nodeid,
-                converged and late)
+                converged and "test_monitoring.py" in item.nodeid, converged and late)
 
     items.sort(key=key)
 
@@ -142,9 +144,10 @@ def full_fleet(converged_lab, tmp_path_factory):
     from the site's controller (atlas-ctl) with the same inventory carried there (test_controller)."""
     assert converged_lab.first.returncode == 0, converged_lab.first.stdout[-6000:]
     inventory = fleet_inventory(tmp_path_factory.mktemp("fleet-inventory"))
-    # The release the fleet runs now (the rollout tests rolled it forward), as a site names the release it
-    # rolled out: site.yml then restarts only what the new declarations change, not every node back to the
-    # lab inventory's older release.
+    # The release the fleet runs now, where the rollout tests left one release on every node, as a site names
+    # the release it rolled out: site.yml then restarts only what the new declarations change. (After
+    # test_monitoring's canary-only rollout the canary runs a release of its own; then site.yml converges the
+    # fleet on the inventory's release, which moves only the canary, a rank of the new instance anyway.)
     running = set(releases().values())
     release = ("-e", f"atlas_release_id={running.pop()}") if len(running) == 1 else ()
     first = playbook("-i", str(inventory), "site.yml", *release)
