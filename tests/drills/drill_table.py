@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import yaml
@@ -271,6 +271,15 @@ def current_verifies(host: str) -> bool:
 
 def release_snapshots(host: str) -> list[str]:
     return sh(host, f"ls {layout(host)['serving_release_dir']} 2>/dev/null", check=False).split()
+
+
+def snapshots_kept(expect: Expect, previous: dict[str, str], hosts: Iterable[str]) -> str:
+    """The data-lost verdict of a rollout drill: each host still holds the snapshot of the release it ran
+    before (what a rollback restores from). A host that lost it is named, and the drill fails."""
+    gone = sorted(h for h in hosts if previous[h] not in release_snapshots(h))
+    expect(not gone, "the previous release's snapshot is kept on every node")
+    return ("none: the previous release's snapshot is kept on every node" if not gone
+            else f"the previous release's snapshot is gone on {', '.join(gone)}")
 
 
 def drill_bundle_removed(host: str) -> None:
@@ -585,11 +594,9 @@ def power_off_mid_wave() -> Outcome:
     notes.append(f"--resume exit {rc2} (resumed from {resumed.get('resumed_from')}, nodes rolled "
                  f"{[n['host'] for n in resumed.get('nodes', [])]}, waves {resumed.get('completed')}): "
                  f"releases {sorted(set(now.values()))}")
-    snaps = all(before[h] in release_snapshots(h) for h in SERVING)
+    lost = snapshots_kept(expect, before, SERVING)
     expect(not load.failed, "0 client requests failed")
     observed = "; ".join(notes) + f"; {load_text(load)}; {by_phase}"
-    lost = ("none: the previous release's snapshot is kept on every node" if snaps
-            else "a node lost its previous release's snapshot")
     return Outcome(observed, len(load.failed), lost, expect.unmet)
 
 
@@ -638,9 +645,7 @@ def node_lost_before_wave() -> Outcome:
         by_phase = phases.text()
     expect(not load.failed, "0 client requests failed")
     expect(load.ok > 10, "the client load ran (more than 10 requests answered)")
-    snaps = all(before[h] in release_snapshots(h) for h in SERVING)
-    lost = ("none: the previous release's snapshot is kept on every node" if snaps
-            else "a node lost its previous release's snapshot")
+    lost = snapshots_kept(expect, before, SERVING)
     return Outcome("; ".join(notes) + f"; {load_text(load)}; {by_phase}", len(load.failed), lost, expect.unmet)
 
 
@@ -1008,8 +1013,7 @@ def instance_out_and_back() -> Outcome:
         notes.append(f"back: exit {rc}, failure {failure.get('host')} gate {failure.get('gate')}, rank 1 rolled back "
                      f"via its unit: {bool(followed)}")
     expect(not load.failed, "0 client requests failed")
-    lost = ("none: the previous release's snapshot is kept on every node"
-            if all(previous[h] in release_snapshots(h) for h in unit) else "a rank lost its previous snapshot")
+    lost = snapshots_kept(expect, previous, unit)
     return Outcome("; ".join(notes) + f"; {load_text(load)}", len(load.failed), lost, expect.unmet)
 
 
@@ -1125,10 +1129,8 @@ def rank_power_off() -> Outcome:
     expect(per_phase.get(fault, 0) <= 1, "at most the one request in flight on the instance at the power-off failed")
     notes.append(f"--resume exit {rc2}, nodes rolled {[n['host'] for n in resumed.get('nodes', [])]}: west on "
                  f"{sorted({now[h] for h in west})}")
-    snaps = all(before[h] in release_snapshots(h) for h in west)
+    lost = snapshots_kept(expect, before, west)
     observed = "; ".join(notes) + f"; {load_text(load)}; {by_phase}"
-    lost = ("none: the previous release's snapshot is kept on every node" if snaps
-            else "a node lost its previous release's snapshot")
     return Outcome(observed, len(load.failed), lost, expect.unmet)
 
 
