@@ -1,0 +1,106 @@
+"""`make test`'s runner: the lab tests in the foreground, the lint and unit tests beside them at low priority.
+
+    python tests/make_test.py --log FILE [--cgroup DIR] [--shares N] --beside CMD [--beside CMD ...] -- LAB_CMD...
+
+The lab tests are the longer job and mostly wait on their nodes, so the lint and unit tests (the ``--beside``
+commands, one after the other) run in the background while they do, and the CPU goes to the lab tests first.
+The ``--beside`` commands' output goes to ``--log``, printed after the lab tests end; the run fails when the lab
+command or any ``--beside`` command fails (every ``--beside`` command runs whatever the earlier ones returned).
+
+Why more than ``nice``: with the kernel's autogroup scheduling (on by default) CPU is shared between sessions
+first, and nice orders processes only inside one session; every lab node and each of its services is a session
+of its own. So the ``--beside`` commands run in a session of their own (``setsid``) whose autogroup is set to
+nice 19 (proc(5), ``/proc/PID/autogroup``), and at nice 15 for kernels without autogroup. Ansible's workers call
+``setsid()`` (ansible/executor/process/worker.py), so the unit tests' playbook runs would each get a fresh
+autogroup at nice 0; a task outside the root CPU cgroup is not autogrouped (sched(7), "The autogroup feature"),
+so where cgroup v1's CPU controller can be written (root; ``DIR/../cpu.shares`` writable) the ``--beside``
+commands and everything they start run in the CPU group ``--cgroup`` with ``cpu.shares`` ``--shares`` (the lab's
+sessions have 1024 each). Where it cannot, it says so and the autogroup and nice still apply. The group is
+removed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+NICE = 15
+AUTOGROUP_NICE = 19
+
+
+def join_cpu_group(group: Path, shares: int) -> str:
+    """Move this process into the cgroup-v1 CPU group ``group`` with ``shares``; the line that says what it did."""
+    if os.access(group.parent / "cpu.shares", os.W_OK):
+        try:
+            group.mkdir(exist_ok=True)
+            (group / "cpu.shares").write_text(f"{shares}\n")
+            (group / "cgroup.procs").write_text(f"{os.getpid()}\n")
+            return f"lint and unit tests: CPU group {group}, cpu.shares {shares}"
+        except OSError:
+            pass
+    return f"lint and unit tests: no CPU group ({group} cannot be written), autogroup nice {AUTOGROUP_NICE}"
+
+
+def run_beside(commands: list[str], group: Path, shares: int) -> int:
+    """The background side, already in a session of its own: CPU group, autogroup, nice, then each command."""
+    print(join_cpu_group(group, shares), flush=True)
+    try:
+        Path("/proc/self/autogroup").write_text(f"{AUTOGROUP_NICE}\n")
+    except OSError:
+        pass  # no autogroup in this kernel, or not permitted: nice below still orders the processes
+    os.nice(NICE)
+    failed = 0
+    for command in commands:
+        rc = subprocess.run(shlex.split(command)).returncode
+        print(f"exit {rc}: {command}", flush=True)
+        failed += rc != 0
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--log", type=Path, help="the --beside commands' output, printed at the end")
+    parser.add_argument("--cgroup", type=Path, default=Path("/sys/fs/cgroup/cpu/atlas-make-test"))
+    parser.add_argument("--shares", type=int, default=64, help="cpu.shares of the group (the lab's: 1024 each)")
+    parser.add_argument("--beside", action="append", default=[], metavar="CMD", help="run in the background")
+    parser.add_argument("--beside-side", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("lab", nargs=argparse.REMAINDER, help="-- then the foreground command")
+    args = parser.parse_args(argv)
+    if args.beside_side:
+        return run_beside(args.beside, args.cgroup, args.shares)
+    lab = args.lab[1:] if args.lab[:1] == ["--"] else args.lab
+    if not lab or not args.beside or args.log is None:
+        parser.error("give --log FILE, at least one --beside command, then -- and the foreground command")
+
+    args.log.parent.mkdir(parents=True, exist_ok=True)
+    side = [sys.executable, os.path.abspath(__file__), "--beside-side", "--cgroup", str(args.cgroup),
+            "--shares", str(args.shares), *(f"--beside={command}" for command in args.beside)]
+    with args.log.open("w") as log:
+        beside = subprocess.Popen(side, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  start_new_session=True)
+    try:
+        lab_rc = subprocess.run(lab).returncode
+        beside_rc = beside.wait()
+    except KeyboardInterrupt:
+        os.killpg(beside.pid, signal.SIGTERM)  # its own session: the terminal's interrupt does not reach it
+        raise
+    finally:
+        try:
+            args.cgroup.rmdir()
+        except OSError:
+            pass
+    print(f"--- lint and unit tests (run beside the lab tests; {args.log})", flush=True)
+    sys.stdout.write(args.log.read_text(errors="replace"))
+    if lab_rc != 0 or beside_rc != 0:
+        print(f"make test: lab tests exit {lab_rc}, lint and unit tests exit {beside_rc}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

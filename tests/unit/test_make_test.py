@@ -1,0 +1,64 @@
+"""`make test`'s runner (tests/make_test.py): the foreground command, the --beside commands in a session of their
+own at low priority (in a CPU group where one can be written), their log printed at the end, and the run failing
+when either side fails."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+RUNNER = Path(__file__).resolve().parents[1] / "make_test.py"
+PY = sys.executable
+# A --beside command that says which session it runs in and at which nice value.
+WHERE = f"{PY} -c 'import os; print(\"beside: session\", os.getsid(0), \"nice\", os.nice(0))'"
+
+
+def run(tmp_path: Path, *beside: str, lab: str = "true", cgroup: Path | None = None) -> subprocess.CompletedProcess:
+    args = [PY, str(RUNNER), "--log", str(tmp_path / "out" / "unit.log"),
+            "--cgroup", str(cgroup or tmp_path / "no-cgroup-v1" / "atlas-make-test")]
+    args += [f"--beside={command}" for command in beside]
+    return subprocess.run([*args, "--", *lab.split()], capture_output=True, text=True, timeout=60)
+
+
+def test_the_beside_commands_run_in_a_session_of_their_own_at_low_priority_and_their_log_comes_last(tmp_path):
+    proc = run(tmp_path, WHERE, "echo second", lab="echo the-lab-tests")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "the-lab-tests"
+    assert lines[1].startswith("--- lint and unit tests")
+    assert "no CPU group" in lines[2] and "autogroup nice 19" in lines[2]
+    _, _, session, _, nice = lines[3].split()
+    assert int(session) != os.getsid(0) and int(nice) >= 15
+    assert lines[4:] == [f"exit 0: {WHERE}", "second", "exit 0: echo second"]
+
+
+def test_a_failure_on_either_side_fails_the_run_and_every_beside_command_runs(tmp_path):
+    proc = run(tmp_path, "false", "echo after-the-failure")
+    assert proc.returncode == 1
+    assert "after-the-failure" in proc.stdout and "exit 1: false" in proc.stdout
+    assert proc.stdout.splitlines()[-1] == "make test: lab tests exit 0, lint and unit tests exit 1"
+
+    proc = run(tmp_path, "true", lab="false")
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[-1] == "make test: lab tests exit 1, lint and unit tests exit 0"
+
+
+def test_where_a_cpu_group_can_be_written_the_beside_side_runs_in_it(tmp_path):
+    controller = tmp_path / "cpu"  # stands in for /sys/fs/cgroup/cpu: its cpu.shares is writable
+    controller.mkdir()
+    (controller / "cpu.shares").write_text("1024\n")
+    group = controller / "atlas-make-test"
+    proc = run(tmp_path, "true", cgroup=group)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"lint and unit tests: CPU group {group}, cpu.shares 64" in proc.stdout
+    assert (group / "cpu.shares").read_text() == "64\n"
+    assert int((group / "cgroup.procs").read_text()) > 0
+
+
+def test_it_needs_a_log_a_beside_command_and_a_foreground_command(tmp_path):
+    for args in (["--beside=true", "--", "true"], ["--log", str(tmp_path / "l"), "--", "true"],
+                 ["--log", str(tmp_path / "l"), "--beside=true"]):
+        proc = subprocess.run([PY, str(RUNNER), *args], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and "give --log FILE" in proc.stderr
