@@ -33,7 +33,7 @@ ENV = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "PYTHONUNBUFFE
 
 
 # Every atlasctl, atlas-lab and ansible-playbook call of the lab tests, with the test that made it and
-# its seconds, one JSON line each: where the lab's time goes (`make test`'s profile, issue 16).
+# its seconds, one JSON line each: where the lab's time goes (`make test`'s profile, docs/performance.md).
 CALL_LOG = ROOT / "artifacts" / "lab-calls.jsonl"
 
 

@@ -9,8 +9,8 @@
   storage writes straight into the buffer, so the kernel neither fills the page cache nor
   copies the data. Measured on the project's 2-core machine, a cold buffered read costs
   0.7 CPU-s/GB of kernel time and an O_DIRECT one 0.1, against 2.9 for md5+sha256: the
-  buffered read alone would take a fifth of the hashing's CPU (docs/verification-speed.md
-  has the figures). Where O_DIRECT is refused (tmpfs, some overlay and network filesystems:
+  buffered read alone would take a fifth of the hashing's CPU (docs/performance.md and
+  DESIGN.md, "Fast paths"). Where O_DIRECT is refused (tmpfs, some overlay and network filesystems:
   EINVAL) or a read ends short of the block size, the rest of the file is read buffered.
   Files between one buffer and ``DIRECT_MIN_SIZE`` are read buffered, advised to the kernel
   (WILLNEED) a window ahead of the readers.
