@@ -976,8 +976,8 @@ def _unit_state() -> dict[str, tuple[str, str]]:
 def instance_out_and_back() -> Outcome:
     """Out: a new release over branch west, the instance first as one unit (both ranks in one batch, stopped
     together, NPUs free, head first), then atlas-n5. Back: the next release fails the entry's SLO gate, so both
-    ranks go back to the release they ran and restart together; atlas-n5 is not touched. (Moved here from the
-    lab tests: a multi-node scenario of minutes, issue 14 allows it; the instance's convergence stays there.)"""
+    ranks go back to the release they ran and restart together; atlas-n5 is not touched. (A drill rather than a
+    lab test: a multi-node scenario of minutes; the instance's convergence is a lab test.)"""
     expect, inv = Expect(), instance_mode()
     other = "atlas-n5"
     unit = [HEAD, RANK1]

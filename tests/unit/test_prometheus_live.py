@@ -153,7 +153,7 @@ def test_health_table_gains_the_live_columns():
     n1 = next(line for line in lines if line.startswith("n1"))
     assert "250ms" in n1 and "31ms" in n1 and "50%" in n1
     assert lines[-1] == f"live figures: {fake.url}, over 5m"
-    assert "TTFT p95" not in health.render_table(rows)  # no Prometheus: the table as before
+    assert "TTFT p95" not in health.render_table(rows)  # no Prometheus: no live columns
     assert health.live_figures(_run_result("")) is None and health.live_figures(_run_result(None)) is None
 
 

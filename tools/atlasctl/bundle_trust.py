@@ -18,7 +18,7 @@ from atlasctl.errors import UsageError
 FINGERPRINTS_VAR = "atlas_bundle_trusted_fingerprints"
 KEYRING_VAR = "atlas_bundle_keyring"
 ALLOW_UNSIGNED_VAR = "atlas_bundle_allow_unsigned"
-ALLOW_UNSIGNED_ALIAS = "bundle_allow_unsigned"  # the spelling, accepted too
+ALLOW_UNSIGNED_ALIAS = "bundle_allow_unsigned"  # the short spelling, accepted too
 
 
 @dataclasses.dataclass(frozen=True)

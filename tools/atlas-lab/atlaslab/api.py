@@ -146,7 +146,7 @@ def _discard(path: Path, *, move: bool = True) -> None:
         target = path.with_name(f".{path.name}.discarded-{os.urandom(4).hex()}")
         try:
             path.rename(target)
-        except OSError as exc:  # e.g. EBUSY: delete it here and now, as before
+        except OSError as exc:  # e.g. EBUSY: delete it in place, now
             log.debug("cannot move %s aside (%s); deleting it in place", path, exc)
             shutil.rmtree(path)
             return

@@ -11,7 +11,7 @@ In one run it
      does not fit in RAM, so the second tool reads the disk again), and (b) the verifier, cold;
   4. times a stamp re-verify and counts the bytes it reads (/proc/self/io);
   5. verifies other shapes of data cold: files around the read buffer, many small files, one large file.
-The goal (issue 16): every multi-file figure >= 90 % of the md5+sha256 capacity, and one large file
+The goal: every multi-file figure >= 90 % of the md5+sha256 capacity, and one large file
 >= 90 % of what one file can reach (md5 is sequential: md5 on one core). The capacity is measured again
 right before each figure (2 cores shared with other work drift in minutes), each line says PASS or MISSED.
 Every cold measurement drops the page cache (`sync; echo 3 > /proc/sys/vm/drop_caches`); without

@@ -7,7 +7,7 @@ with no index for that platform. Downloads gigabytes: not part of `make test`.
 For every pip set and every target of the spec it runs the product's own build of that set for that one
 target (atlasctl.wheelhouse.build_set: sdist builds, vendor check, resolution for the target, the
 compatibility gate, download, and its proof with uv and pip, no index), timed; then it asks pip the
-issue's question literally, `pip install --dry-run --no-index --platform ... -r requirements.txt` (with
+operator's question literally, `pip install --dry-run --no-index --platform ... -r requirements.txt` (with
 dependencies), and records pip's answer beside it: pip evaluates environment markers for this machine,
 not the target (pypa/pip#11664), so on a foreign architecture it can refuse a complete wheelhouse.
 It prints one row per set and target: result, wheels, MiB, seconds, and pip's literal answer.

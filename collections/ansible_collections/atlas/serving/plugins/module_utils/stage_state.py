@@ -5,7 +5,7 @@
 A stage's fast path (DESIGN.md, "Fast paths") calls the module ``stage_state`` once: it reads the
 account, the directories, files and links, the release directories and the unit, and lists every
 difference from the wanted state. No difference: the stage is converged and its node tasks are
-skipped. Any difference: they run as before. Each check states exactly what a full task ensures:
+skipped. Any difference: they all run. Each check states exactly what a full task ensures:
 
 - :func:`account_differences`: ``group`` (exists; ``system: true`` created it below SYS_GID_MAX) and
   ``user`` (exists, primary group, shell, home, home exists, password field in /etc/shadow, member of
