@@ -4,6 +4,9 @@
 - The collection's README lists every module and every filter, and nothing else.
 - No tracked file outside docs/ cites a document that is not in this repository (the facts the code
   relies on, with their sources, are in docs/).
+- The docs, configuration, code and tests describe the product, not the history of its development: no
+  issue, stop or goal numbers (the history is in git).
+- README.md's first screen has the quick start and where to go next; the reference tables are in docs/.
 """
 
 from __future__ import annotations
@@ -147,18 +150,22 @@ OUTSIDE = re.compile(r"ascend-facts|multinode-facts|lab-notes|rollout-and-bench|
                      r"|(?<![\w.-])shared/")
 
 
-def outside_citations(root: Path, files: list[str]) -> list[str]:
+def matching_lines(root: Path, files: list[str], pattern: re.Pattern, checked) -> list[str]:
+    """'name:line: text' of every line matching ``pattern`` in the ``files`` for which ``checked(name)`` holds
+    (this test module, which names the patterns, aside)."""
     found = []
     for name in files:
-        if name.startswith("docs/") or (root / name).resolve() == Path(__file__).resolve():
-            continue
         path = root / name
-        if not path.is_file():
+        if not checked(name) or not path.is_file() or path.resolve() == Path(__file__).resolve():
             continue
         for number, line in enumerate(path.read_bytes().decode("utf-8", "replace").splitlines(), 1):
-            if OUTSIDE.search(line):
+            if pattern.search(line):
                 found.append(f"{name}:{number}: {line.strip()[:120]}")
     return found
+
+
+def outside_citations(root: Path, files: list[str]) -> list[str]:
+    return matching_lines(root, files, OUTSIDE, lambda name: not name.startswith("docs/"))
 
 
 def tracked_files(root: Path) -> list[str]:
@@ -206,3 +213,43 @@ def test_every_module_documents_itself_as_ansible_doc_reads_it():
         assert text(doc["doc"]["description"]), name
         for option, spec in (doc["doc"].get("options") or {}).items():
             assert text(spec.get("description")), (name, option)
+
+
+# --- The product, not the history of its development -----------------------------------------
+
+HISTORY = re.compile(r"stop [0-9]|issue [0-9]|goal [0-9]", re.IGNORECASE)
+DESCRIBED = ("docs/", "README.md", "DESIGN.md", "ansible.cfg", "Makefile", "roles/", "collections/", "tools/",
+             "inventory/", "tests/", "playbooks/", "site.yml")
+
+
+def history_lines(root: Path, files: list[str]) -> list[str]:
+    return matching_lines(root, files, HISTORY, lambda name: name.startswith(DESCRIBED))
+
+
+def test_nothing_tells_the_history_of_its_development():
+    found = history_lines(ROOT, tracked_files(ROOT))
+    assert found == [], "state what the product does and why; the history stays in git:\n" + "\n".join(found)
+
+
+def test_the_history_check_sees_one(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("ok\n### Stop 29: what was cut\n")
+    (tmp_path / "Makefile").write_text("# see issue 16\n")
+    (tmp_path / "notes.md").write_text("goal 1 outside the described files\n")
+    assert history_lines(tmp_path, ["docs/a.md", "Makefile", "notes.md"]) == [
+        "docs/a.md:2: ### Stop 29: what was cut", "Makefile:1: # see issue 16"]
+
+
+# --- README.md: one screen to start ------------------------------------------------------------
+
+SCREEN = 50
+
+
+def test_the_readme_starts_with_the_quick_start_and_where_to_go_next():
+    first = (ROOT / "README.md").read_text().splitlines()[:SCREEN]
+    text = "\n".join(first)
+    for wanted in ("make demo", "make test", "make unit", "docs/reference.md", "docs/lab.md", "DESIGN.md"):
+        assert wanted in text, f"README.md's first {SCREEN} lines lack {wanted!r}"
+    assert not [line for line in first if line.startswith("|")], "reference tables belong in docs/reference.md"
+    for name in ("reference.md", "lab.md", "performance.md"):
+        assert (ROOT / "docs" / name).is_file(), name
