@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -224,8 +225,29 @@ def fresh_lab_session(*, bundle: bool, hdk: str | None = None):
 
 # --- shared by the lab tests and the fault drills (tests/drills) ----------------------------------
 
-# Each branch's nginx gateway (inventory/lab: atlas-gw-east, atlas-gw-west).
-GATEWAYS = {"east": "http://10.77.0.15:8080", "west": "http://10.77.0.16:8080"}
+# Each branch's nginx gateway (inventory/lab: atlas-gw-east, atlas-gw-west): HTTPS with the lab CA's certificates,
+# the lab's API key required (docs/security.md).
+GATEWAYS = {"east": "https://10.77.0.15:8443", "west": "https://10.77.0.16:8443"}
+
+
+@functools.cache
+def _opener() -> urllib.request.OpenerDirector:
+    from atlaslab import site_secrets
+
+    context = ssl.create_default_context(cafile=str(site_secrets.ca_file()))
+    return urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
+
+
+def urlopen(request: urllib.request.Request | str, timeout: float = 30):
+    """urllib's urlopen with the lab CA trusted (the gateways' and the monitoring host's certificates)."""
+    return _opener().open(request, timeout=timeout)
+
+
+def lab_api_key() -> str:
+    """The API key of the lab's serving nodes (inventory/lab/group_vars/all.yml reads the same file)."""
+    from atlaslab import site_secrets
+
+    return site_secrets.secret("serving-api-key")
 SERVING = ["atlas-n1", "atlas-n2", "atlas-n3", "atlas-n4", "atlas-n5"]
 MODEL = "atlas-tiny-llama"
 
@@ -234,9 +256,10 @@ class Load:
     """Bounded continuous client load: completions through each gateway, one at a time, counted."""
 
     def __init__(self, max_seconds: float = 600, gateways: dict[str, str] | None = None):
-        # The API key each gateway's client sends ({branch: key}); a client may switch keys mid-run.
-        self.keys: dict[str, str] = {}
+        # The API key each gateway's client sends ({branch: key}, the lab's by default); a client may switch keys
+        # mid-run.
         self._branch = {url: name for name, url in (gateways or GATEWAYS).items()}
+        self.keys: dict[str, str] = dict.fromkeys(self._branch.values(), lab_api_key())
         self.ok = 0
         self.failed: list[str] = []
         self.failed_at: list[float] = []  # time.monotonic() of each failure, in step with failed
@@ -254,7 +277,7 @@ class Load:
                 headers["Authorization"] = f"Bearer {key}"
             req = urllib.request.Request(f"{url}/v1/completions", data=body, headers=headers)
             try:
-                with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (lab address)
+                with urlopen(req, timeout=60) as resp:
                     json.loads(resp.read())["choices"][0]["text"]
                 self.ok += 1
             except Exception as exc:  # noqa: BLE001 (every failure counts)
@@ -312,9 +335,9 @@ def install_controller() -> tuple[subprocess.CompletedProcess, subprocess.Comple
     there (in the lab: the lab's, at the same paths), check the bundle's signature with gpgv, run
     controller/install.sh. (gpgv's result, install.sh's result.)"""
     from atlaslab import paths as lab_paths
-    from atlaslab import signing
+    from atlaslab import signing, site_secrets
 
-    for path in (signing.keyring(), lab_paths.private_key(), lab_paths.known_hosts()):
+    for path in (signing.keyring(), lab_paths.private_key(), lab_paths.known_hosts(), site_secrets.site_dir()):
         _carry(path)
     carry_inventory(ROOT / "inventory" / "lab", CONTROLLER_INVENTORY)
     verify = on_node(CONTROLLER, f"gpgv --keyring {signing.keyring()} {NODE_BUNDLE}/manifest.json.asc"

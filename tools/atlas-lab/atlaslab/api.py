@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from atlasctl.errors import AtlasError, EnvironmentProblem, UsageError
-from atlaslab import base, config, inventory, net, node, npu, paths, signing, ssh
+from atlaslab import base, config, inventory, net, node, npu, paths, signing, site_secrets, ssh
 from atlaslab.config import LabConfig, NodeSpec
 from atlaslab.proc import require_tools, run
 
@@ -247,6 +247,14 @@ def up(config_path: str | os.PathLike[str] | None = None, timeout: float = 120.0
         return _fresh_up(cfg, timeout, started)
 
 
+def _write_inventory(cfg: LabConfig) -> None:
+    """inventory/lab/hosts.yml: connection settings, the pinned signing key, the site's CA, certificates and
+    secrets (made once per lab: site_secrets)."""
+    site_secrets.ensure(cfg)
+    inventory.write(cfg, paths.private_key(), paths.known_hosts(),
+                    {**signing.trust_vars(), **site_secrets.group_vars(cfg)}, site_secrets.host_vars)
+
+
 def _fresh_up(cfg: LabConfig, timeout: float, started: float) -> LabState:
     _cleanup(cfg.bridge, cfg.inventory_path)
     net.ensure_safety(cfg)
@@ -263,7 +271,7 @@ def _fresh_up(cfg: LabConfig, timeout: float, started: float) -> LabState:
     failed = _boot_and_wait(cfg.nodes, timeout)
     if failed:
         raise _boot_failure(failed, timeout)
-    inventory.write(cfg, paths.private_key(), paths.known_hosts(), signing.trust_vars())
+    _write_inventory(cfg)
     return _snapshot(cfg, seconds=time.monotonic() - started, base_built=image.built)
 
 
@@ -279,7 +287,7 @@ def _resume(cfg: LabConfig, timeout: float, started: float) -> LabState:
     failed = _boot_and_wait(cfg.nodes, timeout) if stopped else []
     if failed:
         raise _boot_failure(failed, timeout)
-    inventory.write(cfg, paths.private_key(), paths.known_hosts(), signing.trust_vars())
+    _write_inventory(cfg)
     state = _snapshot(cfg, seconds=time.monotonic() - started)
     state.already_up = not stopped and all(n.ssh for n in state.nodes)
     if not all(n.ssh for n in state.nodes):

@@ -37,6 +37,8 @@ PACKAGES: tuple[str, ...] = (
     "prometheus", "prometheus-node-exporter",
     # Ansible's apt module (ansible.builtin.package on Debian) needs it on the node, and would fetch it
     "python3-apt",
+    # the firewall stage (roles/firewall) installs it from the OS package
+    "nftables",
 )
 # Installed after debootstrap, with apt in the new root: debootstrap's own configuration pass fails on
 # golang-github-containers-common (measured), apt's does not. The container runtime of the serving stage's
@@ -46,7 +48,7 @@ LATE_PACKAGES: tuple[str, ...] = ("podman", "crun", "catatonit")
 MASKED_UNITS = ("apt-daily.timer", "apt-daily-upgrade.timer", "apt-daily.service", "apt-daily-upgrade.service")
 # Enabled by their packages; the stage that needs one enables it (gateway: nginx; monitoring: Prometheus on the
 # monitoring node, the node exporter on the Atlas nodes and gateways), so no other node runs them.
-DISABLED_UNITS = ("nginx.service", "prometheus.service", "prometheus-node-exporter.service",
+DISABLED_UNITS = ("nginx.service", "prometheus.service", "prometheus-node-exporter.service", "nftables.service",
                   # enabled by the podman package; nothing here uses Podman's API socket or its auto-update
                   "podman.socket", "podman.service", "podman-auto-update.timer", "podman-restart.service")
 # Podman inside a lab node (an nspawn container on a cgroup v1 host, measured: docs/containers.md, "The lab"):

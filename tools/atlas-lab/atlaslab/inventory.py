@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,10 @@ HEADER = (
 MARKER = "# atlas-lab-generated"
 
 
-def host_vars(node: NodeSpec, private_key: Path, known_hosts: Path) -> dict[str, Any]:
+def host_vars(node: NodeSpec, private_key: Path, known_hosts: Path,
+              site: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A node's connection settings, hardware, ``site(name)`` (its certificate: site_secrets.host_vars)
+    and lab.yml's own host vars."""
     out: dict[str, Any] = {
         "ansible_host": node.ip,
         "ansible_user": "root",
@@ -26,16 +30,20 @@ def host_vars(node: NodeSpec, private_key: Path, known_hosts: Path) -> dict[str,
     if node.npu is not None:
         out["atlas_hardware"] = {"npu_model": node.npu.model, "npu_count": node.npu.count,
                                  "hbm_mb": node.npu.hbm_mb}
+    if site is not None:
+        out.update(site(node.name))
     out.update(dict(node.host_vars))
     return out
 
 
 def build(cfg: LabConfig, private_key: Path, known_hosts: Path,
-          group_vars: dict[str, Any] | None = None) -> dict[str, Any]:
+          group_vars: dict[str, Any] | None = None,
+          site: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Serving nodes carry their host vars in atlas_nodes; other kinds (gateways) in their first group.
-    ``group_vars`` go to group all (the lab's bundle signing key: lab/signing.py trust_vars)."""
+    ``group_vars`` go to group all (the lab's bundle signing key: lab/signing.py trust_vars; the lab CA:
+    site_secrets.group_vars); ``site``: each host's own (site_secrets.host_vars)."""
     children: dict[str, Any] = {
-        ALL_NODES_GROUP: {"hosts": {n.name: host_vars(n, private_key, known_hosts) for n in cfg.serving_nodes}}
+        ALL_NODES_GROUP: {"hosts": {n.name: host_vars(n, private_key, known_hosts, site) for n in cfg.serving_nodes}}
     }
     for group, members in cfg.groups.items():
         children[group] = {"hosts": {name: None for name in members}}
@@ -44,22 +52,24 @@ def build(cfg: LabConfig, private_key: Path, known_hosts: Path,
             if not node.groups:
                 children.setdefault(f"lab_{node.kind}", {"hosts": {}})["hosts"][node.name] = None
             first = node.groups[0] if node.groups else f"lab_{node.kind}"
-            children[first]["hosts"][node.name] = host_vars(node, private_key, known_hosts)
+            children[first]["hosts"][node.name] = host_vars(node, private_key, known_hosts, site)
     top: dict[str, Any] = {"vars": dict(group_vars)} if group_vars else {}
     return {"all": {**top, "children": children}}
 
 
 def render(cfg: LabConfig, private_key: Path, known_hosts: Path,
-           group_vars: dict[str, Any] | None = None) -> str:
-    body = yaml.safe_dump(build(cfg, private_key, known_hosts, group_vars), sort_keys=False, width=1000)
+           group_vars: dict[str, Any] | None = None,
+           site: Callable[[str], dict[str, Any]] | None = None) -> str:
+    body = yaml.safe_dump(build(cfg, private_key, known_hosts, group_vars, site), sort_keys=False, width=1000)
     return HEADER.format(source=cfg.path.name) + "---\n" + body
 
 
 def write(cfg: LabConfig, private_key: Path, known_hosts: Path,
-          group_vars: dict[str, Any] | None = None) -> Path:
+          group_vars: dict[str, Any] | None = None,
+          site: Callable[[str], dict[str, Any]] | None = None) -> Path:
     target = cfg.inventory_path
     tmp = target.with_name(".hosts.yml.tmp")
-    tmp.write_text(render(cfg, private_key, known_hosts, group_vars))
+    tmp.write_text(render(cfg, private_key, known_hosts, group_vars, site))
     tmp.replace(target)
     return target
 
