@@ -255,7 +255,7 @@ def check_service(ev: Evidence, ctx: Context) -> list[Finding]:
     if show.get("ActiveState") == "active" and health is not None and health != 200:
         said = f"answers {health}" if isinstance(health, int) else f"does not answer ({health})"
         findings.append(_f(ev, "service", ERROR, f"/health {said}, not 200",
-                           f"GET http://127.0.0.1:{probe.get('port')}/health on the node: {health}",
+                           f"GET {probe.get('url') or 'the engine'}/health on the node: {health}",
                            f"read `journalctl -u {svc} -n 100` (a starting engine answers 503 until loaded)"))
     return findings
 
@@ -337,7 +337,7 @@ def check_api_key(ev: Evidence, ctx: Context) -> list[Finding]:
                    "set serving_api_key (vaulted) and re-run the serving stage")]
     if models == 200:
         return [_f(ev, "api-key", ERROR, "an API key is configured but a request without it is served",
-                   f"GET http://127.0.0.1:{probe.get('port')}/v1/models without a key: 200",
+                   f"GET {probe.get('url') or 'the engine'}/v1/models without a key: 200",
                    "check the engine takes the key (vLLM: VLLM_API_KEY in the env file; SGLang: its --config keys "
                    "file), "
                    f"then `systemctl restart {ev.layout.service}`")]

@@ -3,8 +3,8 @@
 Secrets stay on the node: the env file's ``*_API_KEY`` values and the values after ``--api-key``
 in the args file (every one: vLLM's takes several) are replaced by ``<redacted>`` there (sed), the
 engine's environ is filtered to ``ASCEND_*`` variables, and the HTTP probes send no key, except the
-hang check's completion: it reads the engine's key on the node and sends it to 127.0.0.1 only, never
-printing it.
+hang check's completion: it reads the engine's key on the node and sends it only to the engine, at the
+address its service record names (``progress.local_url``), never printing it.
 
 The hang check (section ``hang``, on an entry node or a single node: where the service record exists
 and is not a non-head rank) runs the collection's module_utils ``progress`` on the node: its source
@@ -63,16 +63,17 @@ for link in sorted(glob.glob(os.path.join(glob.escape(models_root), "*", "curren
 print(json.dumps(out))
 """
 
+# Appended to module_utils/progress.py's source (local_url is in scope): argv record.
 _PROBE_PY = r"""
-import json, sys, urllib.error, urllib.request
 try:
-    port = int(json.load(open(sys.argv[1]))["port"])
-except (OSError, ValueError, KeyError) as exc:
+    record = json.load(open(sys.argv[1]))
+    port, url = int(record["port"]), local_url(record)
+except (OSError, ValueError, KeyError, TypeError) as exc:
     print(json.dumps({"error": "no service record: %s" % exc})); raise SystemExit(0)
-out = {"port": port}
+out = {"port": port, "url": url}
 for path in ("/health", "/v1/models"):
     try:
-        out[path] = urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=8).status
+        out[path] = urllib.request.urlopen(url + path, timeout=8).status
     except urllib.error.HTTPError as exc:
         out[path] = exc.code
     except Exception as exc:
@@ -131,7 +132,7 @@ def _hang_main(record_path, args_path, env_path, window_s):
     if instance.get("entry") is False:
         return {"skipped": "rank %s of %s: checked on its entry %s" % (instance.get("rank"), instance.get("name"),
                                                                        instance.get("head"))}
-    url = "http://127.0.0.1:%d" % port
+    url = local_url(record)
     seen = observe(request, url, model, _bearer(args_path, env_path), record.get("engine"), "Hello", 1,
                    window_s, window_s, always=True)
     seen.pop("body", None)
@@ -151,9 +152,19 @@ def _collection_source(name: str) -> str:
     return Path(module_utils(name).__file__).read_text(encoding="utf-8")
 
 
+def _with_progress(driver: str) -> str:
+    """A ``python3 -c`` program: module_utils/progress.py's source, then ``driver``."""
+    return _collection_source("progress").rstrip("\n") + "\n\nimport sys\n" + driver
+
+
 def hang_program() -> str:
     """The hang check's ``python3 -c`` program: module_utils/progress.py's source, then :data:`_HANG_PY`."""
-    return _collection_source("progress").rstrip("\n") + "\n\nimport sys\n" + _HANG_PY
+    return _with_progress(_HANG_PY)
+
+
+def probe_program() -> str:
+    """The HTTP probe's ``python3 -c`` program: module_utils/progress.py's source, then :data:`_PROBE_PY`."""
+    return _with_progress(_PROBE_PY)
 
 
 def snippets(layout: Layout | None = None, hang_window_s: float = 0.0) -> tuple[tuple[str, str], ...]:
@@ -187,7 +198,7 @@ def snippets(layout: Layout | None = None, hang_window_s: float = 0.0) -> tuple[
                      "/usr/local/Ascend/ascend-toolkit/latest/*-linux/ascend_toolkit_install.info; "
                      "do [ -r \"$f\" ] && { echo \"== $f\"; cat \"$f\"; }; done; true"),
         ("models", f"python3 -c {q(_MODELS_PY)} {q(layout.models_root)} {q(layout.stamp_dir)}"),
-        ("probe", f"python3 -c {q(_PROBE_PY)} {q(layout.record)}"),
+        ("probe", f"python3 -c {q(probe_program())} {q(layout.record)}"),
         ("npu_procs", f"python3 -c {q(_collection_source('npu_procs'))} {q(layout.engines_root)}"),
         # a container release only (the record says runtime container): what Podman gave the container
         ("container", f"grep -q '\"runtime\": \"container\"' {q(layout.record)} 2>/dev/null || exit 0; "

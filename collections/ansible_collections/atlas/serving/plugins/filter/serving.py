@@ -7,6 +7,7 @@
 ``manifest_sha256``   a bundle's manifest.json (parsed) -> {path: sha256}; a zip's members as ``<zip>!<member>``
 ``trusted_manifest_problem``  a manifest slurped from a node, the verified sha256, its path -> '' or the refusal
 ``api_keys``     serving_api_keys (list, current first) or serving_api_key (one) -> the keys, current first
+``engine_url``   a service record -> the engine's base URL from its own node (the address it listens on)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import re
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.atlas.serving.plugins.module_utils.manifest import ManifestError, sha256_index
+from ansible_collections.atlas.serving.plugins.module_utils.progress import local_url
 from ansible_collections.atlas.serving.plugins.module_utils.signature import check_trusted_sha256
 
 _FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
@@ -164,6 +166,15 @@ def api_keys(keys, key: str = "") -> list[str]:
     return list(keys)
 
 
+def engine_url(record) -> str:
+    """The engine's base URL as its own node reaches it (module_utils/progress.py, ``local_url``)."""
+    try:
+        return local_url(record)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise AnsibleFilterError(f"engine_url: a service record with a port is needed, got {record!r} "
+                                 f"({exc})") from None
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -174,4 +185,5 @@ class FilterModule:
             "manifest_sha256": manifest_sha256,
             "trusted_manifest_problem": trusted_manifest_problem,
             "api_keys": api_keys,
+            "engine_url": engine_url,
         }

@@ -37,6 +37,7 @@ from ansible_collections.atlas.serving.plugins.module_utils.progress import (
     describe_completion,
     headline,
     judge,
+    local_url,
     observe,
     request,
     where,
@@ -186,7 +187,7 @@ def probe(record, url, model, service, unit_state, api_key, timeout_s, poll_s, p
           get=request, clock=time.monotonic, sleep=time.sleep, completion_deadline_s=30.0, hang_window_s=10.0,
           hang_check=False, spawn=None):
     """Steps 2-5 of the module docstring; returns the result (without the record)."""
-    url = (url or f"http://127.0.0.1:{int(record['port'])}").rstrip("/")
+    url = (url or local_url(record)).rstrip("/")
     model = model or record["served_model_name"]
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     check_hang_options(completion_deadline_s, hang_window_s, hang_check)

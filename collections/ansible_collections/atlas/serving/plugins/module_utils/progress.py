@@ -227,6 +227,19 @@ def headline(progress, place):
     return f"engine {progress['verdict']} at {place}: {reason}"
 
 
+# An engine that listens on every address is reached from its own node on the loopback address.
+_ANY_ADDRESS = ("", "0.0.0.0", "::", "[::]")
+
+
+def local_url(record):
+    """The engine's base URL from its own node: the address its service record says it listens on (the
+    node's backend address; the loopback address for every address or a record without one) and its port."""
+    host = str(record.get("host") or "").strip()
+    host = "127.0.0.1" if host in _ANY_ADDRESS else host
+    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"http://{host}:{int(record['port'])}"
+
+
 def where(url, record):
     """``url``, with the instance, its entry and its ranks when the record is a rank of one."""
     instance = record.get("instance") if isinstance(record, dict) else None

@@ -42,7 +42,9 @@ options:
     type: path
     required: true
   url:
-    description: Base URL as seen from the node; empty for C(http://127.0.0.1:<recorded port>).
+    description:
+      - Base URL as seen from the node; empty for the address and port its service record names (loopback
+        for an engine listening on every address).
     type: str
   served_model_name:
     description: Name C(/v1/models) must list; empty for the recorded one.
