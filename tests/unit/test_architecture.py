@@ -51,7 +51,9 @@ ALLOWED = {
     "module_utils": (OWN_UTILS,),  # they ship to the nodes: the standard library and each other
     "modules": (OWN_UTILS, "ansible.module_utils"),
     "filter": (OWN_UTILS, PLUGIN_UTILS, "ansible", "yaml"),  # run on the controller
-    "plugin_utils": (OWN_UTILS, "ansible", "yaml"),  # controller-side code the filters and atlasctl share
+    # controller-side code the filters and atlasctl share; bcrypt (in the controller's pinned closure, a dependency
+    # of paramiko) hashes the monitoring web passwords (plugin_utils/monitoring.py)
+    "plugin_utils": (OWN_UTILS, "ansible", "yaml", "bcrypt"),
 }
 
 

@@ -147,8 +147,10 @@ def test_the_slo_filter_reads_each_node_profile():
 
 @pytest.mark.parametrize(("explicit", "hosts", "hostvars", "url"), [
     ("", [], {}, ""),
-    ("", ["mon"], HOSTVARS, "http://10.0.0.30:9090"),
-    ("", ["mon", "other"], {"mon": {"monitoring_prometheus_port": 9091}}, "http://mon:9091"),
+    ("", ["mon"], HOSTVARS, "https://10.0.0.30:9090"),
+    ("", ["mon", "other"], {"mon": {"monitoring_prometheus_port": 9091}}, "https://mon:9091"),
+    ("", ["mon"], {"mon": {"monitoring_tls": False}}, "http://mon:9090"),
+    ("", ["mon"], {"mon": {"monitoring_tls": "false"}}, "http://mon:9090"),
     ("https://prom.bank.example:443/", ["mon"], HOSTVARS, "https://prom.bank.example:443"),
 ])
 def test_where_prometheus_is(explicit, hosts, hostvars, url):
@@ -169,6 +171,39 @@ def test_the_role_defaults_are_the_ones_the_code_falls_back_to():
     defaults = yaml.safe_load((ROOT / "roles/monitoring/defaults/main.yml").read_text())
     assert defaults["monitoring_prometheus_port"] == mon.DEFAULT_PROMETHEUS_PORT
     params = inspect.signature(mon.targets).parameters
-    assert defaults["monitoring_node_exporter_port"] == params["node_exporter_port"].default
-    assert defaults["monitoring_npu_exporter_port"] == params["npu_exporter_port"].default
+    ports = yaml.safe_load((ROOT / "roles/layout/defaults/main.yml").read_text())
+    assert ports["monitoring_node_exporter_port"] == params["node_exporter_port"].default
+    assert ports["monitoring_npu_exporter_port"] == params["npu_exporter_port"].default
     assert defaults["monitoring_branch_group_prefix"] == params["branch_prefix"].default
+
+
+def test_how_a_client_reaches_prometheus_names_the_ca_and_the_password_file_never_the_password():
+    hostvars = {"mon": {"ansible_host": "10.0.0.30", "atlas_tls_ca_file": "/etc/site/ca.pem",
+                        "monitoring_api_password_file": "/etc/site/prom-api"}}
+    assert mon.prometheus_access("", ["mon"], hostvars) == {
+        "url": "https://10.0.0.30:9090", "ca_file": "/etc/site/ca.pem", "user": mon.DEFAULT_API_USER,
+        "password_file": "/etc/site/prom-api"}
+    assert mon.prometheus_access("", [], {})["url"] == ""
+    explicit = mon.prometheus_access("https://prom.bank.example", [], {"n1": {"monitoring_api_user": "ops"}})
+    assert explicit["url"] == "https://prom.bank.example" and explicit["user"] == "ops"
+
+
+def test_the_role_defaults_name_the_same_api_user():
+    import yaml
+
+    defaults = yaml.safe_load((ROOT / "roles/monitoring/defaults/main.yml").read_text())
+    assert defaults["monitoring_api_user"] == mon.DEFAULT_API_USER
+    assert defaults["monitoring_tls"] is True
+
+
+def test_web_password_hashes_are_bcrypt_stable_per_host_and_user():
+    import bcrypt
+
+    one = mon.web_password_hash("correct horse battery", "mon/atlas")
+    assert bcrypt.checkpw(b"correct horse battery", one.encode())
+    assert not bcrypt.checkpw(b"wrong", one.encode())
+    assert one == mon.web_password_hash("correct horse battery\n", "mon/atlas"), "a converged host changes nothing"
+    assert one != mon.web_password_hash("correct horse battery", "n1/atlas"), "another salt on another host"
+    assert one.startswith(f"$2b${mon.WEB_PASSWORD_COST:02d}$")
+    with pytest.raises(mon.MonitoringError, match="password is empty"):
+        mon.web_password_hash("  \n", "mon/atlas")

@@ -3,7 +3,9 @@ a fake Prometheus HTTP API on 127.0.0.1."""
 
 from __future__ import annotations
 
+import base64
 import json
+import ssl
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -16,6 +18,8 @@ from atlasctl import cli, exitcodes, prometheus
 from atlasctl.commands import health
 from atlasctl.runner import HostResult, RunResult
 
+import tls_fixtures
+
 # What the fake answers: the first key found in the query picks the vector.
 ANSWERS = {
     "atlas:engine_ttft_seconds": [({"node": "n1"}, "0.25"), ({"node": "n2"}, "NaN")],
@@ -27,12 +31,23 @@ ANSWERS = {
 
 
 class FakePrometheus:
-    def __init__(self, answers=None, fail: str | None = None):
+    """Prometheus's query API on 127.0.0.1; with ``tls`` (tls_fixtures.make's files) over HTTPS, with ``auth``
+    ((user, password)) answering 401 to a request without those credentials, as its web configuration does."""
+
+    def __init__(self, answers=None, fail: str | None = None, tls: dict[str, Path] | None = None,
+                 auth: tuple[str, str] | None = None):
         self.queries: list[dict[str, str]] = []
         fake = self
+        expected = "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode() if auth else None
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):  # noqa: N802
+                if expected and self.headers.get("Authorization") != expected:
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="Prometheus"')
+                    self.end_headers()
+                    self.wfile.write(b"Unauthorized\n")
+                    return
                 url = urllib.parse.urlparse(self.path)
                 params = dict(urllib.parse.parse_qsl(url.query))
                 fake.queries.append(params)
@@ -52,7 +67,11 @@ class FakePrometheus:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if tls:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(tls["cert"], tls["key"])
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.server.server_address[1]}"
 
     def __enter__(self):
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -109,7 +128,9 @@ def test_prometheus_not_answering_or_refusing_is_a_note():
 @pytest.mark.parametrize(("document", "url"), [
     ({"_meta": {"hostvars": {"n1": {}}}}, ""),
     ({"_meta": {"hostvars": {"n1": {}, "mon": {"ansible_host": "10.0.0.9"}}}, "monitoring": {"hosts": ["mon"]}},
-     "http://10.0.0.9:9090"),
+     "https://10.0.0.9:9090"),
+    ({"_meta": {"hostvars": {"n1": {}, "mon": {"ansible_host": "10.0.0.9", "monitoring_tls": False}}},
+      "monitoring": {"hosts": ["mon"]}}, "http://10.0.0.9:9090"),
     ({"_meta": {"hostvars": {"n1": {"monitoring_prometheus_url": "http://prom:9090/"},
                              "mon": {"ansible_host": "10.0.0.9"}}}, "monitoring": {"hosts": ["mon"]}},
      "http://prom:9090"),
@@ -123,18 +144,40 @@ def test_for_an_inventory_read_as_ansible_reads_it(tmp_path: Path):
         port = int(fake.url.rsplit(":", 1)[1])
         (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {
             "atlas_nodes": {"hosts": {"n1": {}, "n2": {}}},
-            "monitoring": {"hosts": {"mon": {"ansible_host": "127.0.0.1", "monitoring_prometheus_port": port}}}}}}))
+            "monitoring": {"hosts": {"mon": {"ansible_host": "127.0.0.1", "monitoring_prometheus_port": port,
+                                             "monitoring_tls": False}}}}}}))
         result = prometheus.for_inventory(tmp_path / "hosts.yml")
     assert result.url == fake.url and result.nodes["n1"]["requests_running"] == 3.0
     (tmp_path / "bare.yml").write_text(yaml.safe_dump({"all": {"hosts": {"n1": {}}}}))
     assert prometheus.for_inventory(tmp_path / "bare.yml") is None
 
 
+def test_over_https_with_the_site_ca_and_the_api_user_s_password(tmp_path: Path):
+    """The inventory names the CA and the password file; the password never leaves the file but for the header."""
+    tls = tls_fixtures.make(tmp_path)
+    (tmp_path / "api-password").write_text("s3cret-api-password\n")
+    with FakePrometheus(tls=tls, auth=("atlas", "s3cret-api-password")) as fake:
+        port = int(fake.url.rsplit(":", 1)[1])
+        mon = {"ansible_host": "127.0.0.1", "monitoring_prometheus_port": port, "atlas_tls_ca_file": str(tls["ca"]),
+               "monitoring_api_password_file": str(tmp_path / "api-password")}
+        (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {
+            "atlas_nodes": {"hosts": {"n1": {}}}, "monitoring": {"hosts": {"mon": mon}}}}}))
+        result = prometheus.for_inventory(tmp_path / "hosts.yml")
+        assert result.error is None and result.url == fake.url and result.nodes["n1"]["requests_running"] == 3.0
+        (tmp_path / "api-password").write_text("wrong\n")
+        refused = prometheus.for_inventory(tmp_path / "hosts.yml")
+        assert "HTTP 401" in refused.error and not refused.nodes
+        untrusted = prometheus.live(prometheus.Access(fake.url, None, "atlas", str(tmp_path / "api-password")))
+        assert "CERTIFICATE_VERIFY_FAILED" in untrusted.error, untrusted.error
+        assert cli.main(["live", "--prometheus", fake.url, "--ca-file", str(tls["ca"]), "--user", "atlas",
+                         "--password-file", str(tmp_path / "api-password"), "--json"]) == exitcodes.ENVIRONMENT
+
+
 def _run_result(prometheus_url: str = "") -> RunResult:
-    """A health run; the fleet table play set health_prometheus_url on the host it ran on (run_once)."""
+    """A health run; the fleet table play set health_prometheus on the host it ran on (run_once)."""
     facts = {"health_report": {"host": "n1", "service": "active", "health": "200"}}
     if prometheus_url is not None:
-        facts["health_prometheus_url"] = prometheus_url
+        facts["health_prometheus"] = {"url": prometheus_url, "ca_file": "", "user": "atlas", "password_file": ""}
     return RunResult("successful", 0, {
         "n1": HostResult("n1", facts=facts),
         "n2": HostResult("n2", facts={"health_report": {"host": "n2", "service": "active", "health": "200"}}),
@@ -179,8 +222,8 @@ def test_health_without_prometheus_is_as_before(monkeypatch, capsys):
 def test_the_health_playbook_names_the_prometheus_it_resolves():
     play = yaml.safe_load((prometheus.suite_root() / "playbooks/health.yml").read_text())
     tasks = [t for p in play for t in p.get("tasks", [])]
-    task = next(t for t in tasks if "health_prometheus_url" in t.get("ansible.builtin.set_fact", {}))
-    assert "atlas.serving.monitoring_prometheus_url" in task["ansible.builtin.set_fact"]["health_prometheus_url"]
+    task = next(t for t in tasks if "health_prometheus" in t.get("ansible.builtin.set_fact", {}))
+    assert "atlas.serving.monitoring_prometheus_access" in task["ansible.builtin.set_fact"]["health_prometheus"]
     assert task["run_once"] is True
 
 

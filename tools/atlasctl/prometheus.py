@@ -12,11 +12,13 @@ note in the result, not an exception: the caller's own work goes on.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import functools
 import json
 import math
 import re
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -67,13 +69,61 @@ def expression(record: str, window: str = RULE_WINDOW) -> str:
     return recording_rules()[record].replace(f"[{RULE_WINDOW}]", f"[{window}]")
 
 
-def query(url: str, promql: str, at: float | None = None, timeout: float = 5.0,
-          opener: urllib.request.OpenerDirector = _OPENER) -> list[tuple[dict[str, str], float]]:
-    """An instant query (at ``at``, unix seconds; None: now) -> [(labels, value)] of its vector."""
+@dataclasses.dataclass(frozen=True)
+class Access:
+    """How to reach a Prometheus (docs/security.md): its URL, the CA its certificate is checked against (None:
+    the system's), and the API user and the file on this machine holding its password (None: no password)."""
+
+    url: str
+    ca_file: str | None = None
+    user: str | None = None
+    password_file: str | None = None
+
+    @classmethod
+    def of(cls, found: dict[str, Any]) -> Access:
+        """From plugin_utils/monitoring.py's ``prometheus_access`` (the inventory's names)."""
+        return cls(str(found.get("url") or ""), found.get("ca_file") or None, found.get("user") or None,
+                   found.get("password_file") or None)
+
+    def headers(self) -> dict[str, str]:
+        if not self.password_file:
+            return {}
+        try:
+            password = Path(self.password_file).read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"{self.password_file}: the password of Prometheus's user {self.user} cannot be read "
+                             f"({exc.strerror})", fix="check monitoring_api_password_file names a readable file "
+                                                     "on this machine") from None
+        token = base64.b64encode(f"{self.user or ''}:{password}".encode()).decode()
+        return {"Authorization": f"Basic {token}"}
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        if not self.url.startswith("https://"):
+            return _OPENER
+        try:
+            context = ssl.create_default_context(cafile=self.ca_file or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise UsageError(f"{self.ca_file}: not a CA certificate file ({exc})",
+                             fix="check atlas_tls_ca_file names the site CA's PEM file on this machine") from None
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                           urllib.request.HTTPSHandler(context=context))
+
+
+def _access(where: str | Access) -> Access:
+    return where if isinstance(where, Access) else Access(str(where))
+
+
+def query(where: str | Access, promql: str, at: float | None = None, timeout: float = 5.0,
+          opener: urllib.request.OpenerDirector | None = None) -> list[tuple[dict[str, str], float]]:
+    """An instant query (at ``at``, unix seconds; None: now) -> [(labels, value)] of its vector. ``where``: the
+    URL, or how to reach it (:class:`Access`: its CA and the API user's password)."""
+    access = _access(where)
+    url = access.url
     params = {"query": promql, **({"time": f"{at:.3f}"} if at is not None else {})}
-    target = f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode(params)}"
+    target = urllib.request.Request(f"{url.rstrip('/')}/api/v1/query?{urllib.parse.urlencode(params)}",
+                                    headers=access.headers())
     try:
-        with opener.open(target, timeout=timeout) as response:
+        with (opener or access.opener()).open(target, timeout=timeout) as response:
             doc = json.loads(response.read())
     except urllib.error.HTTPError as exc:
         try:
@@ -106,13 +156,15 @@ class Live:
         return dataclasses.asdict(self)
 
 
-def live(url: str, window: str = RULE_WINDOW, at: float | None = None,
+def live(where: str | Access, window: str = RULE_WINDOW, at: float | None = None,
          query_fn: Callable[..., list[tuple[dict[str, str], float]]] = query) -> Live:
     """Every figure of ``FIGURES`` per node, over ``window`` ending at ``at``. Prometheus not answering: ``error``."""
+    access = _access(where)
+    url = access.url
     nodes: dict[str, dict[str, float | None]] = {}
     try:
         for key, record, how, scale, _title, _cell in FIGURES:
-            for labels, value in query_fn(url, f"{how} by (node) ({expression(record, window)})", at):
+            for labels, value in query_fn(access, f"{how} by (node) ({expression(record, window)})", at):
                 figures = nodes.setdefault(labels.get("node", "?"), {k: None for k, *_ in FIGURES})
                 figures[key] = None if math.isnan(value) or math.isinf(value) else value * scale
     except PrometheusError as exc:
@@ -130,22 +182,28 @@ def columns() -> list[tuple[str, str]]:
     return [(key, title) for key, _rule, _how, _scale, title, _cell in FIGURES]
 
 
-def url_of(document: dict[str, Any]) -> str:
-    """Where the inventory's Prometheus is, from an ``ansible-inventory --list`` document ('' none): a host's
-    ``monitoring_prometheus_url`` (group_vars/all), else the first host of group ``monitoring``."""
+def access_of(document: dict[str, Any]) -> Access:
+    """How to reach the inventory's Prometheus, from an ``ansible-inventory --list`` document (url '' none): a
+    host's ``monitoring_prometheus_url`` (group_vars/all), else the first host of group ``monitoring``, with the
+    CA and the API user's password file the inventory names."""
     mon = plugin_utils("monitoring")
     hostvars = inv.hostvars(document)
     explicit = next((hv[mon.URL_VAR] for _, hv in sorted(hostvars.items()) if hv.get(mon.URL_VAR)), "")
     group = document.get(mon.MONITORING_GROUP) or {}
     hosts = list(group.get("hosts") or []) or sorted(inv.group_hosts(document, mon.MONITORING_GROUP))
     try:
-        return mon.prometheus_url(explicit, hosts, hostvars)
+        return Access.of(mon.prometheus_access(explicit, hosts, hostvars))
     except mon.MonitoringError as exc:
         raise UsageError(str(exc)) from None
+
+
+def url_of(document: dict[str, Any]) -> str:
+    """Where the inventory's Prometheus is ('' none): :func:`access_of`'s URL."""
+    return access_of(document).url
 
 
 def for_inventory(inventory: Path, window: str = RULE_WINDOW, at: float | None = None,
                   query_fn: Callable[..., list[tuple[dict[str, str], float]]] = query) -> Live | None:
     """The live figures of an inventory's fleet; None when the inventory names no Prometheus."""
-    url = url_of(inv.listing(inventory))
-    return live(url, window, at, query_fn) if url else None
+    access = access_of(inv.listing(inventory))
+    return live(access, window, at, query_fn) if access.url else None

@@ -2,7 +2,7 @@
 
 The LAST BENCH column is the newest `atlasctl bench` result kept under artifacts/bench/<node>/. When the
 inventory names a Prometheus (monitoring_prometheus_url, else its group monitoring: docs/monitoring.md; the
-health playbook resolves it, fact health_prometheus_url), the table gains its live figures per node (p95 TTFT
+health playbook resolves it, fact health_prometheus), the table gains its live figures per node (p95 TTFT
 and TPOT over 5 minutes, KV cache use, requests running: atlasctl.prometheus); a Prometheus that does not
 answer is a note under the table, not a failure.
 """
@@ -59,10 +59,10 @@ def _filters():
 
 def live_figures(result) -> prometheus.Live | None:
     """The live figures of the inventory's Prometheus, which the health playbook names (fact
-    health_prometheus_url, resolved as the rollout resolves it); None when it names none."""
-    url = next((h.facts["health_prometheus_url"] for h in result.hosts.values()
-                if h.facts.get("health_prometheus_url")), "")
-    return prometheus.live(url) if url else None
+    health_prometheus: its URL, CA and API user, resolved as the rollout resolves them); None when it names none."""
+    found = next((h.facts["health_prometheus"] for h in result.hosts.values()
+                  if (h.facts.get("health_prometheus") or {}).get("url")), None)
+    return prometheus.live(prometheus.Access.of(found)) if found else None
 
 
 def add_live(rows: list[dict], live: prometheus.Live) -> list[dict]:

@@ -22,7 +22,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("-i", "--inventory", type=Path,
                        help="the inventory naming Prometheus (monitoring_prometheus_url, else group monitoring)")
-    where.add_argument("--prometheus", help="Prometheus's URL, e.g. http://10.0.0.5:9090")
+    where.add_argument("--prometheus", help="Prometheus's URL, e.g. https://10.0.0.5:9090")
+    parser.add_argument("--ca-file", help="with --prometheus: the CA its certificate is checked against "
+                                          "(default: the system's)")
+    parser.add_argument("--user", help="with --prometheus: the API user (monitoring_api_user)")
+    parser.add_argument("--password-file", help="with --prometheus: the file holding that user's password "
+                                                "(monitoring_api_password_file); never the password itself")
     parser.add_argument("--node", action="append", default=[], help="only this node (repeatable)")
     parser.add_argument("--window", default=prometheus.RULE_WINDOW, help="a Prometheus duration (default 5m)")
     parser.add_argument("--at", type=float, default=None, metavar="UNIX_TIME", help="the window's end (default now)")
@@ -48,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
                              fix="add a host to group monitoring (playbooks/monitoring.yml), or set "
                                  "monitoring_prometheus_url in its group_vars/all")
     else:
-        result = prometheus.live(args.prometheus.rstrip("/"), args.window, args.at)
+        access = prometheus.Access(args.prometheus.rstrip("/"), args.ca_file, args.user, args.password_file)
+        result = prometheus.live(access, args.window, args.at)
     if args.node:
         result = prometheus.Live(result.url, result.window, result.at,
                                  {n: f for n, f in result.nodes.items() if n in args.node}, result.error)

@@ -5,6 +5,8 @@
 ``monitoring_slo_rules``       fleet hosts + hostvars (+ serving_instances, the fact holding each node's
                                resolved profile, defaults) -> the rule file of the SLO thresholds
 ``monitoring_prometheus_url``  the monitoring group's hosts + hostvars + monitoring_prometheus_url -> URL or ''
+``monitoring_prometheus_access``  the same -> {url, ca_file, user, password_file}: how a client reaches it
+``monitoring_password_hash``   a password + a seed (host and user) -> its bcrypt hash for a web configuration file
 """
 
 from __future__ import annotations
@@ -46,10 +48,26 @@ def monitoring_prometheus_url(monitoring_hosts, hostvars, explicit="") -> str:
         raise AnsibleFilterError(str(exc)) from None
 
 
+def monitoring_prometheus_access(monitoring_hosts, hostvars, explicit="") -> dict:
+    try:
+        return monitoring.prometheus_access(explicit, list(monitoring_hosts or []), hostvars)
+    except monitoring.MonitoringError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
+def monitoring_password_hash(password, seed) -> str:
+    try:
+        return monitoring.web_password_hash(password, seed)
+    except monitoring.MonitoringError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 class FilterModule:
     def filters(self):
         return {
             "monitoring_targets": monitoring_targets,
             "monitoring_slo_rules": monitoring_slo_rules,
             "monitoring_prometheus_url": monitoring_prometheus_url,
+            "monitoring_prometheus_access": monitoring_prometheus_access,
+            "monitoring_password_hash": monitoring_password_hash,
         }

@@ -24,8 +24,10 @@ its engine core, becomes ``exported_engine``).
 
 from __future__ import annotations
 
+import hashlib
 import math
 
+import bcrypt
 from ansible_collections.atlas.serving.plugins.module_utils import npu_network, serving_instance
 
 JOBS = {"engine": "atlas-engine", "npu": "atlas-npu-exporter", "node": "atlas-node"}
@@ -39,6 +41,12 @@ MONITORING_GROUP = "monitoring"
 URL_VAR = "monitoring_prometheus_url"
 PORT_VAR = "monitoring_prometheus_port"
 DEFAULT_PROMETHEUS_PORT = 9090
+# TLS and basic authentication (docs/security.md): Prometheus's API user and its password file on the
+# controller; monitoring_tls false serves plain HTTP (the role's defaults name the same values).
+TLS_VAR = "monitoring_tls"
+API_USER_VAR = "monitoring_api_user"
+API_PASSWORD_FILE_VAR = "monitoring_api_password_file"
+DEFAULT_API_USER = "atlas"
 # The SLO thresholds the rules compare p95 latencies with: one series per serving entry node, from its
 # serving profile's `slo` (the keys `atlasctl bench --slo-*` takes), in seconds, the value also as a label.
 SLO_RECORDS = {"ttft_ms": "atlas:slo_ttft_seconds", "tpot_ms": "atlas:slo_tpot_seconds"}
@@ -144,14 +152,54 @@ def slo_rules(fleet, serving_instances=None, slos=None, defaults=None):
 
 def prometheus_url(explicit, monitoring_hosts, hostvars):
     """Where the inventory's Prometheus answers: ``explicit`` (monitoring_prometheus_url) when set, else the
-    first of ``monitoring_hosts`` at its ``monitoring_prometheus_port`` (9090), else '' (none)."""
+    first of ``monitoring_hosts`` at its ``monitoring_prometheus_port`` (9090), over HTTPS unless its
+    ``monitoring_tls`` is false, else '' (none)."""
     if explicit:
         text = str(explicit).rstrip("/")
         if not text.startswith(("http://", "https://")):
-            raise MonitoringError(f"{URL_VAR} {explicit!r} is not an http(s) URL; write e.g. http://10.0.0.5:9090")
+            raise MonitoringError(f"{URL_VAR} {explicit!r} is not an http(s) URL; write e.g. https://10.0.0.5:9090")
         return text
     hosts = list(monitoring_hosts or [])
     if not hosts:
         return ""
     port = _port(npu_network.host_var(hostvars, hosts[0], PORT_VAR, DEFAULT_PROMETHEUS_PORT), PORT_VAR)
-    return "http://" + address(hosts[0], hostvars, port)
+    scheme = "https" if _bool(npu_network.host_var(hostvars, hosts[0], TLS_VAR, True)) else "http"
+    return f"{scheme}://" + address(hosts[0], hostvars, port)
+
+
+def _bool(value):
+    return str(value).strip().lower() not in ("false", "no", "0", "off", "")
+
+
+def prometheus_access(explicit, monitoring_hosts, hostvars):
+    """How a client reaches the inventory's Prometheus (docs/security.md): ``{url, ca_file, user,
+    password_file}``, the CA (``atlas_tls_ca_file``) and the API user's credentials
+    (``monitoring_api_user``, ``monitoring_api_password_file``: a file on the controller) as the first
+    monitoring host's variables name them (any host's, for an explicit URL); ``url`` '' when none."""
+    hosts = list(monitoring_hosts or [])
+    url = prometheus_url(explicit, hosts, hostvars)
+    source = hosts[0] if hosts else next(iter(sorted(hostvars.keys())), None) if hasattr(hostvars, "keys") else None
+
+    def var(name, default):
+        return str(npu_network.host_var(hostvars, source, name, default) or default) if source else default
+
+    return {"url": url, "ca_file": var("atlas_tls_ca_file", ""), "user": var(API_USER_VAR, DEFAULT_API_USER),
+            "password_file": var(API_PASSWORD_FILE_VAR, "")}
+
+
+# bcrypt's own base64 alphabet (salts and hashes), and the cost of the web configuration's password hashes:
+# Prometheus's exporter-toolkit checks a password against its bcrypt hash on each request it has not cached.
+_BCRYPT_ALPHABET = "./ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+WEB_PASSWORD_COST = 10
+
+
+def web_password_hash(password, seed):
+    """The bcrypt hash of ``password`` for a ``basic_auth_users`` entry of a web configuration file
+    (``--web.config.file``), with a salt derived from ``seed`` (the host and the user): the same file on every
+    run (a converged host changes nothing), another salt on every host and for every user."""
+    if not isinstance(password, str) or not password.strip():
+        raise MonitoringError(f"{seed}: the password is empty: put one line of at least 16 characters in the file "
+                              "monitoring_scrape_password_file / monitoring_api_password_file names")
+    bits = int.from_bytes(hashlib.sha256(f"atlas-web-password:{seed}".encode()).digest()[:16], "big") << 4
+    salt = "".join(_BCRYPT_ALPHABET[(bits >> (6 * (21 - i))) & 63] for i in range(22))
+    return bcrypt.hashpw(password.strip().encode(), f"$2b${WEB_PASSWORD_COST:02d}${salt}".encode()).decode()
