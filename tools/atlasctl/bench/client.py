@@ -55,11 +55,15 @@ class Target:
 class Pool:
     """Idle keep-alive connections to one target; opened on demand, never more than in use."""
 
-    def __init__(self, target: Target, *, connect_timeout_s: float = 10.0):
+    def __init__(self, target: Target, *, connect_timeout_s: float = 10.0, ca_file: str | None = None):
         self.target = target
         self.connect_timeout_s = connect_timeout_s
         self._idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-        self._ssl = ssl.create_default_context() if target.scheme == "https" else None
+        try:
+            self._ssl = ssl.create_default_context(cafile=ca_file) if target.scheme == "https" else None
+        except (OSError, ssl.SSLError) as exc:
+            raise UsageError(f"--ca-file {ca_file}: not a CA certificate file ({exc})",
+                             fix="name the site CA's PEM file (atlas_tls_ca_file)") from None
 
     async def acquire(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         while self._idle:

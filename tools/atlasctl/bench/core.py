@@ -96,6 +96,7 @@ class BenchConfig:
     npu_smi: str | None = None
     npu_interval_s: float = 2.0
     extra_body: dict[str, Any] = field(default_factory=dict)
+    ca_file: str | None = None  # an https URL: the CA its certificate is checked against (None: the system's)
 
     def validate(self) -> None:
         checks = [
@@ -283,7 +284,7 @@ async def _measured(pool: Pool, config: BenchConfig, model: str, prompts: list[P
 
 
 async def _bench(config: BenchConfig) -> BenchResult:
-    pool = Pool(Target.parse(config.url))
+    pool = Pool(Target.parse(config.url), ca_file=config.ca_file)
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     try:
         model = config.model or await _first_model(pool, headers)

@@ -7,6 +7,8 @@ not met or no request completed, 2 for a bad command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -14,7 +16,7 @@ import sys
 import urllib.parse
 from pathlib import Path
 
-from atlasctl import exitcodes
+from atlasctl import exitcodes, inventory, tunnel
 from atlasctl.bench import SLO, BenchConfig, run_bench
 from atlasctl.bench import report as bench_report
 from atlasctl.errors import UsageError
@@ -45,6 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     data.add_argument("--tokenizer", help="model dir or tokenizer.json, for exact token counts")
     data.add_argument("--ignore-eos", action="store_true", help="send ignore_eos (vLLM, SGLang) for exact lengths")
     data.add_argument("--api-key", default=None, help="bearer key (default: $ATLAS_BENCH_API_KEY, $OPENAI_API_KEY)")
+    reach = p.add_argument_group("reaching the endpoint")
+    reach.add_argument("--ca-file", help="an https URL: the CA its certificate is checked against (the site's CA, "
+                                         "atlas_tls_ca_file; default: the system's)")
+    reach.add_argument("--through", metavar="HOST",
+                       help="through an SSH tunnel to HOST (an engine only its node may reach: the URL as HOST "
+                            "sees it), with HOST's SSH settings from -i")
+    reach.add_argument("-i", "--inventory", type=Path, help="with --through: the inventory naming HOST")
     slo = p.add_argument_group("SLO gate (exit 1 when not met) and goodput")
     slo.add_argument("--article-slo", action="store_true",
                      help="the article's SLO: E2E latency <= 300 ms at the percentile, >= 30 output tokens/s; "
@@ -98,7 +107,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         warmup_requests=args.warmup, dataset=args.dataset, input_len=args.input_len, output_len=args.output_len,
         tokenizer=args.tokenizer, ignore_eos=args.ignore_eos, timeout_s=args.timeout, seed=args.seed,
         api_key=args.api_key or os.environ.get("ATLAS_BENCH_API_KEY") or os.environ.get("OPENAI_API_KEY"),
-        goodput=goodput, npu_smi=args.npu_smi, npu_interval_s=args.npu_interval)
+        goodput=goodput, npu_smi=args.npu_smi, npu_interval_s=args.npu_interval, ca_file=args.ca_file)
 
 
 def slo_from(args: argparse.Namespace) -> SLO | None:
@@ -119,10 +128,26 @@ def slo_from(args: argparse.Namespace) -> SLO | None:
     return base
 
 
+def _through(args: argparse.Namespace) -> contextlib.AbstractContextManager[str | None]:
+    """The URL as this machine reaches it: through an SSH tunnel to ``--through`` (``-i``'s settings for it)."""
+    if not args.through:
+        return contextlib.nullcontext(None)
+    if args.inventory is None:
+        raise UsageError("--through needs the inventory that names the host", fix="add -i INVENTORY")
+    parts = urllib.parse.urlsplit(args.url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise UsageError(f"--through: {args.url!r} is not an http://host:port URL as {args.through} sees it",
+                         fix="e.g. http://10.0.0.11:8000")
+    found = inventory.targets(args.inventory, limit=args.through, group="all")
+    return tunnel.tunnel(found[0], parts.hostname, parts.port or 80)
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from(args)
     slo = slo_from(args)
-    result = run_bench(config)
+    with _through(args) as local:
+        result = run_bench(dataclasses.replace(config, url=local + urllib.parse.urlsplit(args.url).path)
+                           if local else config)
     violations = result.meets(slo) if slo else None
     node = args.node or urllib.parse.urlsplit(args.url).hostname or "unknown"
     doc = bench_report.document(result, node, violations)
