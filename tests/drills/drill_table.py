@@ -41,6 +41,7 @@ from labtools import (
     grep_tree,
     instance_inventory,
     lab,
+    lab_api_key,
     lab_hosts,
     layout,
     model_service,
@@ -49,6 +50,7 @@ from labtools import (
     playbook,
     releases,
     rollout,
+    urlopen,
 )
 
 CANARY = "atlas-n3"
@@ -155,10 +157,10 @@ def load_text(load: Load) -> str:
     text = f"client load through the gateways: {len(load.failed)} of {total} requests failed"
     if load.failed:
         names = {f"{hv['ansible_host']}:{PORTS[h]}": h for h, hv in lab_hosts().items()}
-        names.update({url.removeprefix("http://"): f"gw-{branch}" for branch, url in GATEWAYS.items()})
+        names.update({url.removeprefix("https://"): f"gw-{branch}" for branch, url in GATEWAYS.items()})
         kinds: dict[str, int] = {}
         for failure in load.failed:
-            kind = failure.replace("http://", "")
+            kind = failure.replace("http://", "").replace("https://", "")
             for address, name in names.items():
                 kind = kind.replace(address, name)
             kinds[one_line(kind, 110)] = kinds.get(one_line(kind, 110), 0) + 1
@@ -173,7 +175,7 @@ def http_status(url: str, key: str | None = None, body: dict | None = None, time
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (lab address)
+        with urlopen(request, timeout=timeout) as response:
             response.read()
             return response.status
     except urllib.error.HTTPError as exc:
@@ -238,7 +240,7 @@ def fleet_problems() -> list[str]:
                  if state != "up" and host not in ranks]
     for branch, url in GATEWAYS.items():
         body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2}
-        if http_status(f"{url}/v1/completions", body=body, timeout=60) != 200:
+        if http_status(f"{url}/v1/completions", key=lab_api_key(), body=body, timeout=60) != 200:
             problems.append(f"gateway {branch} does not serve a completion")
     rc, doc, _ = doctor(*(["-i", str(MULTI["inventory"])] if MULTI["inventory"] else []))
     problems += [f"doctor: {host}: {f['check']}: {one_line(f['message'], 120)}" for host, entry in doc["hosts"].items()
@@ -826,11 +828,13 @@ def _short(paths: list[str], limit: int = 4) -> str:
     return ", ".join(shown) + (f" (+{len(paths) - limit} more)" if len(paths) > limit else "")
 
 
-def _west_keyless() -> int:
-    restored = playbook("playbooks/serving.yml", "--limit", "branch_west")
-    for host in (h for h in SERVING if BRANCH[h] == "west"):
+def _lab_keys(branch: str) -> int:
+    """The branch's engines and its gateway back on the lab inventory's key (the serving and gateway stages)."""
+    serving = playbook("playbooks/serving.yml", "--limit", f"branch_{branch}")
+    gateway = playbook("playbooks/gateway.yml", "--limit", f"branch_{branch}:{GATEWAY_HOSTS[branch]}")
+    for host in (h for h in SERVING if BRANCH[h] == branch):
         wait_node_healthy(host, 90)
-    return restored.returncode
+    return serving.returncode or gateway.returncode
 
 
 def api_keys() -> Outcome:
@@ -846,16 +850,17 @@ def api_keys() -> Outcome:
     try:
         for key in (old, new):  # set a key, then rotate it: the old one is the expired key
             inv.set_key(key)
-            run = inv.playbook("playbooks/serving.yml", "--limit", "branch_west", "-v")
-            outputs.append(run.stdout + run.stderr)
-            expect(run.returncode == 0, "the serving stage sets / rotates the key")
+            for stage, limit in (("serving", "branch_west"), ("gateway", "branch_west:atlas-gw-west")):
+                run = inv.playbook(f"playbooks/{stage}.yml", "--limit", limit, "-v")
+                outputs.append(run.stdout + run.stderr)
+                expect(run.returncode == 0, f"the {stage} stage sets / rotates the key")
             for host in west:
                 wait_node_healthy(host, 90)
         codes = {
             "no key": http_status(f"{gw}/v1/completions", body=completion),
             "old (rotated) key": http_status(f"{gw}/v1/completions", key=old, body=completion),
             "current key": http_status(f"{gw}/v1/completions", key=new, body=completion),
-            "/health": http_status(f"{gw}/health"),
+            "/health (not an API path)": http_status(f"{gw}/health", key=new),
         }
         health = atlasctl("health", "-i", str(inv.path), "-l", "branch_west", check=False, timeout=300)
         outputs.append(health.stdout + health.stderr)
@@ -864,19 +869,20 @@ def api_keys() -> Outcome:
         key_findings = [f for h in west for f in doc["hosts"][h]["findings"] if f["check"] == "api-key"]
     finally:
         ENV.pop("ANSIBLE_LOG_PATH", None)
-        restored = _west_keyless()
+        restored = _lab_keys("west")
     leaks = inv.leaks((old, new), outputs)
     expect(codes["no key"] == 401, "no key: 401")
     expect(codes["old (rotated) key"] == 401, "the rotated-away key: 401")
     expect(codes["current key"] == 200, "the current key: 200")
-    expect(codes["/health"] == 200, "/health stays open: 200")
+    expect(codes["/health (not an API path)"] == 404, "/health is no path the gateway forwards: 404")
     expect(health.returncode == 0, "atlasctl health passes on the keyed branch")
     expect(not key_findings, "doctor: no api-key finding (a key is configured and enforced)")
     expect(log.is_file() and log.stat().st_size > 0, "the ansible log was written (the grep proves something)")
     expect(not leaks, "the keys appear in no output, log or artifact")
-    expect(restored == 0, "the key removed again")
+    expect(restored == 0, "the lab's key back")
     observed = ("west branch keyed (serving_api_key in the inventory's group_vars, 0600), then rotated with the "
-                "serving stage; through the west gateway: " + ", ".join(f"{k} -> {v}" for k, v in codes.items())
+                "serving and gateway stages; through the west gateway: "
+                + ", ".join(f"{k} -> {v}" for k, v in codes.items())
                 + f"; atlasctl health exit {health.returncode}; doctor exit {rc}, api-key findings "
                 f"{len(key_findings)}; keys found in: {_short(leaks) or 'nothing'} (searched: playbook output with "
                 "-v, ansible log, health and doctor output, artifacts/)")
@@ -899,46 +905,44 @@ def _keys_file(scratch: Path, name: str, data: dict) -> Path:
 
 
 def key_rollout() -> Outcome:
-    """A key introduced, then rotated with an overlap, through staged rollouts under client load:
-    clients send the key before the fleet enforces it (a keyless engine ignores it); the vLLM
-    branch then accepts [new, previous] while its clients switch to the new key, and the previous
-    key is retired in a second rollout. SGLang 0.5.6 takes one key, so branch west keeps the first."""
+    """A key rotated with an overlap through staged rollouts under client load, on the vLLM branch (east): the
+    branch first accepts [new, previous] (its gateway with the branch's first node, each engine as it rolls)
+    while its clients switch to the new key, and the previous key is retired in a second rollout. Branch west
+    (SGLang takes one key) keeps the lab's key and serves throughout."""
     expect = Expect()
-    first, second = ("atlas-drill-key1-" + secrets.token_hex(12), "atlas-drill-key2-" + secrets.token_hex(12))
+    lab_key = lab_api_key()
+    first = "atlas-drill-key1-" + secrets.token_hex(12)
     inv = KeyedInventory()
     runs, outputs = [], []
 
-    def roll(release: str, keys: dict, *limit: str) -> tuple[int, dict]:
+    def roll(release: str, keys: dict) -> tuple[int, dict]:
         vars_file = _keys_file(inv.scratch, f"{release}.yml", keys)
         proc = atlasctl("rollout", "-i", "inventory/lab", "--json", "--release", release, "--vars", str(vars_file),
-                        *limit, "-e", LENIENT_SLO, check=False, timeout=1200)
+                        "-l", "branch_east", "-e", LENIENT_SLO, check=False, timeout=1200)
         outputs.append(proc.stdout + proc.stderr)
         report = report_of(proc.stdout)
-        runs.append(f"{release}{' ' + ' '.join(limit) if limit else ''}: exit {proc.returncode}"
+        runs.append(f"{release} -l branch_east: exit {proc.returncode}"
                     + (f" (failed at {report['failure'].get('host')}, gate {report['failure'].get('gate')})"
                        if report.get("failure") else ""))
         return proc.returncode, report
 
-    with Load() as load:
-        load.keys = {"east": first, "west": first}  # clients hold the key before it is enforced
-        rc1, _ = roll("drill-key-rollout", {"serving_api_key": first})
-        rc2, _ = roll("drill-key-rotate", {"serving_api_keys": [second, first]}, "-l", "branch_east")
-        east = [h for h in SERVING if BRANCH[h] == "east"]
-        both = {h: (key_status(h, first), key_status(h, second)) for h in east}
-        load.keys = {"east": second, "west": first}  # east's clients switch
+    east = [h for h in SERVING if BRANCH[h] == "east"]
+    with Load() as load:  # every client starts on the lab's key
+        rc1, _ = roll("drill-key-rotate", {"serving_api_keys": [first, lab_key]})
+        both = {h: (key_status(h, lab_key), key_status(h, first)) for h in east}
+        load.keys = {"east": first, "west": lab_key}  # east's clients switch
         time.sleep(3)
-        rc3, _ = roll("drill-key-retire", {"serving_api_keys": [second]}, "-l", "branch_east")
-        retired = {h: (key_status(h, first), key_status(h, second)) for h in east}
-        west = {h: key_status(h, first) for h in SERVING if BRANCH[h] == "west"}
-    leaks = [hit for hit in inv.leaks((first, second), outputs) if not hit.startswith(str(inv.scratch))]
-    expect((rc1, rc2, rc3) == (0, 0, 0), "the three rollouts complete")
+        rc2, _ = roll("drill-key-retire", {"serving_api_keys": [first]})
+        retired = {h: (key_status(h, lab_key), key_status(h, first)) for h in east}
+        west = {h: key_status(h, lab_key) for h in SERVING if BRANCH[h] == "west"}
+    leaks = [hit for hit in inv.leaks((first,), outputs) if not hit.startswith(str(inv.scratch))]
+    expect((rc1, rc2) == (0, 0), "the two rollouts complete")
     expect(all(v == (200, 200) for v in both.values()), "during the overlap east accepts both keys")
     expect(all(v == (401, 200) for v in retired.values()), "after the retirement east refuses the previous key")
     expect(all(v == 200 for v in west.values()), "west serves with its one key")
     expect(not leaks, "the keys appear in no output or artifact")
     expect(not load.failed, "0 client requests failed")
-    _west_keyless()
-    playbook("playbooks/serving.yml", "--limit", "branch_east")
+    _lab_keys("east")
     inv.close()
     observed = (f"{'; '.join(runs)}; east (previous, new) during the overlap {both}, after {retired}; west {west}; "
                 f"keys found in: {_short(leaks) or 'nothing'}; {load_text(load)}")
@@ -950,7 +954,7 @@ def key_status(host: str, key: str) -> int | None:
     """GET /v1/models straight at the node with ``key``."""
     request = urllib.request.Request(node_url(host, "/v1/models"), headers={"Authorization": f"Bearer {key}"})
     try:
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 (lab address)
+        with urlopen(request, timeout=10) as response:
             return response.status
     except urllib.error.HTTPError as exc:
         return exc.code
@@ -1153,12 +1157,12 @@ DRILLS = [
           "(responses in flight at a kill are the crash's own)",
           crash_loop),
     Drill("api-key", "API key set on the west branch, then rotated: requests with no key and with the old key",
-          "no key and old key: 401; current key: 200; /health 200; atlasctl health and doctor pass; the keys in "
-          "no output, log or artifact",
+          "through the gateway, no key and old key: 401; current key: 200; /health not forwarded: 404; atlasctl "
+          "health and doctor pass; the keys in no output, log or artifact",
           api_keys),
-    Drill("key-rollout", "an API key introduced, then rotated on branch east with an overlap, by staged rollouts "
+    Drill("key-rollout", "the API key rotated on branch east with an overlap, by staged rollouts "
           "(`atlasctl rollout --vars keys.yml`, 0600) while clients switch keys",
-          "three rollouts complete; east accepts both keys during the overlap, only the new one after; the keys in "
+          "two rollouts complete; east accepts both keys during the overlap, only the new one after; the keys in "
           "no output or artifact; 0 failed", key_rollout),
     Drill("install-killed", f"atlas-n4 powered off during the CANN {OTHER_CANN} toolkit installer",
           "the run fails; the next run installs completely; back to 8.5.0; engine healthy", install_killed),

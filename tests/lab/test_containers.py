@@ -19,6 +19,7 @@ import pytest
 from labtools import (
     CONTAINER_NODE,
     CONTAINER_NPUS,
+    GATEWAYS,
     LAB_IMAGE,
     Load,
     atlasctl,
@@ -105,7 +106,7 @@ def test_a_release_moves_between_runtimes_and_back_under_load(full_fleet):
     virtualenv; back: the next, with the inventory's container runtime, moves it into the container again.
     atlas-n1 serves the branch while atlas-n2 restarts: no client request fails."""
     assert full_fleet.first.returncode == 0, full_fleet.first.stdout[-3000:]
-    with Load(gateways={"east": "http://10.77.0.15:8080"}) as load:
+    with Load(gateways={"east": GATEWAYS["east"]}) as load:
         rc, report = rollout("-e", WAVE, "--release", TO_VENV, "-e", LENIENT_SLO, "-e", "serving_runtime=venv",
                              inventory=full_fleet.inventory)
         assert rc == 0, report

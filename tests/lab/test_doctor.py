@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from labtools import ENV, ROOT, atlasctl, doctor, lab, lab_hosts, layout, on_node, playbook
+from labtools import ENV, ROOT, atlasctl, doctor, lab, lab_api_key, lab_hosts, layout, on_node, playbook
 from labtools import grep_tree as _grep_tree
 
 pytestmark = pytest.mark.lab
@@ -232,7 +232,7 @@ def test_api_key_enforced_and_never_written_down(converged):
         restored = playbook("playbooks/serving.yml", "--limit", NODE)
         assert restored.returncode == 0, restored.stdout[-4000:]
         wait_healthy()
-    assert status("/v1/models") == 200
+    assert status("/v1/models", lab_api_key()) == 200 and status("/v1/models") == 401, "back on the lab's key"
 
 
 def test_changed_host_key_makes_the_host_unreachable(converged, tmp_path):

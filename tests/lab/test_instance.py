@@ -15,12 +15,16 @@ gate is the drill instance-out-and-back (tests/drills: minutes of lab time, run 
 from __future__ import annotations
 
 import json
+import urllib.request
 
 import pytest
 from labtools import (
+    GATEWAYS,
+    lab_api_key,
     lab_hosts,
     layout,
     on_node,
+    urlopen,
 )
 
 pytestmark = pytest.mark.lab
@@ -52,7 +56,10 @@ def test_only_the_entry_is_the_gateways_backend_and_it_serves_through_it(full_fl
     backends = on_node(GATEWAY, "cat /etc/nginx/atlas-backends/west/*.conf").stdout
     head_ip, rank1_ip = lab_hosts()[HEAD]["ansible_host"], lab_hosts()[RANK1]["ansible_host"]
     assert f"server {head_ip}:" in backends and rank1_ip not in backends, backends
-    body = json.dumps({"model": "atlas-tiny-llama", "prompt": "Hello", "max_tokens": 5})
-    out = json.loads(on_node(GATEWAY, f"curl -sf -m 60 -H 'Content-Type: application/json' -d '{body}' "
-                                      "http://127.0.0.1:8080/v1/completions").stdout)
+    body = json.dumps({"model": "atlas-tiny-llama", "prompt": "Hello", "max_tokens": 5}).encode()
+    request = urllib.request.Request(f"{GATEWAYS['west']}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {lab_api_key()}"})
+    with urlopen(request, timeout=60) as response:
+        out = json.loads(response.read())
     assert out["usage"]["completion_tokens"] >= 1, out

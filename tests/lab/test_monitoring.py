@@ -13,8 +13,9 @@ import urllib.parse
 import urllib.request
 
 import pytest
-import yaml
-from labtools import ROOT, atlasctl, lab, lab_hosts, rollout
+from labtools import ENV, ROOT, atlasctl, lab, lab_api_key, lab_hosts, rollout
+
+from atlasctl import inventory, prometheus
 
 pytestmark = pytest.mark.lab
 
@@ -22,14 +23,15 @@ CANARY, SICK = "atlas-n3", "atlas-n1"
 WAIT_S = 240  # the alert's for: 1m, plus scrape and evaluation intervals (15 s each), on a busy 2-core machine
 
 
-def _prometheus() -> str:
-    data = yaml.safe_load((ROOT / "inventory/lab/hosts.yml").read_text())
-    return f"http://{data['all']['children']['monitoring']['hosts']['atlas-mon']['ansible_host']}:9090"
+def _prometheus() -> prometheus.Access:
+    """How atlasctl reaches the lab's Prometheus: HTTPS with the lab CA, the API user and its password file."""
+    return prometheus.access_of(inventory.listing(ROOT / "inventory/lab"))
 
 
 def _get(path: str, **query: str) -> dict:
-    url = f"{_prometheus()}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
-    with urllib.request.urlopen(url, timeout=20) as response:  # noqa: S310 (lab address)
+    access = _prometheus()
+    url = f"{access.url}{path}" + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    with access.opener().open(urllib.request.Request(url, headers=access.headers()), timeout=20) as response:
         return json.loads(response.read())
 
 
@@ -115,12 +117,11 @@ def test_the_rollout_report_has_the_canarys_live_latency_before_and_after(sick_n
     bench, read from Prometheus. (It runs inside the NPU alert's window, sick_npu: the sick NPU is on a node of
     the other branch, which the canary wave does not touch.)"""
     url = f"http://{lab_hosts()[CANARY]['ansible_host']}:30000"
+    ENV["ATLAS_BENCH_API_KEY"] = lab_api_key()  # the engine requires the lab's key; by environment, never argv
     atlasctl("bench", url, "--model", "atlas-tiny-llama", "--num-requests", "40", "--concurrency", "2",
              "--output-len", "8", "--duration", "60", timeout=300)
     # the rollout's own query (atlasctl.prometheus.live, its 5m window) has the canary's figures once Prometheus
     # scraped that traffic twice (a rate() needs two points): awaited, not slept
-    from atlasctl import prometheus
-
     assert _wait(lambda: (prometheus.live(_prometheus(), "5m").nodes.get(CANARY) or {}).get("ttft_p95_ms")
                  is not None, 120, poll=3), "Prometheus never had the canary's TTFT"
     rc, report = rollout("--release", "lab-2026.12.9", "-e", 'rollout_slo={"e2el_ms": 60000}',

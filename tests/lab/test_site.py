@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from labtools import GATEWAYS, changed_tasks, lab, layout, on_node, playbook, recap
+from labtools import GATEWAYS, changed_tasks, lab, lab_api_key, layout, on_node, playbook, recap, urlopen
 from labtools import model_service as _service
 from labtools import new_model_version as _new_model_version
 
@@ -46,14 +46,19 @@ def _engine(host: str) -> str:
     return json.loads(record.stdout)["engine"]
 
 
+def _headers() -> dict[str, str]:
+    """What the lab's clients send: the lab's API key (the engines and the gateways require it)."""
+    return {"Content-Type": "application/json", "Authorization": f"Bearer {lab_api_key()}"}
+
+
 def _get(url: str, timeout: float = 30) -> tuple[int, bytes]:
-    with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (lab address)
+    with urlopen(urllib.request.Request(url, headers=_headers()), timeout=timeout) as resp:
         return resp.status, resp.read()
 
 
 def _post(url: str, body: dict, timeout: float = 120) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 (lab address)
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=_headers())
+    with urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read())
 
 
@@ -132,10 +137,9 @@ def test_gateway_retries_a_backend_that_answers_500(site_runs):
         body = json.dumps({"model": "atlas-tiny-llama", "prompt": "Hello", "max_tokens": 2}).encode()
         seen, failed = [], []
         for _ in range(12):
-            req = urllib.request.Request(f"{GATEWAYS['west']}/v1/completions", data=body,
-                                         headers={"Content-Type": "application/json"})
+            req = urllib.request.Request(f"{GATEWAYS['west']}/v1/completions", data=body, headers=_headers())
             try:
-                with urllib.request.urlopen(req, timeout=60) as resp:  # noqa: S310 (lab address)
+                with urlopen(req, timeout=60) as resp:
                     seen.append(resp.headers.get("X-Atlas-Backend", ""))
             except urllib.error.HTTPError as exc:
                 failed.append(f"{exc.code} {exc.headers.get('X-Atlas-Backend', '')}")
@@ -156,9 +160,9 @@ def test_streaming_chat_with_usage(site_runs):
         url = f"http://{hv['ansible_host']}:{PORTS[engine]}/v1/chat/completions"
         body = {"model": "atlas-tiny-llama", "messages": [{"role": "user", "content": "Open an account"}],
                 "max_tokens": 6, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0}
-        req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=_headers())
         chunks, usage, done = [], None, False
-        with urllib.request.urlopen(req, timeout=120) as resp:  # noqa: S310 (lab address)
+        with urlopen(req, timeout=120) as resp:
             for raw in resp:
                 line = raw.decode().strip()
                 if not line.startswith("data:"):
