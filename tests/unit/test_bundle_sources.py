@@ -112,7 +112,7 @@ def test_push_targets_and_rsync_argv():
                                           "ansible_ssh_private_key_file": "/k",
                                           "ansible_ssh_common_args": "-o StrictHostKeyChecking=yes"}}}}
     [target] = shared_inventory.targets(Path("inv"), document=data)
-    argv = bundle_push.rsync_argv(Path("/b"), target, "/var/lib/atlas/bundle", exclude_manifest=True)
+    argv = bundle_push.rsync_argv(Path("/b"), target, "/var/lib/atlas/bundle", part="files")
     assert "--partial-dir=.rsync-partial" in argv and "--delete" in argv
     assert argv[-2:] == ["/b/", "root@10.77.0.11:/var/lib/atlas/bundle/"]
     assert "/manifest.json" in argv

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
-from atlasctl.inputs import load_yaml
+from atlasctl.inputs import load_yaml, read_bytes
 
 _LAYOUT = module_utils("signature")
 _FORMAT = module_utils("manifest")
@@ -329,25 +329,59 @@ def write_manifest(root: Path, name: str, *, workers: int | None = None,
     return _FORMAT.manifest_document(files, name)
 
 
-def read_manifest(root: Path) -> dict:
-    """manifest.json of a bundle, checked by the collection's reading of a bundle manifest
-    (module_utils/manifest.py ``parse_bundle_manifest``: format 1, every entry with path, size, sha256)."""
-    return _read_manifest(root)[0]
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A bundle's manifest.json from ONE read of its bytes: those bytes, their detached signature (read once
+    too; None when there is none), the document parsed from the same bytes and its entries
+    ({path: Expected}). What ``bundle verify|push|sign`` check, sign and send is this, never the file read
+    again (module_utils/signature.py checks the signature over ``raw``)."""
+    root: Path
+    raw: bytes
+    signature: bytes | None
+    data: dict
+    expected: dict
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.raw).hexdigest()
+
+    @property
+    def path(self) -> Path:
+        return self.root / MANIFEST
 
 
-def _read_manifest(root: Path) -> tuple[dict, dict]:
-    """(the manifest, {path: Expected}), both from the one read of its bytes."""
+def load(root: Path) -> Manifest:
+    """manifest.json and manifest.json.asc of the bundle ``root``, each read once, the manifest checked by the
+    collection's reading of a bundle manifest (module_utils/manifest.py ``parse_bundle_manifest``: format 1,
+    every entry with path, size, sha256). Not a bundle, a damaged manifest, a signature that is not a file:
+    a UsageError naming the path and the fix."""
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "does not exist"
+        raise UsageError(f"bundle directory {root} {what}", fix="name the directory `atlasctl bundle build` wrote")
     path = root / MANIFEST
-    if not path.exists():
-        raise UsageError(f"{path} does not exist: {root} is not a bundle",
-                         fix="build one with `atlasctl bundle build`")
+    if not path.exists() and not path.is_symlink():
+        raise UsageError(f"{path} does not exist: {root} is not a bundle", fix="build one with `atlasctl bundle build`")
+    raw = read_bytes(path, "bundle manifest", fix="rebuild the bundle with `atlasctl bundle build`, or copy it again")
+    sig_path = root / SIGNATURE
+    signature = None
+    if sig_path.exists() or sig_path.is_symlink():
+        signature = read_bytes(sig_path, "bundle signature",
+                               fix=f"remove it and sign the bundle again (atlasctl bundle sign {root} --key ...)")
     try:
-        data = _FORMAT.parse_json(_FORMAT.read_text(str(path)), str(path))
+        data = _FORMAT.parse_json(raw.decode("utf-8"), str(path))
         expected = _FORMAT.parse_bundle_manifest(data, str(path))
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): the bundle "
+                         "is damaged", fix="rebuild it with `atlasctl bundle build`, or copy it again") from None
     except _FORMAT.ManifestError as exc:
         raise UsageError(f"{exc}: the bundle is damaged",
                          fix="rebuild it with `atlasctl bundle build`, or copy it again") from None
-    return data, expected
+    return Manifest(root, raw, signature, data, expected)
+
+
+def read_manifest(root: Path) -> dict:
+    """manifest.json of a bundle, parsed and checked (:func:`load`)."""
+    return load(root).data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -371,15 +405,16 @@ class BadFile:
         return f"{self.path}: {self.message or self.problem}"
 
 
-def verify_bundle(root: Path, *, workers: int | None = None) -> list[BadFile]:
+def verify_bundle(root: Path, *, workers: int | None = None, manifest: Manifest | None = None) -> list[BadFile]:
     """Check every file of a bundle against its manifest; return what is wrong (empty: all good).
 
-    The node's verifier (module_utils/checksums ``verify_tree``, md5 + sha256 in one read, in
-    parallel), with no stamps and links refused: files the manifest does not list are reported,
-    dot-files included (manifest.json and its signature are the only exceptions); symlinks and
-    special files are reported, never followed.
+    ``manifest``: the one read of manifest.json the caller checked the signature of (:func:`load`); without
+    it the manifest is read here. The node's verifier (module_utils/checksums ``verify_tree``, md5 + sha256
+    in one read, in parallel), with no stamps and links refused: files the manifest does not list are
+    reported, dot-files included (manifest.json and its signature are the only exceptions); symlinks,
+    special files and hard links to files outside the bundle are reported, never followed.
     """
-    _data, expected = _read_manifest(root)  # not a bundle, or a damaged manifest: a UsageError naming it
+    expected = (manifest or load(root)).expected  # not a bundle, or a damaged manifest: a UsageError naming it
     report = _CHECKSUMS.verify_tree(str(root), expected, stamps_path=None, workers=workers,
                                     ignore=set(UNLISTED), links="refuse", listed_in="the manifest")
     return [BadFile.of(r) for r in report.bad]
@@ -454,12 +489,15 @@ def build_bundle(spec: BundleSpec, out: Path, cache: Path,
     return manifest
 
 
-def verify_signature(root: Path, *, keyring: Path | str | None, fingerprints: Iterable[str],
+def verify_signature(bundle: Path | Manifest, *, keyring: Path | str | None, fingerprints: Iterable[str],
                      allow_unsigned: bool = False):
-    """The signature of ``root``'s manifest.json against pinned fingerprints (module_utils/signature.py):
-    a Verdict, or a SignatureError naming the file and the fix."""
-    return _LAYOUT.verify_files(str(root / MANIFEST), str(root / SIGNATURE), keyring=str(keyring or ""),
-                                fingerprints=list(fingerprints), allow_unsigned=allow_unsigned)
+    """The signature of a bundle's manifest.json against pinned fingerprints (module_utils/signature.py), over
+    the bytes of its one read (``bundle``: a :func:`load` result, or the bundle directory, then read here): a
+    Verdict whose sha256 is of those bytes, or a SignatureError naming the file and the fix."""
+    manifest = bundle if isinstance(bundle, Manifest) else load(bundle)
+    return _LAYOUT.verify_manifest(manifest.raw, manifest.signature, keyring=str(keyring or ""),
+                                   fingerprints=list(fingerprints), allow_unsigned=allow_unsigned,
+                                   manifest_name=str(manifest.path), signature_name=str(manifest.root / SIGNATURE))
 
 
 def iter_summary(manifest: dict) -> Iterable[tuple[str, int, int]]:

@@ -342,17 +342,23 @@ def _gpg() -> str:
     return gpg
 
 
-def sign_manifest(root: Path, key: str, homedir: Path | None = None) -> Path:
+def sign_manifest(root: Path, key: str, homedir: Path | None = None, data: bytes | None = None) -> Path:
     """Write manifest.json.asc, a detached armored signature by ``key`` (the signing station's gpg,
-    or ``homedir``'s). Verification never uses this gpg state: see module_utils/signature.py."""
+    or ``homedir``'s) of ``data``: the manifest bytes the caller checked (else manifest.json, read here once);
+    gpg reads them from its standard input, never the file again. Verification never uses this gpg state:
+    see module_utils/signature.py."""
     from atlasctl.bundle import MANIFEST, SIGNATURE
+    from atlasctl.inputs import read_bytes
 
+    if data is None:
+        data = read_bytes(root / MANIFEST, "bundle manifest", fix="build the bundle first (atlasctl bundle build)")
     sig = root / SIGNATURE
     argv = [_gpg(), "--batch", "--yes", "--local-user", key, "--armor", "--detach-sign", "--output", str(sig)]
     if homedir:
         argv[1:1] = ["--homedir", str(homedir)]
-    proc = subprocess.run([*argv, str(root / MANIFEST)], text=True, capture_output=True, check=False)
+    proc = subprocess.run(argv, input=data, capture_output=True, check=False)
     if proc.returncode != 0:
-        raise UsageError(f"gpg could not sign {root}/{MANIFEST} with key {key}: {proc.stderr.strip()[-400:]}",
+        said = proc.stderr.decode("utf-8", "replace").strip()[-400:]
+        raise UsageError(f"gpg could not sign {root}/{MANIFEST} with key {key}: {said}",
                          fix="check the key id (gpg --list-secret-keys) and --homedir/--sign-home")
     return sig
