@@ -18,6 +18,7 @@ import importlib.metadata
 import json
 import os
 import reprlib
+import shutil
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -466,9 +467,43 @@ def build_bundle(spec: BundleSpec, out: Path, cache: Path,
                  sign_home: Path | None = None) -> dict:
     """Build (or refresh) a bundle in place; manifest.json is written last (each file with the source of the
     step that owns it), then signed when a key is named (``sign_key``/``sign_home``, else the spec's
-    ``sign``/``sign_home``)."""
-    out.mkdir(parents=True, exist_ok=True)
+    ``sign``/``sign_home``). A build that fails leaves nothing it created: a new or empty ``out`` is removed
+    or emptied again, with the stat cache this run wrote beside it (a bundle refreshed in place keeps what it
+    had, and its manifest, which no longer matches, tells what the failed refresh changed)."""
     steps = plan_build(spec, cache)
+    created = _first_missing(out)  # what this run's mkdir -p creates
+    empty = created is None and out.is_dir() and not out.is_symlink() and not any(out.iterdir())
+    cache_file = stat_cache_path(out)
+    had_cache = cache_file.exists() or cache_file.is_symlink()
+    try:
+        return _build(spec, steps, out, progress, sign_key, sign_home)
+    except BaseException:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        elif empty:
+            for entry in list(out.iterdir()):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        if (created is not None or empty) and not had_cache:
+            cache_file.unlink(missing_ok=True)
+        raise
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost of ``path`` and its parents that does not exist (what ``mkdir -p path`` creates), or None."""
+    missing = None
+    for each in (path, *path.parents):
+        if each.exists() or each.is_symlink():
+            break
+        missing = each
+    return missing
+
+
+def _build(spec: BundleSpec, steps: list[PlannedStep], out: Path, progress: Callable[[str], None] | None,
+           sign_key: str, sign_home: Path | None) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
     for step in steps:
         if progress:
             progress(step.title)
