@@ -90,6 +90,7 @@ class BundleSpec:
     models: tuple[dict, ...]
     huawei_dir: str = ""
     huawei: tuple[str, ...] = ()
+    huawei_sha256: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the spec's pins, by file name
     pip: tuple[dict, ...] = ()
     suite: bool = False
     # The controller kit (bundle_sources.controller_steps); it carries the suite too.
@@ -134,12 +135,14 @@ class BundleSpec:
             check_images(path, data["images"])
         if data.get("arch", "x86_64") not in ("x86_64", "aarch64"):
             raise UsageError(f"bundle spec {path}: arch must be x86_64 or aarch64, not {data['arch']!r}")
+        huawei = [_huawei_entry(path, index, entry) for index, entry in enumerate(data.get("huawei", []))]
         return cls(
             name=data.get("name", path.stem),
             arch=data.get("arch", "x86_64"),
             models=tuple(data.get("models", [])),
             huawei_dir=data.get("huawei_dir", ""),
-            huawei=tuple(str(v) for v in data.get("huawei", [])),
+            huawei=tuple(name for name, _pin in huawei),
+            huawei_sha256={name: pin for name, pin in huawei if pin},
             pip=tuple(data.get("pip", [])),
             suite=data.get("suite", False),
             controller=data.get("controller"),
@@ -150,9 +153,34 @@ class BundleSpec:
         )
 
 
+HUAWEI_EXAMPLE = ("- Ascend-cann-toolkit_8.5.0_linux-aarch64.run (with its .sha256 beside it), or "
+                  "- {name: Ascend-cann-toolkit_8.5.0_linux-aarch64.run, sha256: <64 hex>}")
+
+
+def _huawei_entry(path: Path, index: int, entry: object) -> tuple[str, str | None]:
+    """(file name, pinned sha256 or None) of a ``huawei`` entry: a name, or ``{name, sha256}``."""
+    if isinstance(entry, dict):
+        where = f"bundle spec {path}: huawei[{index}]"
+        if set(entry) != {"name", "sha256"} or not isinstance(entry.get("name"), str):
+            raise UsageError(f"{where}: a mapping entry is {{name, sha256}}, not {reprlib.repr(entry)}",
+                             fix=f"write e.g. '{HUAWEI_EXAMPLE}'")
+        try:
+            return entry["name"], _FORMAT.normalize_digest(entry["sha256"], "sha256", where)
+        except _FORMAT.ManifestError as exc:
+            raise UsageError(str(exc), fix="pin the sha256 Huawei's download page gives for the package") from None
+    return str(entry), None
+
+
 def _check_entries(path: Path, data: dict) -> None:
-    """List entries of the right kind: names are scalars, models and pip entries mappings."""
-    for key, mapping, example in (("huawei", False, "- Ascend-cann-toolkit_8.5.0_linux-aarch64.run"),
+    """List entries of the right kind: names are scalars (a Huawei package may be ``{name, sha256}``), models
+    and pip entries mappings."""
+    for index, entry in enumerate(data.get("huawei", [])):
+        if isinstance(entry, dict):
+            _huawei_entry(path, index, entry)
+        elif not isinstance(entry, str | int | float) or isinstance(entry, bool):
+            raise UsageError(f"bundle spec {path}: huawei[{index}] must be a string or {{name, sha256}}, not "
+                             f"{reprlib.repr(entry)}", fix=f"write e.g. '{HUAWEI_EXAMPLE}'")
+    for key, mapping, example in (
                                   ("models", True, "- {name: qwen2.5-7b-instruct, path: /srv/models/qwen}"),
                                   ("pip", True, "- {set: x, requirements: [...], targets: [...]}"),
                                   ("images", True, "- {name: vllm-ascend-0.11.0, archive: /srv/images/vllm.tar, "
@@ -178,7 +206,7 @@ def check_plain_names(path: Path, names: Iterable[tuple[str, object]]) -> None:
 
 
 def _check_names(path: Path, data: dict) -> None:
-    names = [("huawei", v) for v in data.get("huawei", [])]
+    names = [("huawei", v.get("name") if isinstance(v, dict) else v) for v in data.get("huawei", [])]
     names += [("models", m.get("name")) for m in data.get("models", []) if isinstance(m, dict) and "name" in m]
     names += [("pip", e.get("set")) for e in data.get("pip", []) if isinstance(e, dict) and "set" in e]
     names += [("images", e.get("name")) for e in data.get("images", []) if isinstance(e, dict) and "name" in e]
@@ -448,7 +476,7 @@ def plan_build(spec: BundleSpec, cache: Path) -> list[PlannedStep]:
     if spec.huawei and not spec.huawei_dir:
         raise UsageError("bundle spec: huawei lists packages but huawei_dir is not set",
                          fix="set huawei_dir to the directory you downloaded Huawei's packages into")
-    steps += [bundle_sources.huawei_step(Path(spec.huawei_dir), n) for n in spec.huawei]
+    steps += [bundle_sources.huawei_step(Path(spec.huawei_dir), n, spec.huawei_sha256.get(n)) for n in spec.huawei]
     from atlasctl.wheelhouse import canns_of
 
     steps += [bundle_sources.pip_step(e, cache, tuple(canns_of(spec.huawei))) for e in spec.pip]
