@@ -248,6 +248,20 @@ def scan_tree(root: Path) -> tuple[list[str], list[str]]:
     return _CHECKSUMS.scan_tree(str(root))
 
 
+def _some(rels: list[str]) -> str:
+    return ", ".join(rels[:10]) + (f" and {len(rels) - 10} more" if len(rels) > 10 else "")
+
+
+def check_no_foreign_links(root: Path, files: list[str], what: str) -> None:
+    """Refuse a hard link among ``files`` (every regular file under root) to a file with a name outside root
+    (module_utils/checksums ``foreign_links``): a bundle, and a model it copies, hold their own files."""
+    foreign = _CHECKSUMS.foreign_links(str(root), files)
+    if foreign:
+        raise UsageError(f"{what}: a hard link to a file outside it (another name of the same file is elsewhere): "
+                         f"{_some(foreign)}", fix="give it its own copy of each (cp without -l/--link, rsync "
+                         "without -H), or remove them")
+
+
 def _zip_members(path: Path) -> list[dict]:
     """Each member of a zip the roles extract (7.0.RC1 kernels): path, size, sha256 of its bytes."""
     members = []
@@ -303,9 +317,9 @@ def write_manifest(root: Path, name: str, *, workers: int | None = None,
         old = {}
     found, odd = scan_tree(root)
     if odd:
-        raise UsageError(f"bundle {root}: not a regular file (symlink or special file): {', '.join(odd[:10])}"
-                         + (f" and {len(odd) - 10} more" if len(odd) > 10 else ""),
+        raise UsageError(f"bundle {root}: not a regular file (symlink or special file): {_some(odd)}",
                          fix="a bundle holds regular files only: replace each link by the file it points to")
+    check_no_foreign_links(root, found, f"bundle {root}")
     rels = [rel for rel in found if rel not in UNLISTED and rel != f".{MANIFEST}.tmp"]
 
     cache: dict[str, dict] = {}

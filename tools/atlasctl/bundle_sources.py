@@ -134,13 +134,14 @@ def model_dir_step(model: dict) -> PlannedStep:
     def run(out: Path) -> None:
         if not src.is_dir():
             raise UsageError(f"model {name}: {src} is not a directory", fix="fix the model's path in the spec")
-        from atlasctl.bundle import scan_tree
+        from atlasctl.bundle import check_no_foreign_links, scan_tree
 
-        _files, links = scan_tree(src)
+        files, links = scan_tree(src)
         if links:
             raise UsageError(f"model {name}: {src} holds symlinks or special files, not followed: "
                              f"{', '.join(links[:10])}", fix="copy the model with its files resolved (cp -rL, or "
                              "huggingface-cli download --local-dir) and point the spec there")
+        check_no_foreign_links(src, files, f"model {name}: {src}")
         shutil.copytree(src, out / "models" / name, dirs_exist_ok=True, copy_function=shutil.copy2)
 
     return PlannedStep(f"model {name} from {src}", run, "local-model", (f"models/{name}/*",))
