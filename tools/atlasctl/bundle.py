@@ -31,11 +31,12 @@ _LAYOUT = module_utils("signature")
 _FORMAT = module_utils("manifest")
 _CHECKSUMS = module_utils("checksums")
 _ARCHIVE = module_utils("oci_archive")
+_RECORD = module_utils("bundle_record")
 MANIFEST = _LAYOUT.MANIFEST_NAME
 SIGNATURE = _LAYOUT.SIGNATURE_NAME  # GPG detached signature of manifest.json; required unless opted out
 UNLISTED = _LAYOUT.UNLISTED  # the only files of a bundle its manifest does not list
-_KEYS = {"name": str, "arch": str, "models": list, "huawei_dir": str, "huawei": list, "pip": list, "suite": bool,
-         "controller": dict, "sign": str, "sign_home": str, "images": list}
+_KEYS = {"name": str, "release": str, "arch": str, "models": list, "huawei_dir": str, "huawei": list, "pip": list,
+         "suite": bool, "controller": dict, "sign": str, "sign_home": str, "images": list}
 FORMAT = _FORMAT.MANIFEST_FORMAT
 SOURCE_GROUP = "atlasctl.bundle_sources"  # entry points of other installed packages: a SourceKind each
 
@@ -100,6 +101,8 @@ class BundleSpec:
     # Container images (bundle_sources.image_step): images/<name>.tar, each with its variant, cann, engine_release.
     images: tuple[dict, ...] = ()
     extra: Mapping[str, object] = dataclasses.field(default_factory=dict)  # keys of installed SourceKinds
+    # The release id the manifest carries beside its build time (downgrade protection); default: name.
+    release: str = ""
 
     @classmethod
     def load(cls, path: Path) -> BundleSpec:
@@ -150,6 +153,7 @@ class BundleSpec:
             sign_home=data.get("sign_home", ""),
             images=tuple(data.get("images", [])),
             extra={k: v for k, v in data.items() if k not in _KEYS},
+            release=_spec_release(path, data.get("release", data.get("name", path.stem))),
         )
 
 
@@ -169,6 +173,14 @@ def _huawei_entry(path: Path, index: int, entry: object) -> tuple[str, str | Non
         except _FORMAT.ManifestError as exc:
             raise UsageError(str(exc), fix="pin the sha256 Huawei's download page gives for the package") from None
     return str(entry), None
+
+
+def _spec_release(path: Path, value: str) -> str:
+    try:
+        return _RECORD.release_of({"release": value, "built": _RECORD.now_built()}, f"bundle spec {path}")["release"]
+    except _RECORD.RecordError as exc:
+        raise UsageError(str(exc), fix="name the release with letters, digits and . _ + -, e.g. release: "
+                         "bank-2026.12.0") from None
 
 
 def _check_entries(path: Path, data: dict) -> None:
@@ -291,8 +303,11 @@ def _image_id(root: Path, rel: str) -> str:
 
 def write_manifest(root: Path, name: str, *, workers: int | None = None,
                    sources: Iterable[tuple[str, str]] = (),
-                   fields: Mapping[str, Mapping[str, str]] | None = None) -> dict:
-    """Describe every file under root in manifest.json (atomically replaced).
+                   fields: Mapping[str, Mapping[str, str]] | None = None, release: str | None = None) -> dict:
+    """Describe every file under root in manifest.json (atomically replaced), with the bundle's ``release``
+    (default: ``name``) and ``built``, its build time (UTC; the previous manifest's when nothing else in it
+    changed, so a rebuild of the same bundle writes the same bytes): what downgrade protection orders bundles
+    by (module_utils/bundle_record.py).
 
     Every regular file is listed, dot-files included (only manifest.json and its signature are
     not); a symlink or other non-regular entry is refused with its path. A zip's members are
@@ -365,11 +380,21 @@ def write_manifest(root: Path, name: str, *, workers: int | None = None,
         return out | ({"members": known["members"]} if "members" in known else {})
 
     files = [entry(rel) for rel in rels]
+    release = name if release is None else release
+    document = _FORMAT.manifest_document(files, name, release, _RECORD.now_built())
+    try:
+        before = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        before = None
+    unchanged = {key: value for key, value in document.items() if key != "built"}
+    if isinstance(before, dict) and isinstance(before.get("built"), str) \
+            and {key: value for key, value in before.items() if key != "built"} == unchanged:
+        document["built"] = before["built"]
     cache_file.write_text(json.dumps(cache, sort_keys=True))
     tmp = root / f".{MANIFEST}.tmp"
-    tmp.write_text(_FORMAT.render_manifest(files, name))
+    tmp.write_text(_FORMAT.render_manifest(files, name, document["release"], document["built"]))
     os.replace(tmp, root / MANIFEST)
-    return _FORMAT.manifest_document(files, name)
+    return document
 
 
 @dataclasses.dataclass(frozen=True)
@@ -554,7 +579,8 @@ def _build(spec: BundleSpec, steps: list[PlannedStep], out: Path, progress: Call
         progress("manifest")
     (out / SIGNATURE).unlink(missing_ok=True)  # a signature of the previous manifest is never left beside it
     manifest = write_manifest(out, spec.name, sources=[(pattern, s.source) for s in steps for pattern in s.owns],
-                              fields={path: extra for s in steps for path, extra in s.fields.items()})
+                              fields={path: extra for s in steps for path, extra in s.fields.items()},
+                              release=spec.release or spec.name)
     key = sign_key or spec.sign
     home = sign_home or (Path(spec.sign_home) if spec.sign_home else None)
     if key:

@@ -12,7 +12,9 @@ and the nodes verify the bundle against exactly those bytes (``manifest_sha256``
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import posixpath
 import shlex
 import shutil
 import subprocess
@@ -22,10 +24,124 @@ from pathlib import Path
 
 from atlasctl import inventory as shared
 from atlasctl.bundle import MANIFEST, SIGNATURE, Manifest
-from atlasctl.errors import EnvironmentProblem
+from atlasctl.collection import module_utils
+from atlasctl.errors import EnvironmentProblem, UsageError
 
 DEFAULT_DEST = "/srv/atlas-bundle"
 PARTIAL_DIR = ".rsync-partial"
+# A push deletes what the destination holds and the bundle does not: never at or above these (the
+# Filesystem Hierarchy Standard's system directories, with their whole trees where the OS owns them).
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+                "/sys", "/usr")
+SYSTEM_DIRS = ("/", "/home", "/media", "/mnt", "/opt", "/root", "/snap", "/srv", "/tmp", "/var", "/var/backups",
+               "/var/cache", "/var/lib", "/var/local", "/var/log", "/var/mail", "/var/opt", "/var/spool", "/var/tmp")
+DEST_FIX = f"push to a directory of its own, e.g. --dest {DEFAULT_DEST} (the default)"
+
+
+def normalize_dest(dest: str) -> str:
+    """``dest`` as the path it names (``/srv/./x/``, ``//srv/x`` -> ``/srv/x``); a relative one is refused."""
+    if not dest.startswith("/"):
+        raise UsageError(f"--dest {dest} is not an absolute path", fix=DEST_FIX)
+    return "/" + posixpath.normpath(dest).lstrip("/")
+
+
+def dest_problem(dest: str, suite_paths: tuple[str, ...] = ()) -> str:
+    """Why a bundle must not be pushed to ``dest`` (normalized), or '': a system directory (a push there
+    with --delete would remove the system), a user's home, or a directory at or above one the suite keeps on
+    the node (``suite_paths``: atlasctl.layout ``Layout.suite_paths``)."""
+    if dest in SYSTEM_DIRS or any(dest == tree or dest.startswith(tree + "/") for tree in SYSTEM_TREES):
+        return f"{dest} is a system directory"
+    if dest.count("/") == 2 and dest.startswith("/home/"):
+        return f"{dest} is a user's home directory"
+    for kept in suite_paths:
+        kept = "/" + posixpath.normpath(kept).lstrip("/")
+        if kept == dest or kept.startswith(dest + "/"):
+            return f"{dest} holds the suite's own {kept} on the node"
+    return ""
+
+
+def check_dest(dest: str) -> str:
+    """The normalized ``--dest``, or a UsageError (exit 2) when no bundle may go there."""
+    norm = normalize_dest(dest)
+    problem = dest_problem(norm)
+    if problem:
+        raise UsageError(f"--dest {dest}: {problem}: a push deletes what is there and not in the bundle",
+                         fix=DEST_FIX)
+    return norm
+
+
+# What a node holds at the destination, read in one SSH round trip before anything is sent: where it resolves
+# to, its top-level names, whether its manifest.json is a bundle's (the marker a push with --delete needs), and
+# the node's record of the bundle it accepted last (downgrade protection).
+PROBE = r"""
+import json, os, sys
+dest, record = sys.argv[1], sys.argv[2]
+state = {"real": os.path.realpath(dest), "exists": os.path.lexists(dest), "dir": os.path.isdir(dest),
+         "entries": [], "more": False, "manifest": False, "record": None}
+try:
+    if state["dir"]:
+        names = sorted(os.listdir(dest))
+        state["entries"], state["more"] = names[:100], len(names) > 100
+        path = os.path.join(dest, "manifest.json")
+        if os.path.isfile(path) and not os.path.islink(path):
+            with open(path, "rb") as handle:
+                data = json.loads(handle.read().decode("utf-8"))
+            state["manifest"] = isinstance(data, dict) and data.get("format") == 1 and isinstance(
+                data.get("files"), list)
+except (OSError, ValueError) as exc:
+    state["error"] = "%s: %s" % (dest, exc)
+try:
+    with open(record, encoding="utf-8") as handle:
+        state["record"] = handle.read(1 << 20)
+except FileNotFoundError:
+    pass
+except (OSError, ValueError) as exc:
+    state["record_error"] = "%s: %s" % (record, exc)
+print(json.dumps(state))
+"""
+
+
+def probe(target: shared.Target, dest: str) -> dict:
+    """What ``target`` holds at ``dest`` and its bundle record (:data:`PROBE`, run by the node's python3); on a
+    failure, ``{"error": ...}``."""
+    command = " ".join(["python3", "-I", "-c", shlex.quote(PROBE), shlex.quote(dest),
+                        shlex.quote(target.layout.bundle_record)])
+    try:
+        proc = subprocess.run([*target.ssh_argv(), target.remote, command], text=True, capture_output=True,
+                              check=False, timeout=120)
+    except subprocess.TimeoutExpired:
+        return {"error": "no answer over SSH in 120 s"}
+    try:
+        state = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+    except (ValueError, IndexError):
+        state = None
+    if not isinstance(state, dict):
+        return {"error": f"ssh exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-300:]}"}
+    return state
+
+
+def dest_plan(state: dict, dest: str, bundle_names: set[str], suite_paths: tuple[str, ...] = ()) -> tuple[bool, str]:
+    """(delete?, refusal or '') for a push to ``dest`` on a node that holds ``state`` (:func:`probe`): with
+    --delete only where the node holds a bundle (its manifest.json); into an empty or new directory, or one
+    holding only this bundle's own names (a first push that was cut short), without; anything else refused,
+    so nothing the bundle did not put there is ever deleted."""
+    if state.get("error"):
+        return False, f"cannot inspect {dest} on the node: {state['error']}"
+    real = "/" + posixpath.normpath(str(state.get("real") or dest)).lstrip("/")
+    problem = dest_problem(real, suite_paths)
+    if problem:
+        return False, f"{dest}{' (' + real + ' on the node)' if real != dest else ''}: {problem}; nothing sent"
+    if state.get("exists") and not state.get("dir"):
+        return False, f"{dest} on the node is not a directory; nothing sent"
+    if state.get("manifest"):
+        return True, ""
+    strays = [n for n in state.get("entries") or [] if n not in bundle_names and n != PARTIAL_DIR
+              and not n.startswith(".atlas-")]
+    if not strays and not state.get("more"):
+        return False, ""
+    return False, (f"{dest} on the node holds {', '.join(strays[:5])}{' and more' if len(strays) > 5 else ''} and no "
+                   "bundle's manifest.json: a push would delete what is there, so nothing was sent. "
+                   + DEST_FIX)
 
 
 def inventory_targets(inventory: Path, limit: str | None = None) -> list[shared.Target]:
@@ -80,18 +196,44 @@ class PushResult:
     message: str = ""
 
 
-def push(manifest: Manifest, targets: list[shared.Target], dest: str = DEFAULT_DEST) -> list[PushResult]:
+def push(manifest: Manifest, targets: list[shared.Target], dest: str = DEFAULT_DEST, *, judge_release: bool = True,
+         allow_downgrade: bool = False) -> list[PushResult]:
     """Transfer the bundle ``manifest.root`` to ``dest`` on every target: its files first, then the manifest
-    as it was verified (``manifest``: the one read whose signature was checked) and its signature."""
+    as it was verified (``manifest``: the one read whose signature was checked) and its signature.
+
+    Before anything goes to a node, one SSH round trip reads what it holds (:func:`probe`): ``dest`` must not
+    be, or resolve to, a system directory or one the suite keeps; files the bundle does not have are deleted
+    only where ``dest`` holds a bundle (:func:`dest_plan`); and with ``judge_release`` (a signed bundle) one
+    built before the bundle the node accepted last is refused, naming the node, unless ``allow_downgrade``
+    (module_utils/bundle_record.py, what roles/bundle_trust judges too)."""
     if not shutil.which("rsync"):
         raise EnvironmentProblem("rsync is not installed on the controller", fix="apt-get install rsync")
+    dest = check_dest(dest)
+    record = module_utils("bundle_record")
+    names = {rel.split("/", 1)[0] for rel in manifest.expected} | {MANIFEST, SIGNATURE}
     results = []
     with tempfile.TemporaryDirectory(prefix="atlas-push-") as tmp:
         verified = _verified_copy(manifest, Path(tmp))
         for target in targets:
+            state = probe(target, dest)
+            delete, problem = dest_plan(state, dest, names, target.layout.suite_paths())
+            if not problem and judge_release:
+                if state.get("record_error") and not allow_downgrade:
+                    problem = (f"its bundle record cannot be read ({state['record_error']}), so a downgrade cannot be "
+                               "ruled out; " + record.ALLOW_FIX)
+                else:
+                    verdict = record.judge(manifest.data, manifest.sha256, state.get("record"),
+                                           allow_downgrade=allow_downgrade, where=target.name,
+                                           source=str(manifest.path))
+                    problem = verdict.problem
+                    if verdict.warning:
+                        print(f"!!! {target.name}: {verdict.warning}", file=sys.stderr)
+            if problem:
+                results.append(PushResult(target.name, False, 0, f"refused: {problem}"))
+                continue
             sent = 0
             for part, src in (("files", manifest.root), ("manifest", verified)):
-                argv = rsync_argv(src, target, dest, part=part)
+                argv = rsync_argv(src, target, dest, part=part, delete=delete or part == "manifest")
                 proc = subprocess.run(argv, text=True, capture_output=True, check=False)
                 if proc.returncode != 0:
                     results.append(PushResult(target.name, False, sent,

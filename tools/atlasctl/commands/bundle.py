@@ -56,6 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     push.add_argument("--dest", default=bundle_push.DEFAULT_DEST, help="path on the nodes (default: %(default)s)")
     push.add_argument("--limit", default=None, help="Ansible host pattern narrowing atlas_nodes")
     push.add_argument("--no-verify", action="store_true", help="skip the verification on the nodes")
+    push.add_argument("--allow-downgrade", action="store_true",
+                      help="push a bundle built before the one a node accepted last (going back on purpose)")
     _trust_options(push)
     push.add_argument("--json", action="store_true", help="print the result as JSON")
     push.set_defaults(func=_push)
@@ -151,9 +153,10 @@ def _sign(args: argparse.Namespace) -> int:
 
 def _push(args: argparse.Namespace) -> int:
     src = args.src
+    dest = bundle_push.check_dest(args.dest)  # never / or a system directory: a push deletes what is not the bundle's
     manifest = bundle.load(src)  # read once: the bytes whose signature is checked are the bytes sent
     inventory = resolve_inventory(args.inventory)
-    _signature, refused = _check_signature(manifest, _trust(args, inventory))
+    signature, refused = _check_signature(manifest, _trust(args, inventory))
     if refused:
         print(f"bundle {src}: {refused}\n  not pushing it", file=sys.stderr)
         return exitcodes.FAILED
@@ -162,20 +165,21 @@ def _push(args: argparse.Namespace) -> int:
         _print_problems(src, bad, "not pushing it")
         return exitcodes.FAILED
     targets = bundle_push.inventory_targets(inventory, args.limit)
-    results = bundle_push.push(manifest, targets, args.dest)
+    results = bundle_push.push(manifest, targets, dest, judge_release=bool(signature.get("signed")),
+                               allow_downgrade=args.allow_downgrade)
     verified = None
     if not args.no_verify and all(r.ok for r in results):
-        proc = bundle_push.verify_on_nodes(inventory, args.dest, args.limit, manifest.sha256)
+        proc = bundle_push.verify_on_nodes(inventory, dest, args.limit, manifest.sha256)
         verified = proc.returncode == 0
         if not verified:
             print(proc.stdout[-4000:] + proc.stderr[-2000:], file=sys.stderr)
     ok = all(r.ok for r in results) and verified is not False
     if args.json:
-        print(json.dumps({"bundle": str(src), "dest": args.dest, "ok": ok, "verified": verified,
+        print(json.dumps({"bundle": str(src), "dest": dest, "ok": ok, "verified": verified,
                           "hosts": [r.__dict__ for r in results]}, indent=2))
     else:
         for r in results:
             print(f"{r.host:<20} {'ok' if r.ok else 'FAILED'} {r.files_sent} file(s) sent {r.message}".rstrip())
         if verified is not None:
-            print(f"verified against {args.dest}/manifest.json on the nodes: {'ok' if verified else 'FAILED'}")
+            print(f"verified against {dest}/manifest.json on the nodes: {'ok' if verified else 'FAILED'}")
     return exitcodes.OK if ok else exitcodes.FAILED

@@ -78,7 +78,7 @@ options:
   linked_from:
     description:
       - Directories whose file at the same relative path, when it is the same file (device and inode), counts as
-        a name inside O(path): a verified file hard-linked from there (the node's bundle, the version it
+        a name inside O(path). A verified file hard-linked from there (the node's bundle, the version it
         replaces) is neither refused nor hidden.
     type: list
     elements: path
