@@ -423,10 +423,11 @@ def load(root: Path) -> Manifest:
     collection's reading of a bundle manifest (module_utils/manifest.py ``parse_bundle_manifest``: format 1,
     every entry with path, size, sha256). Not a bundle, a damaged manifest, a signature that is not a file:
     a UsageError naming the path and the fix."""
+    path = root / MANIFEST
     if not root.is_dir():
         what = "is not a directory" if root.exists() else "does not exist"
-        raise UsageError(f"bundle directory {root} {what}", fix="name the directory `atlasctl bundle build` wrote")
-    path = root / MANIFEST
+        raise UsageError(f"bundle directory {root} {what}, so there is no {path}",
+                         fix="name the directory `atlasctl bundle build` wrote")
     if not path.exists() and not path.is_symlink():
         raise UsageError(f"{path} does not exist: {root} is not a bundle", fix="build one with `atlasctl bundle build`")
     raw = read_bytes(path, "bundle manifest", fix="rebuild the bundle with `atlasctl bundle build`, or copy it again")
