@@ -86,6 +86,7 @@ def test_push_sends_the_verified_bytes_and_deletes_only_where_a_bundle_is(node, 
     [second] = bundle_push.push(manifest, [node], str(dest))
     assert second.ok, second.message
     assert not (dest / "models/m/config.json").exists() and (dest / ".atlas-verified.json").exists()
+    assert (dest / "cann/x.run").is_file(), "the manifest's pass deletes nothing but a stale manifest or signature"
     assert (dest / "manifest.json").read_bytes() == manifest.raw
 
 
