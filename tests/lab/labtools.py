@@ -342,9 +342,17 @@ def install_controller() -> tuple[subprocess.CompletedProcess, subprocess.Comple
     carry_inventory(ROOT / "inventory" / "lab", CONTROLLER_INVENTORY)
     verify = on_node(CONTROLLER, f"gpgv --keyring {signing.keyring()} {NODE_BUNDLE}/manifest.json.asc"
                                  f" {NODE_BUNDLE}/manifest.json", check=False)
-    install = on_node(CONTROLLER, f"sh {NODE_BUNDLE}/controller/install.sh {CONTROLLER_PREFIX}", check=False,
-                      timeout=900)
+    install = on_node(CONTROLLER, f"sh {NODE_BUNDLE}/controller/install.sh {controller_pin()} {CONTROLLER_PREFIX}",
+                      check=False, timeout=900)
     return verify, install
+
+
+def controller_pin() -> str:
+    """install.sh's pinned release key: the lab's keyring (carried to the controller node at the same path) and
+    its fingerprint."""
+    from atlaslab import signing
+
+    return f"--keyring {signing.keyring()} --fingerprint {signing.ensure_key()}"
 
 
 # What an inventory directory of the lab's holds (inventory/lab also holds lab.yml and bundle.yml, which are the

@@ -16,6 +16,7 @@ from labtools import (
     NODE_BUNDLE,
     ROOT,
     SERVING,
+    controller_pin,
     on_node,
     recap,
 )
@@ -57,12 +58,17 @@ def test_it_installs_from_the_signed_bundle_alone(controller):
 def test_a_tampered_kit_installs_nothing(controller):
     copy, prefix = "/root/tampered-bundle", "/opt/tampered"
     on_node(CONTROLLER, f"rm -rf {copy} {prefix} && mkdir -p {copy} && cp -a {NODE_BUNDLE}/manifest.json"
-                        f" {NODE_BUNDLE}/controller {NODE_BUNDLE}/suite {copy}/ && printf X | dd bs=1 seek=100"
+                        f" {NODE_BUNDLE}/manifest.json.asc {NODE_BUNDLE}/controller {NODE_BUNDLE}/suite {copy}/ &&"
+                        " printf X | dd bs=1 seek=100"
                         f" conv=notrunc status=none of=$(ls {copy}/controller/wheels/jinja2-*.whl)")
     try:
-        run = on_node(CONTROLLER, f"sh {copy}/controller/install.sh {prefix}", check=False, timeout=300)
+        run = on_node(CONTROLLER, f"sh {copy}/controller/install.sh {controller_pin()} {prefix}", check=False,
+                      timeout=300)
         assert run.returncode != 0
         assert "sha256 mismatch: expected" in run.stderr and "jinja2-" in run.stderr, run.stderr
+        unsigned = on_node(CONTROLLER, f"rm {copy}/manifest.json.asc && sh {copy}/controller/install.sh"
+                                       f" {controller_pin()} {prefix}", check=False, timeout=300)
+        assert unsigned.returncode != 0 and "is NOT signed" in unsigned.stderr, unsigned.stderr
         assert on_node(CONTROLLER, f"test -e {prefix}", check=False).returncode != 0, "something was installed"
     finally:
         on_node(CONTROLLER, f"rm -rf {copy} {prefix}", check=False)

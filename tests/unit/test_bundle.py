@@ -123,7 +123,9 @@ def test_the_manifest_bytes_are_the_collections_rendering(tmp_path):
     _tree(tmp_path)
     manifest = bundle.write_manifest(tmp_path, "t")
     text = (tmp_path / "manifest.json").read_text()
-    assert text == module_utils("manifest").render_manifest(manifest["files"], "t")
+    assert text == module_utils("manifest").render_manifest(manifest["files"], "t", manifest["release"],
+                                                            manifest["built"])
+    # nothing changed: the same bytes, its build time kept (a signature of it stays good)
     assert bundle.write_manifest(tmp_path, "t") == manifest and (tmp_path / "manifest.json").read_text() == text
 
 
@@ -156,3 +158,32 @@ def test_bundle_verify_and_the_roles_refuse_the_same_damaged_manifest(tmp_path, 
     with pytest.raises(AnsibleFilterError, match=re.escape(words)) as roles:
         serving.manifest_sha256(doc, str(tmp_path / "manifest.json"))
     assert str(here.value).split(": the bundle is damaged")[0] == str(roles.value).split(": the bundle is damaged")[0]
+
+
+def _spec(tmp_path, models):
+    spec = tmp_path / "b.yml"
+    spec.write_text(json.dumps({"name": "t", "models": models}))
+    return bundle.BundleSpec.load(spec)
+
+
+def test_a_failed_build_leaves_no_out_it_created(tmp_path):
+    """A step fails after another wrote into --out: nothing the run created is left, not even an empty
+    directory or the stat cache beside it."""
+    good = tmp_path / "model"
+    good.mkdir()
+    (good / "config.json").write_text("{}")
+    spec = _spec(tmp_path, [{"name": "m", "path": str(good)}, {"name": "n", "path": str(tmp_path / "nope")}])
+    out = tmp_path / "new" / "bundle"
+    with pytest.raises(UsageError, match="nope is not a directory"):
+        bundle.build_bundle(spec, out, tmp_path / "cache")
+    assert not (tmp_path / "new").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UsageError):
+        bundle.build_bundle(spec, empty, tmp_path / "cache")
+    assert empty.is_dir() and list(empty.iterdir()) == [] and not bundle.stat_cache_path(empty).exists()
+    # a bundle refreshed in place is not removed: what it had stays, with its manifest
+    bundle.build_bundle(_spec(tmp_path, [{"name": "m", "path": str(good)}]), empty, tmp_path / "cache")
+    with pytest.raises(UsageError):
+        bundle.build_bundle(spec, empty, tmp_path / "cache")
+    assert (empty / "manifest.json").is_file() and bundle.verify_bundle(empty) == []

@@ -6,57 +6,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from gpg_keys import Keys
 
 from atlasctl import bundle, cli, exitcodes
 from atlasctl.bundle_sources import sign_manifest
 
 pytestmark = pytest.mark.skipif(not shutil.which("gpg"), reason="gpg is not installed (apt-get install gnupg gpgv)")
 PAST = "20200101T000000"
-
-
-class Keys:
-    """One signing homedir, keys made on demand (no passphrase), exported to keyrings."""
-
-    def __init__(self, home: Path, copy_of: Path | None = None):
-        self.home = home
-        if copy_of:
-            shutil.copytree(copy_of, home, ignore=shutil.ignore_patterns("S.*"))
-        else:
-            home.mkdir(mode=0o700, parents=True)
-
-    def gpg(self, *args: str, faked: str | None = None, text: bool = True) -> subprocess.CompletedProcess:
-        argv = ["gpg", "--homedir", str(self.home), "--batch", "--no-tty", "--passphrase", ""]
-        argv += ["--faked-system-time", faked] if faked else []
-        proc = subprocess.run([*argv, *args], capture_output=True, text=text, check=False)
-        assert proc.returncode == 0, proc.stderr
-        return proc
-
-    def make(self, uid: str, expire: str = "never", faked: str | None = None) -> str:
-        self.gpg("--quick-gen-key", uid, "ed25519", "sign", expire, faked=faked)
-        listing = self.gpg("--with-colons", "--list-keys", uid).stdout
-        return next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
-
-    def sign(self, root: Path, uid: str, *extra: str, faked: str | None = None) -> None:
-        self.gpg("--yes", "--local-user", uid, "--armor", "--detach-sign", *extra, "--output",
-                 str(root / "manifest.json.asc"), str(root / "manifest.json"), faked=faked)
-
-    def revoke(self, fpr: str) -> None:
-        cert = (self.home / "openpgp-revocs.d" / f"{fpr}.rev").read_text().replace(":-----BEGIN", "-----BEGIN")
-        proc = subprocess.run(["gpg", "--homedir", str(self.home), "--batch", "--import"], input=cert,
-                              capture_output=True, text=True, check=False)
-        assert proc.returncode == 0, proc.stderr
-
-    def export(self, path: Path, *uids: str) -> Path:
-        path.write_bytes(self.gpg("--export", *uids, text=False).stdout)
-        return path
-
-    def close(self) -> None:
-        subprocess.run(["gpgconf", "--homedir", str(self.home), "--kill", "gpg-agent"], check=False,
-                       capture_output=True)
 
 
 @pytest.fixture(scope="module")
@@ -288,3 +247,121 @@ def test_build_refuses_a_model_source_with_a_symlink(tmp_path, capsys):
     spec.write_text(f"name: t\nmodels:\n  - {{name: m, path: {src}}}\n")
     assert cli.main(["bundle", "build", "--spec", str(spec), "--out", str(tmp_path / "out")]) == exitcodes.USAGE
     assert "weights.safetensors" in capsys.readouterr().err
+
+
+# --- one read of manifest.json -------------------------------------------------------------------
+
+
+class SwapOnSecondRead:
+    """Every open of ``path`` for reading is counted; the second one finds ``evil`` there: an attacker who
+    swaps the manifest on the share between two reads, made deterministic (builtins.open and io.open, which
+    pathlib uses, are both watched)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, path: Path, evil: bytes):
+        import builtins
+        import io
+
+        self.path, self.evil, self.reads = str(path), evil, 0
+        real = builtins.open
+
+        def watched(file, *args, **kwargs):
+            mode = args[0] if args else kwargs.get("mode", "r")
+            if isinstance(file, (str, os.PathLike)) and os.path.abspath(file) == self.path and "r" in mode:
+                self.reads += 1
+                if self.reads == 2:
+                    fd = os.open(self.path, os.O_WRONLY | os.O_TRUNC)
+                    os.write(fd, self.evil)
+                    os.close(fd)
+            return real(file, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", watched)
+        monkeypatch.setattr(io, "open", watched)
+
+
+def _swap_prepared(pki, tmp_path: Path) -> tuple[Path, bytes]:
+    """A signed bundle whose installer an attacker already replaced, and the attacker's manifest that lists
+    the replaced installer (what the swap puts in place)."""
+    keys, _stranger, _fpr, _keyring = pki
+    root = _bundle(tmp_path / "b")
+    keys.sign(root, "pinned@bank")
+    evil = _bundle(tmp_path / "evil")
+    _tamper(evil)
+    shutil.copy(evil / "cann" / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run",
+                root / "cann" / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run")
+    return root, (evil / "manifest.json").read_bytes()
+
+
+def test_verify_reads_the_manifest_once_so_a_swap_between_reads_is_never_accepted(pki, tmp_path, monkeypatch,
+                                                                                   capsys):
+    _keys, _stranger, fpr, keyring = pki
+    root, evil = _swap_prepared(pki, tmp_path)
+    swap = SwapOnSecondRead(monkeypatch, root / "manifest.json", evil)
+    assert cli.main(_verify(root, keyring, fpr["pinned"])) == exitcodes.FAILED
+    assert swap.reads == 1, "manifest.json read more than once"
+    err = capsys.readouterr().err
+    assert "Ascend-cann-toolkit_8.5.0_linux-x86_64.run: sha256 mismatch" in err and "do not install" in err
+
+
+def test_push_reads_the_manifest_once_and_sends_nothing_after_a_swap(pki, tmp_path, monkeypatch, capsys):
+    from atlasctl import bundle_push
+
+    _keys, _stranger, fpr, keyring = pki
+    root, evil = _swap_prepared(pki, tmp_path)
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("atlas_nodes:\n  hosts:\n    n1:\n")
+    pushed = []
+    monkeypatch.setattr(bundle_push, "inventory_targets", lambda *a, **k: [])
+    monkeypatch.setattr(bundle_push, "push", lambda *a, **k: pushed.append(a) or [])
+    swap = SwapOnSecondRead(monkeypatch, root / "manifest.json", evil)
+    argv = ["bundle", "push", "-i", str(inventory), "--src", str(root), "--no-verify", "--keyring", str(keyring),
+            "--fingerprint", fpr["pinned"]]
+    assert cli.main(argv) == exitcodes.FAILED
+    assert swap.reads == 1 and pushed == []
+    assert "not pushing it" in capsys.readouterr().err
+
+
+def test_sign_signs_the_bytes_it_checked(pki, tmp_path, monkeypatch, capsys):
+    """`bundle sign` checks the files against one read of the manifest and signs those bytes: a manifest
+    swapped after the check is not what the signature vouches for."""
+    keys, _stranger, fpr, keyring = pki
+    root, evil = _swap_prepared(pki, tmp_path)
+    good = _bundle(tmp_path / "good")  # the intact bundle: its manifest is the one the signer checks
+    root_manifest = (good / "manifest.json").read_bytes()
+    (root / "manifest.json").write_bytes(root_manifest)
+    shutil.copy(good / "cann" / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run",
+                root / "cann" / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run")
+    swap = SwapOnSecondRead(monkeypatch, root / "manifest.json", evil)
+    assert cli.main(["bundle", "sign", str(root), "--key", fpr["pinned"], "--homedir", str(keys.home)]) \
+        == exitcodes.OK
+    assert swap.reads == 1
+    monkeypatch.undo()
+    from atlasctl.collection import module_utils
+
+    signature = (root / "manifest.json.asc").read_bytes()
+    verdict = module_utils("signature").verify_manifest(root_manifest, signature, keyring=str(keyring),
+                                                        fingerprints=[fpr["pinned"]])
+    assert verdict.signed and verdict.sha256 in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["verify", "push"])
+def test_a_signature_that_is_a_directory_is_one_line_and_exit_2(tmp_path, capsys, command):
+    root = _bundle(tmp_path / "b")
+    (root / "manifest.json.asc").mkdir()
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("atlas_nodes:\n  hosts:\n    n1:\n")
+    argv = ["bundle", "verify", str(root)] if command == "verify" else [
+        "bundle", "push", "-i", str(inventory), "--src", str(root)]
+    assert cli.main([*argv, "--keyring", str(tmp_path / "k.gpg"), "--fingerprint", "AB" * 20]) == exitcodes.USAGE
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len([x for x in err.splitlines() if not x.startswith("  fix:")]) == 1, err
+    assert "manifest.json.asc is a directory" in err
+
+
+def test_push_of_a_missing_src_is_one_line_and_exit_2(tmp_path, capsys):
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text("atlas_nodes:\n  hosts:\n    n1:\n")
+    argv = ["bundle", "push", "-i", str(inventory), "--src", str(tmp_path / "nope")]
+    assert cli.main(argv) == exitcodes.USAGE
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len([x for x in err.splitlines() if not x.startswith("  fix:")]) == 1, err
+    assert f"bundle directory {tmp_path / 'nope'} does not exist" in err

@@ -55,11 +55,14 @@ def test_site_spec_builds_huawei_pip_model_and_suite(tmp_path, huawei_dir):
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text("{}")
+    driver_sha256 = hashlib.sha256(b"driver").hexdigest()  # its vendor ships an .md5 only: the spec pins it
     spec = _spec(tmp_path, f"""
 name: site
 arch: aarch64
 huawei_dir: {huawei_dir}
-huawei: [Ascend-cann-toolkit_8.3.RC2_linux-aarch64.run, Ascend-hdk-910b-npu-driver_25.3.rc1_linux-aarch64.run]
+huawei:
+  - Ascend-cann-toolkit_8.3.RC2_linux-aarch64.run
+  - {{name: Ascend-hdk-910b-npu-driver_25.3.rc1_linux-aarch64.run, sha256: {driver_sha256}}}
 pip:
   - set: fakenpu-1.0
     requirements: [fakenpu==1.0]
@@ -105,6 +108,36 @@ def test_vendor_side_file_mismatch_is_refused(tmp_path, huawei_dir):
         bundle_sources.huawei_step(huawei_dir, "random.bin")
 
 
+def test_a_huawei_package_nothing_vouches_for_is_refused(tmp_path, huawei_dir):
+    """No .sha256 beside the package and no sha256 pinned in the spec: refused, naming the file and both fixes
+    (an .md5 alone does not vouch); a pin is checked against the copy the bundle gets."""
+    driver = "Ascend-hdk-910b-npu-driver_25.3.rc1_linux-aarch64.run"
+    spec = tmp_path / "bundle.yml"
+    spec.write_text(f"name: s\nhuawei_dir: {huawei_dir}\nhuawei: [{driver}]\n")
+    out = tmp_path / "out"
+    with pytest.raises(UsageError) as err:
+        bundle.build_bundle(bundle.BundleSpec.load(spec), out, tmp_path / "cache")
+    said = err.value.render()
+    assert f"{huawei_dir / driver}: no {driver}.sha256 beside it and no sha256 pinned" in said
+    assert f"put Huawei's {driver}.sha256 next to it" in said and "sha256: <the sha256" in said
+    assert not out.exists()
+    spec.write_text(f"name: s\nhuawei_dir: {huawei_dir}\nhuawei: [{{name: {driver}, sha256: {'ab' * 32}}}]\n")
+    with pytest.raises(UsageError, match=r"sha256 \w+ does not match the sha256 pinned in the bundle spec"):
+        bundle.build_bundle(bundle.BundleSpec.load(spec), out, tmp_path / "cache")
+    assert not out.exists()
+    right = hashlib.sha256(b"driver").hexdigest()
+    spec.write_text(f"name: s\nhuawei_dir: {huawei_dir}\nhuawei: [{{name: {driver}, sha256: {right}}}]\n")
+    manifest = bundle.build_bundle(bundle.BundleSpec.load(spec), out, tmp_path / "cache")
+    assert [f["sha256"] for f in manifest["files"]] == [right]
+    (huawei_dir / f"{driver}.sha256").write_text("not-a-digest\n")
+    with pytest.raises(UsageError, match=f"{driver}.sha256: sha256 digest 'not-a-digest' is not 64 hex"):
+        bundle.build_bundle(bundle.BundleSpec.load(spec), out, tmp_path / "cache")
+    for entry in ("{name: x.run}", "{name: x.run, sha256: abc}", "{name: 1, sha256: x}", "[x]"):
+        spec.write_text(f"name: s\nhuawei_dir: /x\nhuawei: [{entry}]\n")
+        with pytest.raises(UsageError, match=r"huawei\[0\]"):
+            bundle.BundleSpec.load(spec)
+
+
 def test_push_targets_and_rsync_argv():
     data = {"all": {"children": ["atlas_nodes", "ungrouped"]},
             "atlas_nodes": {"children": ["east"]}, "east": {"hosts": ["n1"]},
@@ -112,7 +145,7 @@ def test_push_targets_and_rsync_argv():
                                           "ansible_ssh_private_key_file": "/k",
                                           "ansible_ssh_common_args": "-o StrictHostKeyChecking=yes"}}}}
     [target] = shared_inventory.targets(Path("inv"), document=data)
-    argv = bundle_push.rsync_argv(Path("/b"), target, "/var/lib/atlas/bundle", exclude_manifest=True)
+    argv = bundle_push.rsync_argv(Path("/b"), target, "/var/lib/atlas/bundle", part="files")
     assert "--partial-dir=.rsync-partial" in argv and "--delete" in argv
     assert argv[-2:] == ["/b/", "root@10.77.0.11:/var/lib/atlas/bundle/"]
     assert "/manifest.json" in argv

@@ -4,6 +4,7 @@ refused by the node-side check the stage roles run; unsigned is refused unless o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -71,6 +72,7 @@ def play(tmp: Path, extra: dict, *args: str) -> tuple[int, str]:
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
            "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-tmp"),
            "ANSIBLE_STDOUT_CALLBACK": "default"}
+    extra = {"atlas_bundle_record": str(tmp / "node" / "bundle.json"), **extra}  # never the machine's own
     proc = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(tmp / "inventory.ini"), str(tmp / "play.yml"),
                            "-e", json.dumps(extra), *args], cwd=tmp, env=env, capture_output=True, text=True,
                           timeout=300)
@@ -121,3 +123,74 @@ def test_lab_doubles_are_refused_unless_the_inventory_is_the_lab(signer, tmp_pat
         out[-3000:]
     rc, out = play(tmp_path, trust | {"atlas_lab": True})
     assert rc == 0 and f"signed by {fpr}" in out, out[-3000:]
+
+
+def _built(root: Path, release: str, built: str | None, signer) -> None:
+    """The bundle's manifest with this release and build time (None: as an older atlasctl wrote it), signed."""
+    home, fpr, _keyring = signer
+    data = json.loads((root / "manifest.json").read_text())
+    data.pop("release", None)
+    data.pop("built", None)
+    if built is not None:
+        data |= {"release": release, "built": built}
+    (root / "manifest.json").write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    sign_manifest(root, fpr, home)
+
+
+def test_an_older_bundle_is_refused_unless_the_downgrade_is_on_purpose(signer, tmp_path: Path) -> None:
+    home, fpr, keyring = signer
+    root = _bundle(tmp_path / "bundle")
+    record = tmp_path / "node" / "bundle.json"
+    trust = {"atlas_bundle_dir": str(root), "atlas_bundle_keyring": str(keyring),
+             "atlas_bundle_trusted_fingerprints": [fpr]}
+    _built(root, "bank-2026.12.0", "2026-12-01T10:00:00Z", signer)
+    rc, out = play(tmp_path, trust, "--check")  # check mode: judged, nothing written
+    assert rc == 0 and not record.exists(), out[-3000:]
+    rc, out = play(tmp_path, trust)
+    assert rc == 0 and "changed=1" in out, out[-3000:]
+    written = json.loads(record.read_text())
+    assert (written["release"], written["built"]) == ("bank-2026.12.0", "2026-12-01T10:00:00Z")
+    assert written["manifest_sha256"] == hashlib.sha256((root / "manifest.json").read_bytes()).hexdigest()
+    rc, out = play(tmp_path, trust)
+    assert rc == 0 and "changed=0" in out, out[-3000:]  # the same bundle again: nothing changes
+    _built(root, "bank-2026.11.0", "2026-11-01T10:00:00Z", signer)  # an old signed bundle put back
+    rc, out = play(tmp_path, trust)
+    assert rc != 0 and "is OLDER than the bundle this node last accepted" in out, out[-3000:]
+    assert "release bank-2026.11.0 built 2026-11-01T10:00:00Z" in out and "bank-2026.12.0" in out
+    assert "atlas_allow_downgrade=true" in out and json.loads(record.read_text()) == written
+    rc, out = play(tmp_path, trust | {"atlas_allow_downgrade": True})
+    assert rc == 0 and "DOWNGRADE ALLOWED" in out, out[-3000:]
+    assert json.loads(record.read_text())["release"] == "bank-2026.11.0"
+
+
+def test_the_record_filter_judges_as_the_module_utils_do() -> None:
+    """The role's filter over slurp results: a missing record is none yet, an unreadable one is named, a manifest
+    an older atlasctl built (no release, no build time) cannot be ordered against a record."""
+    import base64
+
+    from atlasctl.collection import ensure_on_path
+
+    ensure_on_path()
+    from ansible_collections.atlas.serving.plugins.filter.bundle import bundle_record_check
+
+    def b64(data: object) -> str:
+        return base64.b64encode(json.dumps(data).encode()).decode()
+
+    new = {"format": 1, "name": "b", "files": [], "release": "r2", "built": "2026-02-01T00:00:00Z"}
+    old = {"format": 1, "name": "b", "files": []}
+    missing = {"failed": True, "msg": "file not found: /var/lib/atlas/bundle.json"}
+    first = bundle_record_check(b64(new), "ab" * 32, missing, False, "n1")
+    assert first["problem"] == "" and first["record"]["built"] == "2026-02-01T00:00:00Z"
+    recorded = {"content": base64.b64encode(first["record_text"].encode()).decode()}
+    assert bundle_record_check(b64(new), "ab" * 32, recorded, "no", "n1")["problem"] == ""
+    older = bundle_record_check(b64(old), "cd" * 32, recorded, False, "n1")
+    assert "n1: manifest.json carries no release and build time" in older["problem"]
+    assert "refused as a possible downgrade" in older["problem"] and older["record"] is None
+    allowed = bundle_record_check(b64(old), "cd" * 32, recorded, "true", "n1")
+    assert allowed["problem"] == "" and "DOWNGRADE ALLOWED" in allowed["warning"] and allowed["record"] is None
+    fresh = bundle_record_check(b64(old), "cd" * 32, missing, False, "n1")
+    assert fresh["problem"] == "" and "starts with the first bundle that does" in fresh["warning"]
+    unreadable = bundle_record_check(b64(new), "ab" * 32, {"failed": True, "msg": "Permission denied"}, False, "n1")
+    assert "n1: its bundle record cannot be read: Permission denied" in unreadable["problem"]
+    damaged = bundle_record_check(b64(new), "ab" * 32, {"content": base64.b64encode(b"{").decode()}, False, "n1")
+    assert "its bundle record: not a bundle record" in damaged["problem"]

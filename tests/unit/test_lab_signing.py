@@ -52,6 +52,29 @@ def test_building_the_labs_bundle_signs_it_and_verify_trusts_the_lab_key(lab_env
     assert "signed by" in capsys.readouterr().out
 
 
+def test_a_scratch_bundle_is_dated_as_the_labs_bundle(lab_env: Path) -> None:
+    """Nodes refuse a bundle built before the one they accepted last: a lab test's scratch bundle signed with
+    the lab key carries the lab bundle's build time, so a node that ran it still takes the lab's bundle."""
+    model = lab_env / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    spec = lab_env / "bundle.yml"
+    spec.write_text(f"name: lab\nmodels:\n  - {{name: m, path: {model}}}\n")
+    assert lab_cli.main(["bundle", "--spec", str(spec)]) == exitcodes.OK
+    lab_built = bundle.read_manifest(lab_env / "lab" / "bundle")["built"]
+    scratch = lab_env / "scratch"
+    (scratch / "cann").mkdir(parents=True)
+    (scratch / "cann" / "x.run").write_text("#!/bin/sh\n")
+    data = bundle.write_manifest(scratch, "drill")
+    data_built = "2099-01-01T00:00:00Z"
+    (scratch / "manifest.json").write_text((scratch / "manifest.json").read_text().replace(data["built"], data_built))
+    signing.sign_bundle(scratch)
+    assert bundle.read_manifest(scratch)["built"] == lab_built
+    trust = signing.trust_vars()
+    assert bundle.verify_signature(scratch, keyring=trust["atlas_bundle_keyring"],
+                                   fingerprints=trust["atlas_bundle_trusted_fingerprints"]).signed
+
+
 def test_generated_inventory_pins_the_lab_key_for_all(tmp_path: Path) -> None:
     cfg = config.parse({"lab_name": "atlas", "bridge": "atlasbr0", "subnet": "10.77.0.0/24",
                         "driver_version": "24.1.rc1", "firmware_version": "7.1.0.6.220",

@@ -180,18 +180,24 @@ def test_pip_installs_the_shim_and_importlib_metadata_finds_vllm(tmp_path: Path,
 # --- wheelhouses ----------------------------------------------------------------------------------------
 
 
-def test_populate_wheelhouse_links_wheels_writes_the_lock_and_drops_strays(tmp_path: Path) -> None:
+def test_populate_wheelhouse_copies_wheels_writes_the_lock_and_drops_strays(tmp_path: Path) -> None:
+    """The bundle's wheels are copies of their own (atlasctl refuses a hard link to a file outside a bundle),
+    and a hard link an earlier build left is replaced by a copy."""
     source = tmp_path / "cache"
     wheels = [wh.build_metadata_wheel(source, _shim(n, "1.0")) for n in ("alpha", "beta")]
     dest = tmp_path / "dest"
     dest.mkdir()
     (dest / "stale-0.1-py3-none-any.whl").write_bytes(b"old")
+    os.link(wheels[1], dest / wheels[1].name)  # what an earlier build left
     lock = wh.populate_wheelhouse(dest, wheels)
     assert lock.read_text() == "alpha==1.0\nbeta==1.0\n"
     assert sorted(p.name for p in dest.glob("*.whl")) == [w.name for w in wheels]
-    assert (dest / wheels[0].name).stat().st_ino == wheels[0].stat().st_ino  # hardlinked, not copied
-    wh.populate_wheelhouse(dest, wheels)  # idempotent
-    assert lock.read_text() == "alpha==1.0\nbeta==1.0\n"
+    assert all((dest / w.name).stat().st_nlink == 1 and (dest / w.name).read_bytes() == w.read_bytes()
+               for w in wheels)
+    inode = (dest / wheels[0].name).stat().st_ino
+    wh.populate_wheelhouse(dest, wheels)  # idempotent: nothing copied again
+    assert lock.read_text() == "alpha==1.0\nbeta==1.0\n" and (dest / wheels[0].name).stat().st_ino == inode
+    assert sorted(p.name for p in dest.iterdir()) == sorted([w.name for w in wheels] + [lock.name])
 
 
 def test_build_wheelhouse_from_lock_picks_pinned_versions(tmp_path: Path) -> None:

@@ -18,23 +18,25 @@ import importlib.metadata
 import json
 import os
 import reprlib
+import shutil
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
-from atlasctl.inputs import load_yaml
+from atlasctl.inputs import load_yaml, read_bytes
 
 _LAYOUT = module_utils("signature")
 _FORMAT = module_utils("manifest")
 _CHECKSUMS = module_utils("checksums")
 _ARCHIVE = module_utils("oci_archive")
+_RECORD = module_utils("bundle_record")
 MANIFEST = _LAYOUT.MANIFEST_NAME
 SIGNATURE = _LAYOUT.SIGNATURE_NAME  # GPG detached signature of manifest.json; required unless opted out
 UNLISTED = _LAYOUT.UNLISTED  # the only files of a bundle its manifest does not list
-_KEYS = {"name": str, "arch": str, "models": list, "huawei_dir": str, "huawei": list, "pip": list, "suite": bool,
-         "controller": dict, "sign": str, "sign_home": str, "images": list}
+_KEYS = {"name": str, "release": str, "arch": str, "models": list, "huawei_dir": str, "huawei": list, "pip": list,
+         "suite": bool, "controller": dict, "sign": str, "sign_home": str, "images": list}
 FORMAT = _FORMAT.MANIFEST_FORMAT
 SOURCE_GROUP = "atlasctl.bundle_sources"  # entry points of other installed packages: a SourceKind each
 
@@ -89,6 +91,7 @@ class BundleSpec:
     models: tuple[dict, ...]
     huawei_dir: str = ""
     huawei: tuple[str, ...] = ()
+    huawei_sha256: Mapping[str, str] = dataclasses.field(default_factory=dict)  # the spec's pins, by file name
     pip: tuple[dict, ...] = ()
     suite: bool = False
     # The controller kit (bundle_sources.controller_steps); it carries the suite too.
@@ -98,6 +101,8 @@ class BundleSpec:
     # Container images (bundle_sources.image_step): images/<name>.tar, each with its variant, cann, engine_release.
     images: tuple[dict, ...] = ()
     extra: Mapping[str, object] = dataclasses.field(default_factory=dict)  # keys of installed SourceKinds
+    # The release id the manifest carries beside its build time (downgrade protection); default: name.
+    release: str = ""
 
     @classmethod
     def load(cls, path: Path) -> BundleSpec:
@@ -133,12 +138,14 @@ class BundleSpec:
             check_images(path, data["images"])
         if data.get("arch", "x86_64") not in ("x86_64", "aarch64"):
             raise UsageError(f"bundle spec {path}: arch must be x86_64 or aarch64, not {data['arch']!r}")
+        huawei = [_huawei_entry(path, index, entry) for index, entry in enumerate(data.get("huawei", []))]
         return cls(
             name=data.get("name", path.stem),
             arch=data.get("arch", "x86_64"),
             models=tuple(data.get("models", [])),
             huawei_dir=data.get("huawei_dir", ""),
-            huawei=tuple(str(v) for v in data.get("huawei", [])),
+            huawei=tuple(name for name, _pin in huawei),
+            huawei_sha256={name: pin for name, pin in huawei if pin},
             pip=tuple(data.get("pip", [])),
             suite=data.get("suite", False),
             controller=data.get("controller"),
@@ -146,12 +153,46 @@ class BundleSpec:
             sign_home=data.get("sign_home", ""),
             images=tuple(data.get("images", [])),
             extra={k: v for k, v in data.items() if k not in _KEYS},
+            release=_spec_release(path, data.get("release", data.get("name", path.stem))),
         )
 
 
+HUAWEI_EXAMPLE = ("- Ascend-cann-toolkit_8.5.0_linux-aarch64.run (with its .sha256 beside it), or "
+                  "- {name: Ascend-cann-toolkit_8.5.0_linux-aarch64.run, sha256: <64 hex>}")
+
+
+def _huawei_entry(path: Path, index: int, entry: object) -> tuple[str, str | None]:
+    """(file name, pinned sha256 or None) of a ``huawei`` entry: a name, or ``{name, sha256}``."""
+    if isinstance(entry, dict):
+        where = f"bundle spec {path}: huawei[{index}]"
+        if set(entry) != {"name", "sha256"} or not isinstance(entry.get("name"), str):
+            raise UsageError(f"{where}: a mapping entry is {{name, sha256}}, not {reprlib.repr(entry)}",
+                             fix=f"write e.g. '{HUAWEI_EXAMPLE}'")
+        try:
+            return entry["name"], _FORMAT.normalize_digest(entry["sha256"], "sha256", where)
+        except _FORMAT.ManifestError as exc:
+            raise UsageError(str(exc), fix="pin the sha256 Huawei's download page gives for the package") from None
+    return str(entry), None
+
+
+def _spec_release(path: Path, value: str) -> str:
+    try:
+        return _RECORD.release_of({"release": value, "built": _RECORD.now_built()}, f"bundle spec {path}")["release"]
+    except _RECORD.RecordError as exc:
+        raise UsageError(str(exc), fix="name the release with letters, digits and . _ + -, e.g. release: "
+                         "bank-2026.12.0") from None
+
+
 def _check_entries(path: Path, data: dict) -> None:
-    """List entries of the right kind: names are scalars, models and pip entries mappings."""
-    for key, mapping, example in (("huawei", False, "- Ascend-cann-toolkit_8.5.0_linux-aarch64.run"),
+    """List entries of the right kind: names are scalars (a Huawei package may be ``{name, sha256}``), models
+    and pip entries mappings."""
+    for index, entry in enumerate(data.get("huawei", [])):
+        if isinstance(entry, dict):
+            _huawei_entry(path, index, entry)
+        elif not isinstance(entry, str | int | float) or isinstance(entry, bool):
+            raise UsageError(f"bundle spec {path}: huawei[{index}] must be a string or {{name, sha256}}, not "
+                             f"{reprlib.repr(entry)}", fix=f"write e.g. '{HUAWEI_EXAMPLE}'")
+    for key, mapping, example in (
                                   ("models", True, "- {name: qwen2.5-7b-instruct, path: /srv/models/qwen}"),
                                   ("pip", True, "- {set: x, requirements: [...], targets: [...]}"),
                                   ("images", True, "- {name: vllm-ascend-0.11.0, archive: /srv/images/vllm.tar, "
@@ -177,7 +218,7 @@ def check_plain_names(path: Path, names: Iterable[tuple[str, object]]) -> None:
 
 
 def _check_names(path: Path, data: dict) -> None:
-    names = [("huawei", v) for v in data.get("huawei", [])]
+    names = [("huawei", v.get("name") if isinstance(v, dict) else v) for v in data.get("huawei", [])]
     names += [("models", m.get("name")) for m in data.get("models", []) if isinstance(m, dict) and "name" in m]
     names += [("pip", e.get("set")) for e in data.get("pip", []) if isinstance(e, dict) and "set" in e]
     names += [("images", e.get("name")) for e in data.get("images", []) if isinstance(e, dict) and "name" in e]
@@ -219,6 +260,20 @@ def scan_tree(root: Path) -> tuple[list[str], list[str]]:
     return _CHECKSUMS.scan_tree(str(root))
 
 
+def _some(rels: list[str]) -> str:
+    return ", ".join(rels[:10]) + (f" and {len(rels) - 10} more" if len(rels) > 10 else "")
+
+
+def check_no_foreign_links(root: Path, files: list[str], what: str) -> None:
+    """Refuse a hard link among ``files`` (every regular file under root) to a file with a name outside root
+    (module_utils/checksums ``foreign_links``): a bundle, and a model it copies, hold their own files."""
+    foreign = _CHECKSUMS.foreign_links(str(root), files)
+    if foreign:
+        raise UsageError(f"{what}: a hard link to a file outside it (another name of the same file is elsewhere): "
+                         f"{_some(foreign)}", fix="give it its own copy of each (cp without -l/--link, rsync "
+                         "without -H), or remove them")
+
+
 def _zip_members(path: Path) -> list[dict]:
     """Each member of a zip the roles extract (7.0.RC1 kernels): path, size, sha256 of its bytes."""
     members = []
@@ -248,8 +303,11 @@ def _image_id(root: Path, rel: str) -> str:
 
 def write_manifest(root: Path, name: str, *, workers: int | None = None,
                    sources: Iterable[tuple[str, str]] = (),
-                   fields: Mapping[str, Mapping[str, str]] | None = None) -> dict:
-    """Describe every file under root in manifest.json (atomically replaced).
+                   fields: Mapping[str, Mapping[str, str]] | None = None, release: str | None = None) -> dict:
+    """Describe every file under root in manifest.json (atomically replaced), with the bundle's ``release``
+    (default: ``name``) and ``built``, its build time (UTC; the previous manifest's when nothing else in it
+    changed, so a rebuild of the same bundle writes the same bytes): what downgrade protection orders bundles
+    by (module_utils/bundle_record.py).
 
     Every regular file is listed, dot-files included (only manifest.json and its signature are
     not); a symlink or other non-regular entry is refused with its path. A zip's members are
@@ -274,9 +332,9 @@ def write_manifest(root: Path, name: str, *, workers: int | None = None,
         old = {}
     found, odd = scan_tree(root)
     if odd:
-        raise UsageError(f"bundle {root}: not a regular file (symlink or special file): {', '.join(odd[:10])}"
-                         + (f" and {len(odd) - 10} more" if len(odd) > 10 else ""),
+        raise UsageError(f"bundle {root}: not a regular file (symlink or special file): {_some(odd)}",
                          fix="a bundle holds regular files only: replace each link by the file it points to")
+    check_no_foreign_links(root, found, f"bundle {root}")
     rels = [rel for rel in found if rel not in UNLISTED and rel != f".{MANIFEST}.tmp"]
 
     cache: dict[str, dict] = {}
@@ -322,32 +380,77 @@ def write_manifest(root: Path, name: str, *, workers: int | None = None,
         return out | ({"members": known["members"]} if "members" in known else {})
 
     files = [entry(rel) for rel in rels]
+    release = name if release is None else release
+    document = _FORMAT.manifest_document(files, name, release, _RECORD.now_built())
+    try:
+        before = json.loads((root / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        before = None
+    unchanged = {key: value for key, value in document.items() if key != "built"}
+    if isinstance(before, dict) and isinstance(before.get("built"), str) \
+            and {key: value for key, value in before.items() if key != "built"} == unchanged:
+        document["built"] = before["built"]
     cache_file.write_text(json.dumps(cache, sort_keys=True))
     tmp = root / f".{MANIFEST}.tmp"
-    tmp.write_text(_FORMAT.render_manifest(files, name))
+    tmp.write_text(_FORMAT.render_manifest(files, name, document["release"], document["built"]))
     os.replace(tmp, root / MANIFEST)
-    return _FORMAT.manifest_document(files, name)
+    return document
 
 
-def read_manifest(root: Path) -> dict:
-    """manifest.json of a bundle, checked by the collection's reading of a bundle manifest
-    (module_utils/manifest.py ``parse_bundle_manifest``: format 1, every entry with path, size, sha256)."""
-    return _read_manifest(root)[0]
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A bundle's manifest.json from ONE read of its bytes: those bytes, their detached signature (read once
+    too; None when there is none), the document parsed from the same bytes and its entries
+    ({path: Expected}). What ``bundle verify|push|sign`` check, sign and send is this, never the file read
+    again (module_utils/signature.py checks the signature over ``raw``)."""
+    root: Path
+    raw: bytes
+    signature: bytes | None
+    data: dict
+    expected: dict
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.raw).hexdigest()
+
+    @property
+    def path(self) -> Path:
+        return self.root / MANIFEST
 
 
-def _read_manifest(root: Path) -> tuple[dict, dict]:
-    """(the manifest, {path: Expected}), both from the one read of its bytes."""
+def load(root: Path) -> Manifest:
+    """manifest.json and manifest.json.asc of the bundle ``root``, each read once, the manifest checked by the
+    collection's reading of a bundle manifest (module_utils/manifest.py ``parse_bundle_manifest``: format 1,
+    every entry with path, size, sha256). Not a bundle, a damaged manifest, a signature that is not a file:
+    a UsageError naming the path and the fix."""
     path = root / MANIFEST
-    if not path.exists():
-        raise UsageError(f"{path} does not exist: {root} is not a bundle",
-                         fix="build one with `atlasctl bundle build`")
+    if not root.is_dir():
+        what = "is not a directory" if root.exists() else "does not exist"
+        raise UsageError(f"bundle directory {root} {what}, so there is no {path}",
+                         fix="name the directory `atlasctl bundle build` wrote")
+    if not path.exists() and not path.is_symlink():
+        raise UsageError(f"{path} does not exist: {root} is not a bundle", fix="build one with `atlasctl bundle build`")
+    raw = read_bytes(path, "bundle manifest", fix="rebuild the bundle with `atlasctl bundle build`, or copy it again")
+    sig_path = root / SIGNATURE
+    signature = None
+    if sig_path.exists() or sig_path.is_symlink():
+        signature = read_bytes(sig_path, "bundle signature",
+                               fix=f"remove it and sign the bundle again (atlasctl bundle sign {root} --key ...)")
     try:
-        data = _FORMAT.parse_json(_FORMAT.read_text(str(path)), str(path))
+        data = _FORMAT.parse_json(raw.decode("utf-8"), str(path))
         expected = _FORMAT.parse_bundle_manifest(data, str(path))
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}): the bundle "
+                         "is damaged", fix="rebuild it with `atlasctl bundle build`, or copy it again") from None
     except _FORMAT.ManifestError as exc:
         raise UsageError(f"{exc}: the bundle is damaged",
                          fix="rebuild it with `atlasctl bundle build`, or copy it again") from None
-    return data, expected
+    return Manifest(root, raw, signature, data, expected)
+
+
+def read_manifest(root: Path) -> dict:
+    """manifest.json of a bundle, parsed and checked (:func:`load`)."""
+    return load(root).data
 
 
 @dataclasses.dataclass(frozen=True)
@@ -371,15 +474,16 @@ class BadFile:
         return f"{self.path}: {self.message or self.problem}"
 
 
-def verify_bundle(root: Path, *, workers: int | None = None) -> list[BadFile]:
+def verify_bundle(root: Path, *, workers: int | None = None, manifest: Manifest | None = None) -> list[BadFile]:
     """Check every file of a bundle against its manifest; return what is wrong (empty: all good).
 
-    The node's verifier (module_utils/checksums ``verify_tree``, md5 + sha256 in one read, in
-    parallel), with no stamps and links refused: files the manifest does not list are reported,
-    dot-files included (manifest.json and its signature are the only exceptions); symlinks and
-    special files are reported, never followed.
+    ``manifest``: the one read of manifest.json the caller checked the signature of (:func:`load`); without
+    it the manifest is read here. The node's verifier (module_utils/checksums ``verify_tree``, md5 + sha256
+    in one read, in parallel), with no stamps and links refused: files the manifest does not list are
+    reported, dot-files included (manifest.json and its signature are the only exceptions); symlinks,
+    special files and hard links to files outside the bundle are reported, never followed.
     """
-    _data, expected = _read_manifest(root)  # not a bundle, or a damaged manifest: a UsageError naming it
+    expected = (manifest or load(root)).expected  # not a bundle, or a damaged manifest: a UsageError naming it
     report = _CHECKSUMS.verify_tree(str(root), expected, stamps_path=None, workers=workers,
                                     ignore=set(UNLISTED), links="refuse", listed_in="the manifest")
     return [BadFile.of(r) for r in report.bad]
@@ -412,7 +516,7 @@ def plan_build(spec: BundleSpec, cache: Path) -> list[PlannedStep]:
     if spec.huawei and not spec.huawei_dir:
         raise UsageError("bundle spec: huawei lists packages but huawei_dir is not set",
                          fix="set huawei_dir to the directory you downloaded Huawei's packages into")
-    steps += [bundle_sources.huawei_step(Path(spec.huawei_dir), n) for n in spec.huawei]
+    steps += [bundle_sources.huawei_step(Path(spec.huawei_dir), n, spec.huawei_sha256.get(n)) for n in spec.huawei]
     from atlasctl.wheelhouse import canns_of
 
     steps += [bundle_sources.pip_step(e, cache, tuple(canns_of(spec.huawei))) for e in spec.pip]
@@ -431,9 +535,43 @@ def build_bundle(spec: BundleSpec, out: Path, cache: Path,
                  sign_home: Path | None = None) -> dict:
     """Build (or refresh) a bundle in place; manifest.json is written last (each file with the source of the
     step that owns it), then signed when a key is named (``sign_key``/``sign_home``, else the spec's
-    ``sign``/``sign_home``)."""
-    out.mkdir(parents=True, exist_ok=True)
+    ``sign``/``sign_home``). A build that fails leaves nothing it created: a new or empty ``out`` is removed
+    or emptied again, with the stat cache this run wrote beside it (a bundle refreshed in place keeps what it
+    had, and its manifest, which no longer matches, tells what the failed refresh changed)."""
     steps = plan_build(spec, cache)
+    created = _first_missing(out)  # what this run's mkdir -p creates
+    empty = created is None and out.is_dir() and not out.is_symlink() and not any(out.iterdir())
+    cache_file = stat_cache_path(out)
+    had_cache = cache_file.exists() or cache_file.is_symlink()
+    try:
+        return _build(spec, steps, out, progress, sign_key, sign_home)
+    except BaseException:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        elif empty:
+            for entry in list(out.iterdir()):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        if (created is not None or empty) and not had_cache:
+            cache_file.unlink(missing_ok=True)
+        raise
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost of ``path`` and its parents that does not exist (what ``mkdir -p path`` creates), or None."""
+    missing = None
+    for each in (path, *path.parents):
+        if each.exists() or each.is_symlink():
+            break
+        missing = each
+    return missing
+
+
+def _build(spec: BundleSpec, steps: list[PlannedStep], out: Path, progress: Callable[[str], None] | None,
+           sign_key: str, sign_home: Path | None) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
     for step in steps:
         if progress:
             progress(step.title)
@@ -442,7 +580,8 @@ def build_bundle(spec: BundleSpec, out: Path, cache: Path,
         progress("manifest")
     (out / SIGNATURE).unlink(missing_ok=True)  # a signature of the previous manifest is never left beside it
     manifest = write_manifest(out, spec.name, sources=[(pattern, s.source) for s in steps for pattern in s.owns],
-                              fields={path: extra for s in steps for path, extra in s.fields.items()})
+                              fields={path: extra for s in steps for path, extra in s.fields.items()},
+                              release=spec.release or spec.name)
     key = sign_key or spec.sign
     home = sign_home or (Path(spec.sign_home) if spec.sign_home else None)
     if key:
@@ -454,12 +593,15 @@ def build_bundle(spec: BundleSpec, out: Path, cache: Path,
     return manifest
 
 
-def verify_signature(root: Path, *, keyring: Path | str | None, fingerprints: Iterable[str],
+def verify_signature(bundle: Path | Manifest, *, keyring: Path | str | None, fingerprints: Iterable[str],
                      allow_unsigned: bool = False):
-    """The signature of ``root``'s manifest.json against pinned fingerprints (module_utils/signature.py):
-    a Verdict, or a SignatureError naming the file and the fix."""
-    return _LAYOUT.verify_files(str(root / MANIFEST), str(root / SIGNATURE), keyring=str(keyring or ""),
-                                fingerprints=list(fingerprints), allow_unsigned=allow_unsigned)
+    """The signature of a bundle's manifest.json against pinned fingerprints (module_utils/signature.py), over
+    the bytes of its one read (``bundle``: a :func:`load` result, or the bundle directory, then read here): a
+    Verdict whose sha256 is of those bytes, or a SignatureError naming the file and the fix."""
+    manifest = bundle if isinstance(bundle, Manifest) else load(bundle)
+    return _LAYOUT.verify_manifest(manifest.raw, manifest.signature, keyring=str(keyring or ""),
+                                   fingerprints=list(fingerprints), allow_unsigned=allow_unsigned,
+                                   manifest_name=str(manifest.path), signature_name=str(manifest.root / SIGNATURE))
 
 
 def iter_summary(manifest: dict) -> Iterable[tuple[str, int, int]]:

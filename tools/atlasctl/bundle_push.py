@@ -4,24 +4,144 @@ settings), then a verification on each node against manifest.json.
 rsync moves only what changed (size/mtime quick check, then its rolling-checksum delta),
 keeps partial files in ``.rsync-partial`` so a broken transfer resumes, and deletes what
 the bundle no longer has. ``manifest.json`` and its signature go last, so a node never holds a manifest
-that describes files it does not have yet.
+that describes files it does not have yet; what goes is the bytes whose signature was checked (the
+manifest's one read, :class:`atlasctl.bundle.Manifest`), from a private copy, never the file read again,
+and the nodes verify the bundle against exactly those bytes (``manifest_sha256``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import posixpath
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from atlasctl import inventory as shared
-from atlasctl.bundle import MANIFEST, SIGNATURE, read_manifest
-from atlasctl.errors import EnvironmentProblem
+from atlasctl.bundle import MANIFEST, SIGNATURE, Manifest
+from atlasctl.collection import module_utils
+from atlasctl.errors import EnvironmentProblem, UsageError
 
 DEFAULT_DEST = "/srv/atlas-bundle"
 PARTIAL_DIR = ".rsync-partial"
+# A push deletes what the destination holds and the bundle does not: never at or above these (the
+# Filesystem Hierarchy Standard's system directories, with their whole trees where the OS owns them).
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+                "/sys", "/usr")
+SYSTEM_DIRS = ("/", "/home", "/media", "/mnt", "/opt", "/root", "/snap", "/srv", "/tmp", "/var", "/var/backups",
+               "/var/cache", "/var/lib", "/var/local", "/var/log", "/var/mail", "/var/opt", "/var/spool", "/var/tmp")
+DEST_FIX = f"push to a directory of its own, e.g. --dest {DEFAULT_DEST} (the default)"
+
+
+def normalize_dest(dest: str) -> str:
+    """``dest`` as the path it names (``/srv/./x/``, ``//srv/x`` -> ``/srv/x``); a relative one is refused."""
+    if not dest.startswith("/"):
+        raise UsageError(f"--dest {dest} is not an absolute path", fix=DEST_FIX)
+    return "/" + posixpath.normpath(dest).lstrip("/")
+
+
+def dest_problem(dest: str, suite_paths: tuple[str, ...] = ()) -> str:
+    """Why a bundle must not be pushed to ``dest`` (normalized), or '': a system directory (a push there
+    with --delete would remove the system), a user's home, or a directory at or above one the suite keeps on
+    the node (``suite_paths``: atlasctl.layout ``Layout.suite_paths``)."""
+    if dest in SYSTEM_DIRS or any(dest == tree or dest.startswith(tree + "/") for tree in SYSTEM_TREES):
+        return f"{dest} is a system directory"
+    if dest.count("/") == 2 and dest.startswith("/home/"):
+        return f"{dest} is a user's home directory"
+    for kept in suite_paths:
+        kept = "/" + posixpath.normpath(kept).lstrip("/")
+        if kept == dest or kept.startswith(dest + "/"):
+            return f"{dest} holds the suite's own {kept} on the node"
+    return ""
+
+
+def check_dest(dest: str) -> str:
+    """The normalized ``--dest``, or a UsageError (exit 2) when no bundle may go there."""
+    norm = normalize_dest(dest)
+    problem = dest_problem(norm)
+    if problem:
+        raise UsageError(f"--dest {dest}: {problem}: a push deletes what is there and not in the bundle",
+                         fix=DEST_FIX)
+    return norm
+
+
+# What a node holds at the destination, read in one SSH round trip before anything is sent: where it resolves
+# to, its top-level names, whether its manifest.json is a bundle's (the marker a push with --delete needs), and
+# the node's record of the bundle it accepted last (downgrade protection).
+PROBE = r"""
+import json, os, sys
+dest, record = sys.argv[1], sys.argv[2]
+state = {"real": os.path.realpath(dest), "exists": os.path.lexists(dest), "dir": os.path.isdir(dest),
+         "entries": [], "more": False, "manifest": False, "record": None}
+try:
+    if state["dir"]:
+        names = sorted(os.listdir(dest))
+        state["entries"], state["more"] = names[:100], len(names) > 100
+        path = os.path.join(dest, "manifest.json")
+        if os.path.isfile(path) and not os.path.islink(path):
+            with open(path, "rb") as handle:
+                data = json.loads(handle.read().decode("utf-8"))
+            state["manifest"] = isinstance(data, dict) and data.get("format") == 1 and isinstance(
+                data.get("files"), list)
+except (OSError, ValueError) as exc:
+    state["error"] = "%s: %s" % (dest, exc)
+try:
+    with open(record, encoding="utf-8") as handle:
+        state["record"] = handle.read(1 << 20)
+except FileNotFoundError:
+    pass
+except (OSError, ValueError) as exc:
+    state["record_error"] = "%s: %s" % (record, exc)
+print(json.dumps(state))
+"""
+
+
+def probe(target: shared.Target, dest: str) -> dict:
+    """What ``target`` holds at ``dest`` and its bundle record (:data:`PROBE`, run by the node's python3); on a
+    failure, ``{"error": ...}``."""
+    command = " ".join(["python3", "-I", "-c", shlex.quote(PROBE), shlex.quote(dest),
+                        shlex.quote(target.layout.bundle_record)])
+    try:
+        proc = subprocess.run([*target.ssh_argv(), target.remote, command], text=True, capture_output=True,
+                              check=False, timeout=120)
+    except subprocess.TimeoutExpired:
+        return {"error": "no answer over SSH in 120 s"}
+    try:
+        state = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+    except (ValueError, IndexError):
+        state = None
+    if not isinstance(state, dict):
+        return {"error": f"ssh exited {proc.returncode}: {(proc.stderr or proc.stdout).strip()[-300:]}"}
+    return state
+
+
+def dest_plan(state: dict, dest: str, bundle_names: set[str], suite_paths: tuple[str, ...] = ()) -> tuple[bool, str]:
+    """(delete?, refusal or '') for a push to ``dest`` on a node that holds ``state`` (:func:`probe`): with
+    --delete only where the node holds a bundle (its manifest.json); into an empty or new directory, or one
+    holding only this bundle's own names (a first push that was cut short), without; anything else refused,
+    so nothing the bundle did not put there is ever deleted."""
+    if state.get("error"):
+        return False, f"cannot inspect {dest} on the node: {state['error']}"
+    real = "/" + posixpath.normpath(str(state.get("real") or dest)).lstrip("/")
+    problem = dest_problem(real, suite_paths)
+    if problem:
+        return False, f"{dest}{' (' + real + ' on the node)' if real != dest else ''}: {problem}; nothing sent"
+    if state.get("exists") and not state.get("dir"):
+        return False, f"{dest} on the node is not a directory; nothing sent"
+    if state.get("manifest"):
+        return True, ""
+    strays = [n for n in state.get("entries") or [] if n not in bundle_names and n != PARTIAL_DIR
+              and not n.startswith(".atlas-")]
+    if not strays and not state.get("more"):
+        return False, ""
+    return False, (f"{dest} on the node holds {', '.join(strays[:5])}{' and more' if len(strays) > 5 else ''} and no "
+                   "bundle's manifest.json: a push would delete what is there, so nothing was sent. "
+                   + DEST_FIX)
 
 
 def inventory_targets(inventory: Path, limit: str | None = None) -> list[shared.Target]:
@@ -30,14 +150,42 @@ def inventory_targets(inventory: Path, limit: str | None = None) -> list[shared.
     return shared.targets(inventory, limit)
 
 
-def rsync_argv(src: Path, target: shared.Target, dest: str, *, exclude_manifest: bool) -> list[str]:
-    argv = ["rsync", "--archive", "--delete", "--delete-delay", "--partial", f"--partial-dir={PARTIAL_DIR}",
+def rsync_argv(src: Path, target: shared.Target, dest: str, *, part: str, delete: bool = True) -> list[str]:
+    """rsync of ``part`` of the bundle ``src`` to ``dest`` on ``target``: ``files`` (everything but manifest.json
+    and its signature) or ``manifest`` (only those two, from the private copy of the verified bytes). With
+    ``delete``, what ``dest`` holds of that part and ``src`` does not is removed (never ``.atlas-*``, the
+    node's own files there)."""
+    argv = ["rsync", "--archive", "--partial", f"--partial-dir={PARTIAL_DIR}",
             "--itemize-changes", "--rsh", shlex.join(target.ssh_argv()),
             "--rsync-path", f"mkdir -p {shlex.quote(dest)} && rsync",
             "--exclude", "/.atlas-*"]
-    if exclude_manifest:
+    if delete:
+        argv[2:2] = ["--delete", "--delete-delay"]
+    if part == "files":
         argv += ["--exclude", f"/{MANIFEST}", "--exclude", f"/{SIGNATURE}"]
+    else:
+        argv += ["--include", f"/{MANIFEST}", "--include", f"/{SIGNATURE}", "--exclude", "*"]
     return [*argv, f"{src}/", f"{target.remote}:{dest}/"]
+
+
+def _verified_copy(manifest: Manifest, folder: Path) -> Path:
+    """The manifest's verified bytes and its signature, written into a fresh private folder, with the modes
+    and times the bundle's own have (rsync's quick check then sees an unchanged manifest as unchanged, and
+    the bundle directory on the node keeps the mode and time the files pass gave it)."""
+    for name, data in ((MANIFEST, manifest.raw), (SIGNATURE, manifest.signature), (".", None)):
+        path = folder / name
+        if data is not None:
+            path.write_bytes(data)
+        elif name != ".":
+            continue
+        try:
+            st = os.stat(manifest.root / name)
+        except OSError:
+            os.chmod(path, 0o755 if name == "." else 0o644)
+            continue
+        os.chmod(path, st.st_mode & 0o7755)  # the bundle's own modes, never writable by group or others
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return folder
 
 
 @dataclasses.dataclass
@@ -48,38 +196,70 @@ class PushResult:
     message: str = ""
 
 
-def push(src: Path, targets: list[shared.Target], dest: str = DEFAULT_DEST) -> list[PushResult]:
-    """Transfer ``src`` to ``dest`` on every target, files first, manifest.json last."""
+def push(manifest: Manifest, targets: list[shared.Target], dest: str = DEFAULT_DEST, *, judge_release: bool = True,
+         allow_downgrade: bool = False) -> list[PushResult]:
+    """Transfer the bundle ``manifest.root`` to ``dest`` on every target: its files first, then the manifest
+    as it was verified (``manifest``: the one read whose signature was checked) and its signature.
+
+    Before anything goes to a node, one SSH round trip reads what it holds (:func:`probe`): ``dest`` must not
+    be, or resolve to, a system directory or one the suite keeps; files the bundle does not have are deleted
+    only where ``dest`` holds a bundle (:func:`dest_plan`); and with ``judge_release`` (a signed bundle) one
+    built before the bundle the node accepted last is refused, naming the node, unless ``allow_downgrade``
+    (module_utils/bundle_record.py, what roles/bundle_trust judges too)."""
     if not shutil.which("rsync"):
         raise EnvironmentProblem("rsync is not installed on the controller", fix="apt-get install rsync")
-    read_manifest(src)  # refuse to push something that is not a bundle
+    dest = check_dest(dest)
+    record = module_utils("bundle_record")
+    names = {rel.split("/", 1)[0] for rel in manifest.expected} | {MANIFEST, SIGNATURE}
     results = []
-    for target in targets:
-        sent = 0
-        for exclude_manifest in (True, False):
-            argv = rsync_argv(src, target, dest, exclude_manifest=exclude_manifest)
-            proc = subprocess.run(argv, text=True, capture_output=True, check=False)
-            if proc.returncode != 0:
-                results.append(PushResult(target.name, False, sent,
-                                          f"rsync exited {proc.returncode}: {proc.stderr.strip()[-400:]}"
-                                          " (run again: the transfer resumes)"))
-                break
-            sent += sum(1 for line in proc.stdout.splitlines() if line[:2] in ("<f", ">f"))
-        else:
-            results.append(PushResult(target.name, True, sent))
+    with tempfile.TemporaryDirectory(prefix="atlas-push-") as tmp:
+        verified = _verified_copy(manifest, Path(tmp))
+        for target in targets:
+            state = probe(target, dest)
+            delete, problem = dest_plan(state, dest, names, target.layout.suite_paths())
+            if not problem and judge_release:
+                if state.get("record_error") and not allow_downgrade:
+                    problem = (f"its bundle record cannot be read ({state['record_error']}), so a downgrade cannot be "
+                               "ruled out; " + record.ALLOW_FIX)
+                else:
+                    verdict = record.judge(manifest.data, manifest.sha256, state.get("record"),
+                                           allow_downgrade=allow_downgrade, where=target.name,
+                                           source=str(manifest.path))
+                    problem = verdict.problem
+                    if verdict.warning:
+                        print(f"!!! {target.name}: {verdict.warning}", file=sys.stderr)
+            if problem:
+                results.append(PushResult(target.name, False, 0, f"refused: {problem}"))
+                continue
+            sent = 0
+            for part, src in (("files", manifest.root), ("manifest", verified)):
+                argv = rsync_argv(src, target, dest, part=part, delete=delete or part == "manifest")
+                proc = subprocess.run(argv, text=True, capture_output=True, check=False)
+                if proc.returncode != 0:
+                    results.append(PushResult(target.name, False, sent,
+                                              f"rsync exited {proc.returncode}: {proc.stderr.strip()[-400:]}"
+                                              " (run again: the transfer resumes)"))
+                    break
+                sent += sum(1 for line in proc.stdout.splitlines() if line[:2] in ("<f", ">f"))
+            else:
+                results.append(PushResult(target.name, True, sent))
     return results
 
 
-def node_verify_args(dest: str) -> str:
-    """The arguments of atlas.serving.model_verify that verify a bundle at ``dest`` on a node."""
-    return f"path={dest} manifest={dest}/{MANIFEST} stamp_file={dest}/.atlas-verified.json full=true links=refuse"
+def node_verify_args(dest: str, manifest_sha256: str | None = None) -> str:
+    """The arguments of atlas.serving.model_verify that verify a bundle at ``dest`` on a node (against the
+    manifest whose sha256 is ``manifest_sha256``, the verified one, when given)."""
+    args = f"path={dest} manifest={dest}/{MANIFEST} stamp_file={dest}/.atlas-verified.json full=true links=refuse"
+    return args + (f" manifest_sha256={manifest_sha256}" if manifest_sha256 else "")
 
 
-def verify_on_nodes(inventory: Path, dest: str, limit: str | None) -> subprocess.CompletedProcess:
+def verify_on_nodes(inventory: Path, dest: str, limit: str | None,
+                    manifest_sha256: str | None = None) -> subprocess.CompletedProcess:
     """atlas.serving.model_verify on each node: every file under dest against dest/manifest.json, links
-    refused, as ``atlasctl bundle verify`` checks the bundle here (the same module_utils verifier)."""
+    refused, as ``atlasctl bundle verify`` checks the bundle here (the same module_utils verifier); the
+    node's manifest must be the verified bytes (``manifest_sha256``)."""
     tool = Path(sys.executable).with_name("ansible")
-    args = node_verify_args(dest)
+    args = node_verify_args(dest, manifest_sha256)
     cmd = [str(tool if tool.exists() else "ansible"), "-i", str(inventory), limit or "atlas_nodes",
            "-m", "atlas.serving.model_verify", "-a", args, "-o"]
     return subprocess.run(cmd, text=True, capture_output=True, check=False)

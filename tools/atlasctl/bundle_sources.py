@@ -5,8 +5,9 @@ the suite itself, and an optional GPG detached signature of manifest.json.
 Spec keys (bundle.yml; the lab's package adds its own, see atlasctl.bundle.SourceKind):
 
 ``huawei_dir`` + ``huawei``: directory the user downloaded into, and the file names to carry
-    (``Ascend-cann-*`` -> ``cann/``, ``Ascend-hdk-*`` -> ``hdk/``); a vendor side file
-    ``<name>.sha256`` / ``<name>.md5`` next to a package is checked before it is copied.
+    (``Ascend-cann-*`` -> ``cann/``, ``Ascend-hdk-*`` -> ``hdk/``), each a name or ``{name, sha256}``; the copy
+    is checked against the vendor's side files ``<name>.sha256`` / ``<name>.md5`` next to the package and the
+    pinned ``sha256``, and a package with neither a ``.sha256`` side file nor a pin is refused.
 ``pip``: list of ``{set, requirements, targets: [{platform, python}], engine, build, vendor_dir, vendor,
     find_links, no_index, index_url}``: an engine wheelhouse in ``wheels/<set>/`` resolved, gated by the
     compatibility table, downloaded and proven for each target platform (atlasctl.wheelhouse).
@@ -28,40 +29,62 @@ Spec keys (bundle.yml; the lab's package adds its own, see atlasctl.bundle.Sourc
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from atlasctl.bundle import PlannedStep
+from atlasctl.collection import module_utils
 from atlasctl.errors import EnvironmentProblem, UsageError
+from atlasctl.inputs import read_text
 from atlasctl.paths import SUITE_ITEMS, copy_items
 
 
-def _digest(path: Path, algo: str) -> str:
-    h = hashlib.new(algo)
-    with open(path, "rb") as fh:
-        while chunk := fh.read(8 * 2**20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def vendor_side_check(path: Path) -> None:
-    """Check ``<name>.sha256`` / ``<name>.md5`` next to a vendor package, when present."""
+def vendor_pins(path: Path, pinned_sha256: str | None = None) -> dict[str, list[tuple[str, str]]]:
+    """What vouches for a vendor package: {algorithm: [(hex, who), ...]} from ``<name>.sha256`` / ``<name>.md5``
+    beside it and the sha256 the spec pins. A package with neither a ``.sha256`` side file nor a pinned sha256
+    is refused (an md5 alone does not vouch: collisions are cheap)."""
+    fmt = module_utils("manifest")
+    pins: dict[str, list[tuple[str, str]]] = {}
     for algo in ("sha256", "md5"):
         side = path.with_name(path.name + f".{algo}")
-        if not side.exists():
+        if not (side.exists() or side.is_symlink()):
             continue
-        words = side.read_text().split()
-        want = words[0].lower() if words else ""
-        have = _digest(path, algo)
-        if want != have:
-            raise UsageError(f"{path}: {algo} {have} does not match the vendor's {side.name} ({want})",
-                             fix="download the package again from Huawei's support site")
+        words = read_text(side, "vendor checksum file",
+                          fix="download it again from Huawei's support site").split()
+        try:
+            digest = fmt.normalize_digest(words[0] if words else "", algo, str(side))
+        except fmt.ManifestError as exc:
+            raise UsageError(str(exc), fix="download the side file again from Huawei's support site") from None
+        pins.setdefault(algo, []).append((digest, f"the vendor's {side.name}"))
+    if pinned_sha256:
+        pins.setdefault("sha256", []).append((pinned_sha256, "the sha256 pinned in the bundle spec"))
+    if "sha256" not in pins:
+        raise UsageError(f"{path}: no {path.name}.sha256 beside it and no sha256 pinned in the bundle spec: nothing "
+                         "vouches for this package",
+                         fix=f"put Huawei's {path.name}.sha256 next to it, or pin it in the spec: huawei: "
+                             f"[{{name: {path.name}, sha256: <the sha256 from Huawei's download page>}}]")
+    return pins
 
 
-def huawei_step(src_dir: Path, name: str) -> PlannedStep:
+def check_vendor_pins(copy: Path, source: Path, pins: dict[str, list[tuple[str, str]]]) -> None:
+    """``copy`` (the bytes the bundle gets) against every pin of ``source`` (:func:`vendor_pins`): md5 and
+    sha256 in one read (module_utils/checksums)."""
+    have = module_utils("checksums").hash_file(str(copy))
+    for algo, entries in pins.items():
+        for want, who in entries:
+            if getattr(have, algo) != want:
+                raise UsageError(f"{source}: {algo} {getattr(have, algo)} does not match {who} ({want})",
+                                 fix="download the package again from Huawei's support site")
+
+
+def huawei_step(src_dir: Path, name: str, sha256: str | None = None) -> PlannedStep:
+    """``cann/<name>`` or ``hdk/<name>``: the package copied, then the copy checked against the vendor's side files
+    and the spec's pinned ``sha256`` (:func:`vendor_pins`) before it takes its place in the bundle."""
     sub = "hdk" if name.startswith("Ascend-hdk-") else "cann" if name.startswith("Ascend-cann-") else ""
     if not sub:
         raise UsageError(f"huawei package {name!r}: expected an Ascend-cann-* or Ascend-hdk-* file name")
@@ -73,12 +96,22 @@ def huawei_step(src_dir: Path, name: str) -> PlannedStep:
                              fix=f"copy the package itself into {src_dir}")
         if not src.is_file():
             raise UsageError(f"{src} does not exist", fix=f"download {name} into {src_dir} or fix huawei_dir")
-        vendor_side_check(src)
+        pins = vendor_pins(src, sha256)
         dest = out / sub / name
         dest.parent.mkdir(parents=True, exist_ok=True)
-        if not (dest.exists() and dest.stat().st_size == src.stat().st_size
-                and dest.stat().st_mtime_ns == src.stat().st_mtime_ns):
-            shutil.copy2(src, dest)
+        if dest.exists() and dest.stat().st_size == src.stat().st_size \
+                and dest.stat().st_mtime_ns == src.stat().st_mtime_ns:
+            check_vendor_pins(dest, src, pins)
+            return
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=dest.parent)
+        os.close(fd)
+        try:
+            shutil.copy2(src, tmp)
+            check_vendor_pins(Path(tmp), src, pins)  # the bytes the bundle gets, not the source read again
+            os.replace(tmp, dest)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
 
     return PlannedStep(f"huawei {name}", run, "vendor", (f"{sub}/{name}",))
 
@@ -101,13 +134,14 @@ def model_dir_step(model: dict) -> PlannedStep:
     def run(out: Path) -> None:
         if not src.is_dir():
             raise UsageError(f"model {name}: {src} is not a directory", fix="fix the model's path in the spec")
-        from atlasctl.bundle import scan_tree
+        from atlasctl.bundle import check_no_foreign_links, scan_tree
 
-        _files, links = scan_tree(src)
+        files, links = scan_tree(src)
         if links:
             raise UsageError(f"model {name}: {src} holds symlinks or special files, not followed: "
                              f"{', '.join(links[:10])}", fix="copy the model with its files resolved (cp -rL, or "
                              "huggingface-cli download --local-dir) and point the spec there")
+        check_no_foreign_links(src, files, f"model {name}: {src}")
         shutil.copytree(src, out / "models" / name, dirs_exist_ok=True, copy_function=shutil.copy2)
 
     return PlannedStep(f"model {name} from {src}", run, "local-model", (f"models/{name}/*",))
@@ -122,8 +156,6 @@ _RELEASE = re.compile(r"^[a-z0-9][a-z0-9.+-]*-[0-9][A-Za-z0-9.+-]*$")
 def check_images(path: Path, entries: list) -> None:
     """The spec's ``images`` entries: the five keys, each a string, a known variant, a CANN release name, an
     engine release named as the schemas name them (``vllm-ascend-0.11.0``), each name once."""
-    from atlasctl.collection import module_utils
-
     fmt, cann = module_utils("manifest"), module_utils("cann")
     seen: set[str] = set()
     for index, entry in enumerate(entries):
@@ -158,8 +190,6 @@ def image_step(entry: dict, source: str = "local-image") -> PlannedStep:
     """``images/<name>.tar``: the archive copied (when its size or mtime differ), after its image id was read,
     so a file that is not one image in a format ``podman load`` reads is refused before it is copied. The lab
     plans its own images with this step (``source``: lab-double)."""
-    from atlasctl.collection import module_utils
-
     archive_fmt, fmt = module_utils("oci_archive"), module_utils("manifest")
     name, src = str(entry["name"]), Path(str(entry["archive"])).expanduser()
     rel = f"{fmt.IMAGE_DIR}/{name}{fmt.IMAGE_SUFFIX}"
@@ -342,17 +372,23 @@ def _gpg() -> str:
     return gpg
 
 
-def sign_manifest(root: Path, key: str, homedir: Path | None = None) -> Path:
+def sign_manifest(root: Path, key: str, homedir: Path | None = None, data: bytes | None = None) -> Path:
     """Write manifest.json.asc, a detached armored signature by ``key`` (the signing station's gpg,
-    or ``homedir``'s). Verification never uses this gpg state: see module_utils/signature.py."""
+    or ``homedir``'s) of ``data``: the manifest bytes the caller checked (else manifest.json, read here once);
+    gpg reads them from its standard input, never the file again. Verification never uses this gpg state:
+    see module_utils/signature.py."""
     from atlasctl.bundle import MANIFEST, SIGNATURE
+    from atlasctl.inputs import read_bytes
 
+    if data is None:
+        data = read_bytes(root / MANIFEST, "bundle manifest", fix="build the bundle first (atlasctl bundle build)")
     sig = root / SIGNATURE
     argv = [_gpg(), "--batch", "--yes", "--local-user", key, "--armor", "--detach-sign", "--output", str(sig)]
     if homedir:
         argv[1:1] = ["--homedir", str(homedir)]
-    proc = subprocess.run([*argv, str(root / MANIFEST)], text=True, capture_output=True, check=False)
+    proc = subprocess.run(argv, input=data, capture_output=True, check=False)
     if proc.returncode != 0:
-        raise UsageError(f"gpg could not sign {root}/{MANIFEST} with key {key}: {proc.stderr.strip()[-400:]}",
+        said = proc.stderr.decode("utf-8", "replace").strip()[-400:]
+        raise UsageError(f"gpg could not sign {root}/{MANIFEST} with key {key}: {said}",
                          fix="check the key id (gpg --list-secret-keys) and --homedir/--sign-home")
     return sig

@@ -14,19 +14,26 @@ import yaml
 from atlasctl.errors import UsageError
 
 
-def read_text(path: Path | str, what: str, fix: str | None = None) -> str:
-    """The UTF-8 text of ``path``; ``what`` names the input in the message (e.g. ``--argv-file``)."""
+def read_bytes(path: Path | str, what: str, fix: str | None = None) -> bytes:
+    """The bytes of ``path``, read once; ``what`` names the input in the message (e.g. ``--argv-file``)."""
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).read_bytes()
     except FileNotFoundError:
         raise UsageError(f"{what} {path} does not exist", fix=fix) from None
     except IsADirectoryError:
         raise UsageError(f"{what} {path} is a directory, not a file", fix=fix) from None
+    except OSError as exc:
+        raise UsageError(f"{what} {path}: cannot read it: {exc.strerror or exc}", fix=fix) from None
+
+
+def read_text(path: Path | str, what: str, fix: str | None = None) -> str:
+    """The UTF-8 text of ``path``; ``what`` names the input in the message (e.g. ``--argv-file``)."""
+    data = read_bytes(path, what, fix)
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{what} {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
                          f"{exc.start})", fix=fix or "save the file as UTF-8") from None
-    except OSError as exc:
-        raise UsageError(f"{what} {path}: cannot read it: {exc.strerror or exc}", fix=fix) from None
 
 
 def parse_yaml(text: str, where: str, fix: str | None = None) -> object:

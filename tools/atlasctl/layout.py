@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import jinja2
@@ -71,6 +71,7 @@ class Layout:
     models_root: str
     stamp_dir: str
     engines_root: str
+    bundle_record: str  # the bundle the node accepted last (downgrade protection; bundle push reads it)
 
     @classmethod
     def of(cls, hostvars: Mapping[str, Any] | None = None) -> Layout:
@@ -79,7 +80,12 @@ class Layout:
                    release_dir=v["serving_release_dir"], record=v["serving_record"],
                    env_file=v["serving_env_file"], args_file=v["serving_args_file"],
                    models_root=v["models_root"], stamp_dir=v["models_stamp_dir"],
-                   engines_root=v["engines_root"])
+                   engines_root=v["engines_root"], bundle_record=v["atlas_bundle_record"])
+
+    def suite_paths(self) -> tuple[str, ...]:
+        """The directories the suite keeps on a node (what a bundle push must never land on or above)."""
+        return (self.config_dir, self.release_dir, self.models_root, self.stamp_dir, self.engines_root,
+                str(PurePosixPath(self.bundle_record).parent))
 
 
 @functools.cache

@@ -10,6 +10,7 @@ A bank's signing key lives on its own signing station (docs/bundle-signing.md), 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -88,11 +89,35 @@ def trust_vars() -> dict[str, object]:
 
 
 def sign_bundle(root: Path) -> Path:
-    """Sign ``root``/manifest.json with the lab key (``manifest.json.asc``)."""
+    """Sign ``root``/manifest.json with the lab key (``manifest.json.asc``), dated first as the lab's bundle
+    (:func:`date_as_lab_bundle`)."""
     from atlasctl.bundle_sources import sign_manifest
 
+    date_as_lab_bundle(Path(root))
     fingerprint = ensure_key()
     try:
         return sign_manifest(Path(root), fingerprint, homedir())
     finally:
         _stop_agent()
+
+
+def date_as_lab_bundle(root: Path) -> None:
+    """Give a scratch bundle (a lab test's or drill's, cut from the lab's bundle) the lab bundle's build time.
+    Nodes refuse a bundle built before the one they accepted last (downgrade protection,
+    module_utils/bundle_record.py): a scratch bundle dated now would make the node that ran it refuse the
+    lab's own bundle afterwards. Dated as the lab's, it orders equal to it. Nothing changes when the lab has no
+    bundle, or one without a build time."""
+    from atlasctl.collection import module_utils
+    from atlaslab.paths import bundle_dir
+
+    if root.resolve() == bundle_dir().resolve():
+        return
+    try:
+        built = json.loads((bundle_dir() / "manifest.json").read_text(encoding="utf-8"))["built"]
+        data = json.loads((root / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if not isinstance(built, str) or data.get("built") == built:
+        return
+    text = module_utils("manifest").render_manifest(data["files"], data.get("name"), data.get("release"), built)
+    (root / "manifest.json").write_text(text, encoding="utf-8")

@@ -56,6 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     push.add_argument("--dest", default=bundle_push.DEFAULT_DEST, help="path on the nodes (default: %(default)s)")
     push.add_argument("--limit", default=None, help="Ansible host pattern narrowing atlas_nodes")
     push.add_argument("--no-verify", action="store_true", help="skip the verification on the nodes")
+    push.add_argument("--allow-downgrade", action="store_true",
+                      help="push a bundle built before the one a node accepted last (going back on purpose)")
     _trust_options(push)
     push.add_argument("--json", action="store_true", help="print the result as JSON")
     push.set_defaults(func=_push)
@@ -92,25 +94,26 @@ def _trust(args: argparse.Namespace, inventory: Path | None) -> bundle_trust.Tru
                               args.allow_unsigned or base.allow_unsigned)
 
 
-def _check_signature(root: Path, trust: bundle_trust.Trust) -> tuple[dict, str]:
-    """(JSON-able result, refusal message or ''); an opt-out is printed loudly to stderr."""
+def _check_signature(manifest: bundle.Manifest, trust: bundle_trust.Trust) -> tuple[dict, str]:
+    """(JSON-able result, refusal message or '') of the signature over the manifest's one read; an opt-out
+    is printed loudly to stderr."""
     sig = module_utils("signature")
     try:
-        verdict = bundle.verify_signature(root, keyring=trust.keyring, fingerprints=trust.fingerprints,
+        verdict = bundle.verify_signature(manifest, keyring=trust.keyring, fingerprints=trust.fingerprints,
                                           allow_unsigned=trust.allow_unsigned)
     except sig.SignatureError as exc:
         return {"ok": False, "reason": exc.reason, "message": str(exc)}, f"REFUSED ({exc.reason}): {exc}"
     for warning in verdict.warnings:
-        print(f"!!! WARNING: bundle {root}: {warning}", file=sys.stderr)
+        print(f"!!! WARNING: bundle {manifest.root}: {warning}", file=sys.stderr)
     return {"ok": True} | verdict.as_dict(), ""
 
 
 def _verify(args: argparse.Namespace) -> int:
     root = args.dir
-    bundle.read_manifest(root)  # not a bundle: a usage error naming the path
+    manifest = bundle.load(root)  # read once: not a bundle is a usage error naming the path
     inventory = resolve_inventory(args.inventory) if args.inventory else None
-    signature, refused = _check_signature(root, _trust(args, inventory))
-    bad = [] if refused else bundle.verify_bundle(root)
+    signature, refused = _check_signature(manifest, _trust(args, inventory))
+    bad = [] if refused else bundle.verify_bundle(root, manifest=manifest)
     if args.json:
         print(json.dumps({"bundle": str(root), "ok": not bad and not refused, "signature": signature,
                           "problems": [b.__dict__ for b in bad]}, indent=2))
@@ -123,9 +126,8 @@ def _verify(args: argparse.Namespace) -> int:
     if bad:
         _print_problems(root, bad, "do not install from it")
     else:
-        count = len(bundle.read_manifest(root)["files"])
         who = f"signed by {signature['primary_fingerprint']}" if signature.get("signed") else "NOT signature-checked"
-        print(f"bundle {root}: {count} files match manifest.json (sha256 + md5), {who}")
+        print(f"bundle {root}: {len(manifest.expected)} files match manifest.json (sha256 + md5), {who}")
     return exitcodes.FAILED if bad else exitcodes.OK
 
 
@@ -137,44 +139,47 @@ def _print_problems(root: Path, bad: list[bundle.BadFile], consequence: str) -> 
 
 def _sign(args: argparse.Namespace) -> int:
     root = args.dir
-    bad = bundle.verify_bundle(root)
+    manifest = bundle.load(root)  # read once: the bytes checked are the bytes signed
+    bad = bundle.verify_bundle(root, manifest=manifest)
     if bad:
         _print_problems(root, bad, "not signing it")
         return exitcodes.FAILED
     from atlasctl.bundle_sources import sign_manifest
 
-    sig = sign_manifest(root, args.key, args.homedir)
-    digest = module_utils("checksums").hash_file(str(root / bundle.MANIFEST)).sha256
-    print(f"bundle {root}: manifest.json (sha256 {digest}) signed by {args.key}: {sig}")
+    sig = sign_manifest(root, args.key, args.homedir, data=manifest.raw)
+    print(f"bundle {root}: manifest.json (sha256 {manifest.sha256}) signed by {args.key}: {sig}")
     return exitcodes.OK
 
 
 def _push(args: argparse.Namespace) -> int:
     src = args.src
+    dest = bundle_push.check_dest(args.dest)  # never / or a system directory: a push deletes what is not the bundle's
+    manifest = bundle.load(src)  # read once: the bytes whose signature is checked are the bytes sent
     inventory = resolve_inventory(args.inventory)
-    _signature, refused = _check_signature(src, _trust(args, inventory))
+    signature, refused = _check_signature(manifest, _trust(args, inventory))
     if refused:
         print(f"bundle {src}: {refused}\n  not pushing it", file=sys.stderr)
         return exitcodes.FAILED
-    bad = bundle.verify_bundle(src)
+    bad = bundle.verify_bundle(src, manifest=manifest)
     if bad:
         _print_problems(src, bad, "not pushing it")
         return exitcodes.FAILED
     targets = bundle_push.inventory_targets(inventory, args.limit)
-    results = bundle_push.push(src, targets, args.dest)
+    results = bundle_push.push(manifest, targets, dest, judge_release=bool(signature.get("signed")),
+                               allow_downgrade=args.allow_downgrade)
     verified = None
     if not args.no_verify and all(r.ok for r in results):
-        proc = bundle_push.verify_on_nodes(inventory, args.dest, args.limit)
+        proc = bundle_push.verify_on_nodes(inventory, dest, args.limit, manifest.sha256)
         verified = proc.returncode == 0
         if not verified:
             print(proc.stdout[-4000:] + proc.stderr[-2000:], file=sys.stderr)
     ok = all(r.ok for r in results) and verified is not False
     if args.json:
-        print(json.dumps({"bundle": str(src), "dest": args.dest, "ok": ok, "verified": verified,
+        print(json.dumps({"bundle": str(src), "dest": dest, "ok": ok, "verified": verified,
                           "hosts": [r.__dict__ for r in results]}, indent=2))
     else:
         for r in results:
             print(f"{r.host:<20} {'ok' if r.ok else 'FAILED'} {r.files_sent} file(s) sent {r.message}".rstrip())
         if verified is not None:
-            print(f"verified against {args.dest}/manifest.json on the nodes: {'ok' if verified else 'FAILED'}")
+            print(f"verified against {dest}/manifest.json on the nodes: {'ok' if verified else 'FAILED'}")
     return exitcodes.OK if ok else exitcodes.FAILED

@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-e", "--extra", action="append", default=[], metavar="KEY=VALUE",
                    help="one release variable (VALUE parsed as YAML)")
     p.add_argument("--resume", action="store_true", help="start at the wave that failed last time")
+    p.add_argument("--allow-downgrade", action="store_true",
+                   help="accept a bundle built before the one the nodes accepted last (atlas_allow_downgrade)")
     p.add_argument("-l", "--limit", default=None, help="host pattern")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--html", type=Path, default=None, help="also write the report as an HTML page")
@@ -84,6 +86,8 @@ def _summary(report: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     check_release(args.release)
     variables, files = extravars(args.extra), check_vars_files(args.vars)
+    if args.allow_downgrade:
+        variables["atlas_allow_downgrade"] = True  # roles/bundle_trust: going back on purpose
     out = sys.stdout if sys.stdout.isatty() and not args.json else None
     try:
         report = rollout.run(args.inventory, args.release, extravars=variables, resume=args.resume,

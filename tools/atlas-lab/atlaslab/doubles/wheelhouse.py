@@ -237,8 +237,26 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _copy_into(src: Path, dst: Path) -> None:
+    """``dst`` a copy of ``src`` of its own: kept when it is already one (same size and mtime, another file),
+    else copied beside and renamed over it, which also replaces a hard link to ``src``. A bundle holds its own
+    files: atlasctl refuses a hard link to a file outside it (module_utils/checksums ``foreign_links``)."""
+    if dst.exists() and not dst.samefile(src):
+        have, want = dst.stat(), src.stat()
+        if (have.st_size, have.st_mtime_ns) == (want.st_size, want.st_mtime_ns) and have.st_nlink == 1:
+            return
+    part = dst.with_name(f".{dst.name}.part")
+    try:
+        shutil.copy2(src, part)
+        os.replace(part, dst)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+
+
 def populate_wheelhouse(dest: Path, wheels: Sequence[Path]) -> Path:
-    """Make ``dest`` hold exactly ``wheels`` (hardlinks where possible) and their lock; returns the lock."""
+    """Make ``dest`` (a bundle's wheelhouse) hold exactly ``wheels``, copies of its own, and their lock; returns
+    the lock."""
     dest.mkdir(parents=True, exist_ok=True)
     wanted = {wheel.name for wheel in wheels}
     lines = lock_lines(wheels)  # validates before anything in dest changes
@@ -246,7 +264,7 @@ def populate_wheelhouse(dest: Path, wheels: Sequence[Path]) -> Path:
         if stale.name not in wanted:
             stale.unlink()
     for wheel in wheels:
-        _link_or_copy(wheel, dest / wheel.name)
+        _copy_into(wheel, dest / wheel.name)
     lock = dest / LOCK_NAME
     lock.write_text("".join(f"{line}\n" for line in lines))
     return lock

@@ -80,10 +80,15 @@ STATUS_ERROR = "error"
 
 LINKS = ("follow", "refuse")  # verify_tree's ``links``: model directories may link; a bundle never does
 REFUSED_LINK = "a symlink or special file, refused (a bundle holds regular files only; not followed)"
+REFUSED_HARDLINK = ("a hard link to a file outside the tree, refused (another name of the same file is outside "
+                    "it; not read)")
+# links=follow: a file reached through a link to outside the root is still checked, but what it holds is never
+# reported (a link to /etc/shadow must not print its digest).
+HIDDEN_OUTSIDE = "a link to a file outside the root: its digests are not shown"
 NOT_REGULAR = "not a regular file"
 NOT_VOUCHED = "no stamp vouches for it (it would be read)"
 # What a bad file's problem is called (FileResult.problem), worst digest first: the bundle's words.
-PROBLEMS = ("missing", "unexpected", "size", "sha256", "md5", "symlink", "unreadable")
+PROBLEMS = ("missing", "unexpected", "size", "sha256", "md5", "symlink", "hardlink", "unreadable")
 
 
 class VerifyError(Exception):
@@ -134,6 +139,8 @@ class FileResult:
         if self.status == STATUS_MISMATCH:
             return next(k for k in ("size", "sha256", "md5") if k in self.mismatched)
         if self.status == STATUS_ERROR:
+            if self.message == REFUSED_HARDLINK:
+                return "hardlink"
             return "symlink" if self.message in (REFUSED_LINK, NOT_REGULAR) else "unreadable"
         return ""
 
@@ -142,7 +149,7 @@ class FileResult:
         """What is wrong in a few words, a mismatch by its first bad field (``sha256 mismatch:
         expected <hex>, got <hex>``); ``message`` has every bad field."""
         problem = self.problem
-        if self.status == STATUS_MISMATCH:
+        if self.status == STATUS_MISMATCH and self.actual is not None:
             want, have = (self.expected or {}).get(problem), (self.actual or {}).get(problem)
             return f"{problem} mismatch: expected {want}, got {have}"
         return self.message
@@ -768,11 +775,86 @@ def scan_tree(root: str) -> tuple[list[str], list[str]]:
     return sorted(files), sorted(odd)
 
 
+def foreign_links(root: str, rels: list[str], linked_from: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """The files among ``rels`` (every regular file under root, relative, as :func:`scan_tree` lists them)
+    that are hard links to a file with a name outside root: more links (``st_nlink``) than names of the same
+    file (``st_dev``, ``st_ino``) under root. A file at the same relative path under a ``linked_from`` root
+    that is the same file counts as inside: a verified file hard-linked from the node's bundle (one copy per
+    node), or from the version it replaces. One lstat per file; nothing is read."""
+    stats: dict[str, os.stat_result] = {}
+    for rel in rels:
+        try:
+            stats[rel] = os.lstat(os.path.join(root, rel))
+        except OSError:
+            continue
+    names: dict[tuple[int, int], int] = {}
+    for st in stats.values():
+        names[(st.st_dev, st.st_ino)] = names.get((st.st_dev, st.st_ino), 0) + 1
+    foreign = []
+    for rel, st in stats.items():
+        if st.st_nlink <= 1:
+            continue
+        inside = names[(st.st_dev, st.st_ino)]
+        for other in linked_from:
+            try:
+                twin = os.lstat(os.path.join(other, rel))
+            except OSError:
+                continue
+            if (twin.st_dev, twin.st_ino) == (st.st_dev, st.st_ino) and stat.S_ISREG(twin.st_mode):
+                inside += 1
+        if st.st_nlink > inside:
+            foreign.append(rel)
+    return sorted(foreign)
+
+
 def list_files(root: str, ignore: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """Regular files (symlinks to files included) under root, as sorted relative posix paths."""
-    files, odd = scan_tree(root)
+    return _present(root, *scan_tree(root), ignore)
+
+
+def _present(root: str, files: list[str], odd: list[str], ignore: set[str] | frozenset[str]) -> list[str]:
     found = files + [rel for rel in odd if os.path.isfile(os.path.join(root, rel))]
     return sorted(rel for rel in found if rel not in ignore and not _is_stamp_temp(rel))
+
+
+def _outside(root: str, rels: set[str], regular: list[str], foreign: Callable[[], list[str]]) -> set[str]:
+    """Of ``rels`` (files verify_tree reports on, links followed), those that are a file outside root: reached
+    through a symlink to outside, or a hard link with a name outside (``foreign``, called only when needed)."""
+    inside = set(regular)
+    out = set()
+    via_link = {}
+    for rel in rels - inside:
+        real = os.path.realpath(os.path.join(root, rel))
+        target = os.path.relpath(real, root).replace(os.sep, "/")
+        if target == ".." or target.startswith("../") or target not in inside:
+            out.add(rel)
+        else:
+            via_link[rel] = target
+    candidates = rels & inside | set(via_link.values())
+    multi = {rel for rel in candidates if _nlink(os.path.join(root, rel)) > 1}
+    if multi:
+        linked = set(foreign())
+        out |= {rel for rel in rels & inside if rel in linked}
+        out |= {rel for rel, target in via_link.items() if target in linked}
+    return out
+
+
+def _nlink(path: str) -> int:
+    try:
+        return os.lstat(path).st_nlink
+    except OSError:
+        return 1
+
+
+def _hide(result: FileResult) -> FileResult:
+    """``result`` without what the file holds (digests), for a file outside the root (:data:`HIDDEN_OUTSIDE`)."""
+    if result.status == STATUS_MISMATCH:
+        message = f"{', '.join(result.mismatched)} mismatch; {HIDDEN_OUTSIDE}"
+    elif result.status == STATUS_ERROR and result.actual is not None:
+        message = f"{result.message.split(';')[0]}; {HIDDEN_OUTSIDE}"
+    else:
+        message = result.message
+    return FileResult(result.path, result.status, result.source, result.expected, None, result.mismatched, message)
 
 
 def _is_stamp_temp(rel: str) -> bool:
@@ -940,6 +1022,7 @@ def verify_tree(
     links: str = "follow",
     listed_in: str = "the checksum list",
     read: bool = True,
+    linked_from: tuple[str, ...] | list[str] = (),
 ) -> Report:
     """Verify every expected file under root; report ok/mismatch/missing/extra/error per file.
 
@@ -947,7 +1030,10 @@ def verify_tree(
     but ``stamps_changed`` still says whether a real run would write them. ``direct``: read
     with O_DIRECT (True), through the page cache (False), or by file size (None, see hash_file).
     ``links``: ``follow`` symlinks (a model directory may link to its blobs), or ``refuse`` them:
-    every symlink or special file under root is an error, never read through (a bundle).
+    every symlink or special file under root is an error, never read through, and so is a hard link
+    to a file with a name outside root (a bundle; :func:`foreign_links`, ``linked_from``: roots whose
+    file at the same relative path counts as inside). Followed, a file outside root (through a symlink
+    or a hard link) is checked, but its digests are never reported (:data:`HIDDEN_OUTSIDE`).
     ``listed_in`` names the expectation in the message of an extra file.
     ``read`` False reads no file: one that no stamp vouches for is an error (NOT_VOUCHED), so the
     report proves from stamps alone that a run would read nothing (a stage's fast path).
@@ -956,11 +1042,12 @@ def verify_tree(
         raise VerifyError(f"links must be one of {', '.join(LINKS)}, not {links!r}")
     t0 = time.perf_counter()
     root = _check_root(root)
-    odd: list[str] = []
+    files, odd = scan_tree(root)
     regular: set[str] | None = None
+    foreign: list[str] = []
     if links == "refuse":
-        files, odd = scan_tree(root)
-        regular = set(files)
+        foreign = foreign_links(root, files, linked_from)
+        regular = set(files) - set(foreign)
     warnings: list[str] = []
     old_stamps: dict[str, dict] = {}
     if stamps_path:
@@ -978,9 +1065,14 @@ def verify_tree(
     sizes: dict[str, int] = {}
     bytes_skipped = 0
 
-    for rel in odd:
+    for rel in odd if links == "refuse" else ():
         exp = expected.get(rel)
         results[rel] = FileResult(rel, STATUS_ERROR, None, exp.as_dict() if exp else None, None, (), REFUSED_LINK)
+    for rel in foreign:
+        if rel not in ignore_set:
+            exp = expected.get(rel)
+            results[rel] = FileResult(rel, STATUS_ERROR, None, exp.as_dict() if exp else None, None, (),
+                                      REFUSED_HARDLINK)
     for rel, exp in sorted(expected.items()):
         path = os.path.join(root, rel)
         if rel in results:
@@ -1028,13 +1120,16 @@ def verify_tree(
             if not is_racy(outcome.after, outcome.started_ns):
                 new_stamps[rel] = make_stamp(outcome.after, outcome.digests)
 
-    present = list_files(root, ignore_set) if regular is None else sorted(
+    present = _present(root, files, odd, ignore_set) if regular is None else sorted(
         rel for rel in regular if rel not in ignore_set and not _is_stamp_temp(rel))
     for rel in present:
         if rel not in expected:
             results[rel] = FileResult(
                 rel, STATUS_EXTRA, None, None, None, (), f"not in {listed_in} (unexpected extra file)"
             )
+    if links == "follow":
+        for rel in _outside(root, set(results), files, lambda: foreign_links(root, files, linked_from)):
+            results[rel] = _hide(results[rel])
 
     stamps_changed = bool(stamps_path) and new_stamps != old_stamps
     stamps_written = False

@@ -421,16 +421,21 @@ def render_sums(entries: list[tuple[str, str]], binary: bool = False) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-def manifest_document(entries: list[dict], name: str | None = None) -> dict:
-    """[{path, size, md5, sha256, ...}] -> the manifest (format 1), entries sorted by path."""
-    return {"format": MANIFEST_FORMAT, "name": name, "files": sorted(entries, key=lambda e: e["path"])}
+def manifest_document(entries: list[dict], name: str | None = None, release: str | None = None,
+                      built: str | None = None) -> dict:
+    """[{path, size, md5, sha256, ...}] -> the manifest (format 1), entries sorted by path. A bundle's also
+    carries its ``release`` and ``built`` (UTC build time), which its signature then covers
+    (module_utils/bundle_record.py: downgrade protection)."""
+    document = {"format": MANIFEST_FORMAT, "name": name, "files": sorted(entries, key=lambda e: e["path"])}
+    return document | ({"release": release, "built": built} if release is not None else {})
 
 
-def render_manifest(entries: list[dict], name: str | None = None) -> str:
+def render_manifest(entries: list[dict], name: str | None = None, release: str | None = None,
+                    built: str | None = None) -> str:
     """[{path, size, md5, sha256, ...}] -> manifest.json text: the one writer of the format (bundles,
     ``atlasctl models manifest --format json``). Keys sorted at every level, so the same entries give
     the same bytes (the bytes a signature covers)."""
-    return json.dumps(manifest_document(entries, name), indent=1, sort_keys=True) + "\n"
+    return json.dumps(manifest_document(entries, name, release, built), indent=1, sort_keys=True) + "\n"
 
 
 def read_text(path: str, trusted_sha256: str | None = None) -> str:

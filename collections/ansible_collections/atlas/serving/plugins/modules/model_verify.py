@@ -66,12 +66,23 @@ options:
     default: false
   links:
     description:
-      - V(follow) reads a symlinked file through its link (a model directory that links to its blobs).
-        V(refuse) reports every symlink or special file under O(path) as an error and reads none through
+      - V(follow) reads a symlinked file through its link (a model directory that links to its blobs); a file
+        outside O(path) (through a symlink, or a hard link with a name outside it) is checked, but its digests
+        are never reported.
+        V(refuse) reports every symlink or special file under O(path) as an error and reads none through, and
+        so is a hard link to a file with a name outside O(path)
         (a bundle; C(atlasctl bundle push) verifies the pushed bundle so, as C(atlasctl bundle verify) does).
     type: str
     choices: [follow, refuse]
     default: follow
+  linked_from:
+    description:
+      - Directories whose file at the same relative path, when it is the same file (device and inode), counts as
+        a name inside O(path). A verified file hard-linked from there (the node's bundle, the version it
+        replaces) is neither refused nor hidden.
+    type: list
+    elements: path
+    default: []
   full:
     description: Read every file even when a stamp vouches for it.
     type: bool
@@ -190,6 +201,7 @@ def run_module():
             allow_extra=dict(type="bool", default=False),
             full=dict(type="bool", default=False),
             links=dict(type="str", default="follow", choices=["follow", "refuse"]),
+            linked_from=dict(type="list", elements="path", default=[]),
             stamps=dict(type="bool", default=True),
             stamp_file=dict(type="path", aliases=["stamp_path"]),
             workers=dict(type="int"),
@@ -204,7 +216,8 @@ def run_module():
         report, stamp_path = check_tree(
             p["path"], p["manifest"], p["checksum_files"], prefix=p["prefix"], manifest_sha256=p["manifest_sha256"],
             stamps=p["stamps"], stamp_file=p["stamp_file"], full=p["full"], workers=p["workers"],
-            allow_extra=p["allow_extra"], write_stamps=not module.check_mode, links=p["links"], files=p["files"])
+            allow_extra=p["allow_extra"], write_stamps=not module.check_mode, links=p["links"], files=p["files"],
+            linked_from=p["linked_from"])
     except VerifyError as exc:
         module.fail_json(msg=str(exc))
     for warning in report.warnings:
