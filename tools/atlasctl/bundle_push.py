@@ -5,6 +5,10 @@ rsync moves only what changed (size/mtime quick check, then its rolling-checksum
 keeps partial files in ``.rsync-partial`` so a broken transfer resumes, and deletes what
 the bundle no longer has. ``manifest.json`` and its signature go last, so a node never holds a manifest
 that describes files it does not have yet.
+
+What it writes on a node is root's alone (``--chown=root:root --chmod=go-w``, rsync running as root: the
+SSH user root, or ``sudo -n`` with ``ansible_become``): the stages refuse a bundle another account could
+change between their check of a file and its use (roles/bundle_trust, ``atlas.serving.root_only``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 
 from atlasctl import inventory as shared
 from atlasctl.bundle import MANIFEST, SIGNATURE, read_manifest
-from atlasctl.errors import EnvironmentProblem
+from atlasctl.errors import EnvironmentProblem, UsageError
 
 DEFAULT_DEST = "/srv/atlas-bundle"
 PARTIAL_DIR = ".rsync-partial"
@@ -30,10 +34,23 @@ def inventory_targets(inventory: Path, limit: str | None = None) -> list[shared.
     return shared.targets(inventory, limit)
 
 
+def as_root(target: shared.Target) -> str:
+    """How the node side runs as root: '' for the SSH user root, ``sudo -n `` with ansible_become; any other
+    user is refused (the bundle would be that user's to change, and the nodes refuse it)."""
+    if target.user == "root":
+        return ""
+    if target.become:
+        return "sudo -n "
+    raise UsageError(f"{target.name}: bundle push connects as {target.user} without ansible_become, so the bundle "
+                     f"would be {target.user}'s to change, and the nodes refuse such a bundle",
+                     fix="set ansible_become: true (passwordless sudo) or ansible_user: root for the nodes")
+
+
 def rsync_argv(src: Path, target: shared.Target, dest: str, *, exclude_manifest: bool) -> list[str]:
-    argv = ["rsync", "--archive", "--delete", "--delete-delay", "--partial", f"--partial-dir={PARTIAL_DIR}",
-            "--itemize-changes", "--rsh", shlex.join(target.ssh_argv()),
-            "--rsync-path", f"mkdir -p {shlex.quote(dest)} && rsync",
+    sudo = as_root(target)
+    argv = ["rsync", "--archive", "--chown=root:root", "--chmod=go-w", "--delete", "--delete-delay", "--partial",
+            f"--partial-dir={PARTIAL_DIR}", "--itemize-changes", "--rsh", shlex.join(target.ssh_argv()),
+            "--rsync-path", f"{sudo}mkdir -p {shlex.quote(dest)} && {sudo}rsync",
             "--exclude", "/.atlas-*"]
     if exclude_manifest:
         argv += ["--exclude", f"/{MANIFEST}", "--exclude", f"/{SIGNATURE}"]
@@ -53,6 +70,8 @@ def push(src: Path, targets: list[shared.Target], dest: str = DEFAULT_DEST) -> l
     if not shutil.which("rsync"):
         raise EnvironmentProblem("rsync is not installed on the controller", fix="apt-get install rsync")
     read_manifest(src)  # refuse to push something that is not a bundle
+    for target in targets:
+        as_root(target)  # every node reachable as root before the first transfer
     results = []
     for target in targets:
         sent = 0
