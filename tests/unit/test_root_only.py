@@ -135,29 +135,32 @@ def test_the_module_refuses_and_passes(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(not shutil.which("rsync"), reason="rsync")
 def test_what_bundle_push_writes_passes_the_node_check(tmp_path: Path) -> None:
-    """Push's rsync flags, run locally: a controller-side bundle of another owner with group-writable
+    """Push's receiver options, run locally as root: a controller-side bundle of another owner with group-writable
     files arrives root's alone."""
     src = _bundle(tmp_path / "controller")
     for path in (src, src / "cann", src / "cann/toolkit.run", src / "manifest.json"):
         os.chown(path, NOBODY, NOBODY)
         path.chmod(0o775 if path.is_dir() else 0o664)
-    target = shared.Target("n1", "10.0.0.1", "root", 22, None, ())
-    argv = bundle_push.rsync_argv(src, target, "/srv/atlas-bundle", exclude_manifest=False)
     dest = _bundle(tmp_path / "node").parent / "pushed"
-    argv[-1] = f"{dest}/"  # the same flags, to a local destination
-    subprocess.run(argv, check=True, capture_output=True, timeout=60)
+    root = shared.target("n1", {"ansible_host": "10.0.0.1", "ansible_user": "root"})
+    options = [a for a in bundle_push.receiver_args(root, str(dest)) if a.startswith("--ch")]
+    assert options == ["--chown=root:root", "--chmod=go-w"]
+    subprocess.run(["rsync", "--archive", *options, f"{src}/", f"{dest}/"], check=True, capture_output=True, timeout=60)
     assert (dest / "cann/toolkit.run").read_text() == "#!/bin/sh\n"
     assert _problems(dest) == {}
 
 
 def test_push_runs_rsync_as_root_or_refuses_before_any_transfer(tmp_path: Path) -> None:
     deploy = shared.target("n1", {"ansible_host": "10.0.0.1", "ansible_user": "atlas-deploy", "ansible_become": "yes"})
-    assert deploy.become
-    path = bundle_push.rsync_argv(Path("/b"), deploy, "/srv/atlas-bundle", exclude_manifest=True)
-    assert path[path.index("--rsync-path") + 1] == "sudo -n mkdir -p /srv/atlas-bundle && sudo -n rsync"
-    assert "--chown=root:root" in path and "--chmod=go-w" in path
+    argv = bundle_push.rsync_argv(Path("/b"), deploy, "/srv/atlas-bundle", exclude_manifest=True)
+    assert argv[argv.index("--rsync-path") + 1] == "sudo -n mkdir -p /srv/atlas-bundle && sudo -n rsync"
+    assert "--chown=root:root" in argv and "--chmod=go-w" in argv
+    root = shared.target("n1", {"ansible_host": "10.0.0.1", "ansible_user": "root"})
+    assert bundle_push.receiver_args(root, "/srv/b")[-1] == "mkdir -p /srv/b && rsync"
     plain = shared.target("n2", {"ansible_host": "10.0.0.2", "ansible_user": "atlas-deploy"})
     src = _bundle(tmp_path)
     write_manifest(src, "t")
     with pytest.raises(UsageError, match="n2: bundle push connects as atlas-deploy without ansible_become"):
-        bundle_push.push(src, [deploy, plain])
+        bundle_push.as_root(plain)
+    with pytest.raises(UsageError, match="n2: bundle push connects as atlas-deploy without ansible_become"):
+        bundle_push.push(src, [deploy, plain])  # before the first transfer: deploy's address does not exist

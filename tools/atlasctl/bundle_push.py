@@ -46,11 +46,16 @@ def as_root(target: shared.Target) -> str:
                      fix="set ansible_become: true (passwordless sudo) or ansible_user: root for the nodes")
 
 
-def rsync_argv(src: Path, target: shared.Target, dest: str, *, exclude_manifest: bool) -> list[str]:
+def receiver_args(target: shared.Target, dest: str) -> list[str]:
+    """The rsync options that make what a push writes on ``target`` root's alone: the node side runs as root
+    (:func:`as_root`), owns every file and directory to root and takes group and other write away."""
     sudo = as_root(target)
-    argv = ["rsync", "--archive", "--chown=root:root", "--chmod=go-w", "--delete", "--delete-delay", "--partial",
-            f"--partial-dir={PARTIAL_DIR}", "--itemize-changes", "--rsh", shlex.join(target.ssh_argv()),
-            "--rsync-path", f"{sudo}mkdir -p {shlex.quote(dest)} && {sudo}rsync",
+    return ["--chown=root:root", "--chmod=go-w", "--rsync-path", f"{sudo}mkdir -p {shlex.quote(dest)} && {sudo}rsync"]
+
+
+def rsync_argv(src: Path, target: shared.Target, dest: str, *, exclude_manifest: bool) -> list[str]:
+    argv = ["rsync", "--archive", "--delete", "--delete-delay", "--partial", f"--partial-dir={PARTIAL_DIR}",
+            "--itemize-changes", "--rsh", shlex.join(target.ssh_argv()), *receiver_args(target, dest),
             "--exclude", "/.atlas-*"]
     if exclude_manifest:
         argv += ["--exclude", f"/{MANIFEST}", "--exclude", f"/{SIGNATURE}"]
