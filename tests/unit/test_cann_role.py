@@ -1,4 +1,5 @@
-"""The cann role against localhost: install, idempotence, check mode, upgrade, downgrade, tampering."""
+"""The cann role against localhost: install, idempotence, check mode, upgrade, downgrade, tampering, an
+installer swapped in the bundle after its check (the checked copy runs), a bundle another account can write."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ class Node:
         )
 
     def play(self, version: str, *extra: str, bundle: Path | None = None,
-             verified: str | None = None) -> subprocess.CompletedProcess:
+             verified: str | None = None, path: Path | None = None) -> subprocess.CompletedProcess:
         extra_vars = {
             # what preflight's signature check (roles/bundle_trust) sets: the verified manifest's sha256
             "atlas_bundle_manifest_sha256": verified or sha256((bundle or self.bundle) / "manifest.json"),
@@ -81,6 +82,8 @@ class Node:
             "ANSIBLE_STDOUT_CALLBACK": "default",
             "ATLAS_CANN_SYSROOT": str(self.tmp / "sysroot"),
         }
+        if path:
+            env["PATH"] = f"{path}:{env['PATH']}"
         cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(self.tmp / "inventory.ini"), str(self.tmp / "play.yml")]
         cmd += ["-e", json.dumps(extra_vars), *extra]
         return subprocess.run(cmd, cwd=self.tmp, env=env, capture_output=True, text=True, timeout=300)
@@ -215,14 +218,61 @@ def test_manifest_swapped_after_verification_is_refused_on_the_node(node: Node, 
     assert not (node.install_path / "ascend-toolkit").exists()
 
 
-def test_extracted_run_is_checked_against_the_zip_member_before_it_runs(node: Node, bundle: Path) -> None:
+def test_a_file_planted_in_the_work_dir_never_runs(node: Node, bundle: Path) -> None:
+    """The zip is unpacked afresh from its checked copy: what lay in the work directory is replaced, never run."""
     kernels = next((bundle / "cann").glob("*kernels*7.0.RC1*.zip"))
     stem = kernels.name.removesuffix(".zip")
-    planted = node.tmp / "work" / "7.0.RC1" / stem / f"{stem}.run"
+    planted = node.tmp / "work" / stem / f"{stem}.run"
     planted.parent.mkdir(parents=True)
     planted.write_text("#!/bin/sh\necho planted\n")
-    result = node.play("7.0.RC1")
+    ok(node.play("7.0.RC1"))
+    assert node.facts()["cann"]["kernels"]["version"] == "7.0.RC1"
+    assert not planted.exists() and list((node.tmp / "work").iterdir()) == []
+
+
+def swap_at_exec(tmp: Path, bundle: Path, glob: str) -> tuple[Path, Path]:
+    """A `bash` first on PATH that plays the account that can write the bundle: at the last moment, as an
+    installer starts, it replaces every installer in the bundle with its own, then runs the real bash.
+    Returns the directory to put first on PATH and the file the replacement leaves when it runs."""
+    pwned, bindir = tmp / "pwned", tmp / "swap-bin"
+    bindir.mkdir()
+    wrapper = bindir / "bash"
+    wrapper.write_text(f"""#!/bin/bash
+for f in {bundle}/{glob}; do printf '#!/bin/sh\\ntouch {pwned}\\n' > "$f"; done
+exec /bin/bash "$@"
+""")
+    wrapper.chmod(0o755)
+    return bindir, pwned
+
+
+def test_an_installer_swapped_after_its_check_never_runs(node: Node, bundle: Path, tmp_path: Path) -> None:
+    copy = _bundle_copy(bundle, tmp_path)
+    bindir, pwned = swap_at_exec(tmp_path, copy, "cann/*.run")
+    ok(node.play("8.3.RC1", bundle=copy, path=bindir))
+    assert (copy / "cann/Ascend-cann-toolkit_8.3.RC1_linux-x86_64.run").read_text().startswith("#!/bin/sh\ntouch")
+    assert not pwned.exists(), "a file swapped in the bundle after its check was run"
+    facts = node.facts()["cann"]
+    assert [facts[c]["version"] for c in ("toolkit", "kernels", "nnal")] == ["8.3.RC1"] * 3
+    assert list((node.tmp / "work").iterdir()) == [], "the copies are removed after the install"
+
+
+@pytest.mark.parametrize(("where", "mode", "said"), [
+    ("", 0o775, "mode 0775: writable by its group"),
+    ("cann", 0o777, "mode 0777: writable by others"),
+    ("cann/Ascend-cann-toolkit_8.3.RC1_linux-x86_64.run", 0o664, "mode 0664: writable by its group"),
+    ("..", 0o770, "mode 0770: writable by its group"),
+])
+def test_a_bundle_another_account_can_write_is_refused(node: Node, bundle: Path, tmp_path: Path, where: str,
+                                                       mode: int, said: str) -> None:
+    copy = _bundle_copy(bundle, tmp_path)
+    target = (copy / where).resolve() if where else copy
+    target.chmod(mode)
+    result = node.play("8.3.RC1", bundle=copy)
     out = " ".join(result.stdout.split())
-    assert result.returncode != 0, out[-3000:]
-    assert "does not match the manifest record" in out and "Nothing was executed" in out
-    assert "planted" not in result.stdout
+    assert result.returncode != 0
+    assert f"localhost: bundle {copy}: a user other than root can change" in out
+    assert f"{target}: owner root (0), group root (0), {said}" in out
+    fix = (f"chown root:root {target} && chmod go-w {target}" if where == ".."
+           else f"chown -R root:root {copy} && chmod -R go-w {copy}")
+    assert f"fix: {fix}" in out
+    assert not (node.install_path / "ascend-toolkit").exists()

@@ -1,6 +1,7 @@
 """The driver role against localhost on a fake node root (the lab's NPU layer written by atlaslab.npu):
 plan and order, manifest check before anything runs, reboot refused unless allowed, found again on the next
-run, nothing to do after the boot, check mode, going back refused."""
+run, nothing to do after the boot, check mode, going back refused, a package swapped in the bundle after its
+check never runs (the checked copy does), a bundle another account can write refused."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cann_role import ok, recap
+from test_cann_role import ok, recap, swap_at_exec
 
 from atlaslab import config, npu
 from atlaslab.doubles.hdk_run import build_hdk_packages
@@ -70,9 +71,10 @@ class FakeNode:
             "ATLAS_HDK_SYSROOT": str(tmp / "sysroot"),
         }
 
-    def play(self, *extra: str, **overrides) -> subprocess.CompletedProcess:
+    def play(self, *extra: str, path: Path | None = None, **overrides) -> subprocess.CompletedProcess:
         extra_vars = {"driver_version": DRIVER, "driver_firmware_version": FIRMWARE,
                       "driver_bundle_dir": str(self.bundle), "driver_install_path": str(self.root / "usr/local/Ascend"),
+                      "driver_work_dir": str(self.tmp / "work"),
                       "driver_user": "root", "driver_group": "root", "driver_manage_user": False,
                       "driver_allow_reboot": False} | overrides
         # what preflight's signature check (roles/bundle_trust) sets: the verified manifest's sha256
@@ -80,7 +82,8 @@ class FakeNode:
         extra_vars.setdefault("atlas_bundle_manifest_sha256", hashlib.sha256(manifest.read_bytes()).hexdigest())
         cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(self.tmp / "inventory.ini"), str(self.tmp / "play.yml"),
                "-e", json.dumps(extra_vars), *extra]
-        return subprocess.run(cmd, cwd=self.tmp, env=self.env, capture_output=True, text=True, timeout=300)
+        env = self.env | ({"PATH": f"{path}:{self.env['PATH']}"} if path else {})
+        return subprocess.run(cmd, cwd=self.tmp, env=env, capture_output=True, text=True, timeout=300)
 
     def boot(self) -> None:
         """What the node's atlas-lab-npu-boot unit does at boot: run what is installed."""
@@ -146,3 +149,28 @@ def test_going_back_is_refused_naming_the_procedure(node: FakeNode) -> None:
 
 def test_nothing_named_nothing_done(node: FakeNode) -> None:
     assert ok(node.play(driver_version="", driver_firmware_version=""))["changed"] == 0
+
+
+def test_a_package_swapped_after_its_check_never_runs(node: FakeNode, tmp_path: Path, bundle: Path) -> None:
+    """Every package is checked before the first runs; the account that can write the bundle swaps the
+    driver package while the firmware installs. The checked copies run, and are removed after."""
+    copy = tmp_path / "pushed-bundle"
+    subprocess.run(["cp", "-a", str(bundle), str(copy)], check=True)
+    bindir, pwned = swap_at_exec(tmp_path, copy, "hdk/*.run")
+    run = node.play(driver_bundle_dir=str(copy), path=bindir)
+    assert "installed but not running until the node reboots" in " ".join(run.stdout.split()), run.stdout[-3000:]
+    assert not pwned.exists(), "a package swapped in the bundle after its check was run"
+    assert (node.installed("driver"), node.installed("firmware")) == (DRIVER, FIRMWARE)
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+def test_a_bundle_another_account_can_write_is_refused(node: FakeNode, tmp_path: Path, bundle: Path) -> None:
+    copy = tmp_path / "pushed-bundle"
+    subprocess.run(["cp", "-a", str(bundle), str(copy)], check=True)
+    (copy / "hdk").chmod(0o775)
+    run = node.play(driver_bundle_dir=str(copy))
+    out = " ".join(run.stdout.split())
+    assert run.returncode != 0
+    assert f"{copy / 'hdk'}: owner root (0), group root (0), mode 0775: writable by its group" in out
+    assert f"fix: chown -R root:root {copy} && chmod -R go-w {copy}" in out
+    assert node.installed("driver") == "24.1.rc1" and node.installed("firmware") == "7.1.0.6.220"

@@ -57,23 +57,6 @@ def test_fleet_table_lists_every_host_even_without_report():
     assert any(line.startswith("n2") and "no report" in line for line in lines)
 
 
-def test_manifest_problems_names_each_bad_package():
-    sha = {"cann/a.run": "1" * 64, "cann/b.run": "2" * 64}
-    results = [
-        {"item": {"file": "cann/a.run"}, "stat": {"exists": True, "checksum": "1" * 64}},
-        {"item": {"file": "cann/b.run"}, "stat": {"exists": True, "checksum": "3" * 64}},
-        {"item": {"file": "cann/c.run"}, "stat": {"exists": False}},
-        {"item": {"file": "cann/d.run"}, "stat": {"exists": True, "checksum": "4" * 64}},
-        {"item": {"file": "cann/e.run"}, "skipped": True},
-    ]
-    problems = serving.manifest_problems(results, sha, "/b")
-    assert problems == [
-        f"/b/cann/b.run: sha256 {'3' * 64} does not match the manifest's {'2' * 64}",
-        "/b/cann/c.run: missing from the bundle",
-        "/b/cann/d.run: no entry in manifest.json",
-    ]
-
-
 def test_manifest_sha256_indexes_the_manifest_by_path():
     manifest = {"format": 1, "files": [{"path": "cann/a.run", "sha256": "A" * 64, "md5": "b" * 32, "size": 1},
                                        {"path": "hdk/b.zip", "sha256": "b" * 64, "size": 2,

@@ -12,13 +12,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import tls_fixtures
 import yaml
 
 from atlasctl import cli, exitcodes, prometheus
 from atlasctl.commands import health
 from atlasctl.runner import HostResult, RunResult
-
-import tls_fixtures
 
 # What the fake answers: the first key found in the query picks the vector.
 ANSWERS = {

@@ -20,8 +20,8 @@ def _cert(subject: str, issuer_key, issuer: x509.Name | None, key, *, ca: bool) 
                .not_valid_after(now + datetime.timedelta(days=1))
                .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
     if not ca:
-        builder = builder.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                                        critical=False)
+        address = x509.IPAddress(ipaddress.ip_address("127.0.0.1"))
+        builder = builder.add_extension(x509.SubjectAlternativeName([address]), critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
 
 

@@ -7,6 +7,10 @@ the bundle no longer has. ``manifest.json`` and its signature go last, so a node
 that describes files it does not have yet; what goes is the bytes whose signature was checked (the
 manifest's one read, :class:`atlasctl.bundle.Manifest`), from a private copy, never the file read again,
 and the nodes verify the bundle against exactly those bytes (``manifest_sha256``).
+
+What it writes on a node is root's alone (``--chown=root:root --chmod=go-w``, rsync running as root: the
+SSH user root, or ``sudo -n`` with ``ansible_become``): the stages refuse a bundle another account could
+change between their check of a file and its use (roles/bundle_trust, ``atlas.serving.root_only``).
 """
 
 from __future__ import annotations
@@ -150,14 +154,32 @@ def inventory_targets(inventory: Path, limit: str | None = None) -> list[shared.
     return shared.targets(inventory, limit)
 
 
+def as_root(target: shared.Target) -> str:
+    """How the node side runs as root: '' for the SSH user root, ``sudo -n `` with ansible_become; any other
+    user is refused (the bundle would be that user's to change, and the nodes refuse it)."""
+    if target.user == "root":
+        return ""
+    if target.become:
+        return "sudo -n "
+    raise UsageError(f"{target.name}: bundle push connects as {target.user} without ansible_become, so the bundle "
+                     f"would be {target.user}'s to change, and the nodes refuse such a bundle",
+                     fix="set ansible_become: true (passwordless sudo) or ansible_user: root for the nodes")
+
+
+def receiver_args(target: shared.Target, dest: str) -> list[str]:
+    """The rsync options that make what a push writes on ``target`` root's alone: the node side runs as root
+    (:func:`as_root`), owns every file and directory to root and takes group and other write away."""
+    sudo = as_root(target)
+    return ["--chown=root:root", "--chmod=go-w", "--rsync-path", f"{sudo}mkdir -p {shlex.quote(dest)} && {sudo}rsync"]
+
+
 def rsync_argv(src: Path, target: shared.Target, dest: str, *, part: str, delete: bool = True) -> list[str]:
     """rsync of ``part`` of the bundle ``src`` to ``dest`` on ``target``: ``files`` (everything but manifest.json
     and its signature) or ``manifest`` (only those two, from the private copy of the verified bytes). With
     ``delete``, what ``dest`` holds of that part and ``src`` does not is removed (never ``.atlas-*``, the
     node's own files there)."""
     argv = ["rsync", "--archive", "--partial", f"--partial-dir={PARTIAL_DIR}",
-            "--itemize-changes", "--rsh", shlex.join(target.ssh_argv()),
-            "--rsync-path", f"mkdir -p {shlex.quote(dest)} && rsync",
+            "--itemize-changes", "--rsh", shlex.join(target.ssh_argv()), *receiver_args(target, dest),
             "--exclude", "/.atlas-*"]
     if delete:
         argv[2:2] = ["--delete", "--delete-delay"]
@@ -209,6 +231,8 @@ def push(manifest: Manifest, targets: list[shared.Target], dest: str = DEFAULT_D
     if not shutil.which("rsync"):
         raise EnvironmentProblem("rsync is not installed on the controller", fix="apt-get install rsync")
     dest = check_dest(dest)
+    for target in targets:
+        as_root(target)  # every node reachable as root before the first transfer
     record = module_utils("bundle_record")
     names = {rel.split("/", 1)[0] for rel in manifest.expected} | {MANIFEST, SIGNATURE}
     results = []

@@ -28,11 +28,7 @@ class Trust:
     allow_unsigned: bool
 
 
-def as_bool(value: Any) -> bool:
-    """Ansible's truthiness of an inventory value (true/yes/on/1)."""
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "yes", "on", "1", "y")
-    return bool(value)
+as_bool = shared.as_bool
 
 
 def allow_unsigned(hostvars: dict[str, Any]) -> bool:

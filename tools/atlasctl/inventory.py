@@ -85,6 +85,13 @@ def path_list(inventory: Path, document: dict[str, Any], variable: str, *,
     return found
 
 
+def as_bool(value: Any) -> bool:
+    """Ansible's truthiness of an inventory value (true/yes/on/1)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "on", "1", "y")
+    return bool(value)
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     """A host and how to reach it over SSH, from its inventory variables."""
@@ -99,6 +106,8 @@ class Target:
     common_args: str = ""
     # where the host keeps the suite's files (its inventory's node layout: roles/layout), for doctor
     layout: Layout = dataclasses.field(default_factory=default_layout)
+    # ansible_become: a user other than root reaches root through sudo (bundle push writes as root)
+    become: bool = False
 
     @property
     def remote(self) -> str:
@@ -153,6 +162,7 @@ def target(name: str, hv: dict[str, Any]) -> Target:
         known_hosts=tuple(str(Path(p).expanduser()) for p in known),
         common_args=common,
         layout=Layout.of(hv),
+        become=as_bool(hv.get("ansible_become", False)),
     )
 
 

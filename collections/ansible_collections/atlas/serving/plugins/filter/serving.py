@@ -3,7 +3,6 @@
 ``engine_argv``  a profile's flag dict -> the engine's argv list
 ``env_lines``    an environment dict -> sorted ``KEY=value`` lines for a systemd EnvironmentFile
 ``fleet_table``  play hosts + hostvars -> the fleet health table (list of lines)
-``manifest_problems`` looped stat results + manifest sha256 map -> what does not match
 ``manifest_sha256``   a bundle's manifest.json (parsed) -> {path: sha256}; a zip's members as ``<zip>!<member>``
 ``trusted_manifest_problem``  a manifest slurped from a node, the verified sha256, its path -> '' or the refusal
 ``api_keys``     serving_api_keys (list, current first) or serving_api_key (one) -> the keys, current first
@@ -78,8 +77,8 @@ def env_lines(env: dict) -> list[str]:
 
 
 def manifest_sha256(manifest: dict, source: str = "manifest.json") -> dict[str, str]:
-    """A bundle's manifest.json, parsed -> {path: sha256} (what ``manifest_problems`` checks against),
-    read as ``atlasctl bundle verify`` reads it (module_utils/manifest.py ``sha256_index``)."""
+    """A bundle's manifest.json, parsed -> {path: sha256}, read as ``atlasctl bundle verify`` reads it
+    (module_utils/manifest.py ``sha256_index``)."""
     try:
         return sha256_index(manifest, source)
     except ManifestError as exc:
@@ -94,25 +93,6 @@ def trusted_manifest_problem(content: str, expected: str, path: str) -> str:
     except (binascii.Error, ValueError):
         return f"{path}: the content read from the node is not base64 (not a slurp result)"
     return check_trusted_sha256(hashlib.sha256(data).hexdigest(), str(expected or ""), str(path))
-
-
-def manifest_problems(stat_results: list, manifest_sha256: dict, root: str) -> list[str]:
-    """Problems of looped ``stat`` results (``item.file`` relative to root, sha256 checksums)
-    against a manifest's {path: sha256}; skipped items are ignored. Empty: all good."""
-    problems = []
-    for result in stat_results or []:
-        if result.get("skipped"):
-            continue
-        rel = result["item"]["file"]
-        stat = result.get("stat") or {}
-        if not stat.get("exists"):
-            problems.append(f"{root}/{rel}: missing from the bundle")
-        elif rel not in manifest_sha256:
-            problems.append(f"{root}/{rel}: no entry in manifest.json")
-        elif stat.get("checksum") != manifest_sha256[rel]:
-            problems.append(f"{root}/{rel}: sha256 {stat.get('checksum')} does not match the manifest's "
-                            f"{manifest_sha256[rel]}")
-    return problems
 
 
 FLEET_COLUMNS = (
@@ -181,7 +161,6 @@ class FilterModule:
             "engine_argv": engine_argv,
             "env_lines": env_lines,
             "fleet_table": fleet_table,
-            "manifest_problems": manifest_problems,
             "manifest_sha256": manifest_sha256,
             "trusted_manifest_problem": trusted_manifest_problem,
             "api_keys": api_keys,

@@ -1,0 +1,39 @@
+"""Filters of the engines role (logic in module_utils/wheel_hashes.py).
+
+``wheel_requirements``  requirements.lock as read (slurp) + model_verify's files of the wheelhouse
+                        -> the lock with each wheel's sha256 from the verified manifest (pip --require-hashes)
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.atlas.serving.plugins.module_utils.wheel_hashes import (
+    LOCK,
+    WHEEL_SUFFIX,
+    LockError,
+    hashed_requirements,
+)
+
+
+def wheel_requirements(content: str, verified_files: list, source: str) -> str:
+    """``content``: the lock as ``slurp`` read it (base64); ``verified_files``: the ``files`` of
+    atlas.serving.model_verify over the wheelhouse, each with the manifest's ``expected`` sha256."""
+    try:
+        lock = base64.b64decode(str(content), validate=True)
+    except (binascii.Error, ValueError):
+        raise AnsibleFilterError(f"{source}: the content read from the node is not base64 (not a slurp result)") \
+            from None
+    expected = {f["path"]: (f.get("expected") or {}).get("sha256") or "" for f in verified_files or []}
+    wheels = {path: digest for path, digest in expected.items() if path.endswith(WHEEL_SUFFIX)}
+    try:
+        return hashed_requirements(lock, expected.get(LOCK, ""), wheels, source)
+    except LockError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
+class FilterModule:
+    def filters(self):
+        return {"wheel_requirements": wheel_requirements}
