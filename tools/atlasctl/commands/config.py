@@ -30,6 +30,7 @@ from atlasctl import exitcodes, planner
 from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
 from atlasctl.inputs import read_text
+from atlasctl.outputs import write_files
 from atlasctl.site_data import profile_dirs
 
 INVENTORY_HELP = "also the profiles in the serving_profile_dirs of this inventory's hosts"
@@ -101,16 +102,10 @@ def run_render(args: argparse.Namespace) -> int:
                          fix="omit PROFILE with --host, or drop --host")
     rendered = planner.render(name, api_key=os.environ.get("ATLAS_SERVING_API_KEY", ""), dirs=dirs, rank=rank)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        for suffix, text, mode in ((".args", rendered.args_text, 0o640), (".env", rendered.env_text, 0o600),
-                                   (".service", rendered.unit_text, 0o644), (".keys.yaml", rendered.keys_text, 0o640)):
-            if not text:
-                continue
-            path = args.out / f"atlas-serving{suffix}"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.chmod(path, mode)
+        files = [(f"atlas-serving{suffix}", text, mode) for suffix, text, mode in (
+            (".args", rendered.args_text, 0o640), (".env", rendered.env_text, 0o600),
+            (".service", rendered.unit_text, 0o644), (".keys.yaml", rendered.keys_text, 0o640)) if text]
+        for path in write_files(args.out, files):
             print(path)
         return exitcodes.OK
     if args.json:
