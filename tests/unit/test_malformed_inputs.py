@@ -33,6 +33,10 @@ def _safetensors(length: int, header: bytes) -> bytes:
     return struct.pack("<Q", length) + header
 
 
+def _config(**change: object) -> bytes:
+    return json.dumps({**json.loads(CONFIG), **change}).encode()
+
+
 # An inventory whose profile directory holds p.yml (`config lint|render|plan p -i {tmp}/inv/hosts.yml`).
 INV = ["-i", "{tmp}/inv/hosts.yml"]
 HOSTS = b"all: {hosts: {n1: {serving_profile: p, serving_profile_dirs: [profiles]}}}\n"
@@ -204,6 +208,28 @@ CASES = [
      ["p.yml", "a value YAML cannot read", "month", "quote it"]),
     ("render-out-is-a-file", ["config", "render", PROFILE, "--out", "{tmp}/f"], {"f": b"x"},
      ["--out", "/f is a file, not a directory", "fix:"]),
+    ("plan-profile-max-model-len-negative", ["config", "plan", "p", *INV], _profile(flags={"--max-model-len": -5}),
+     ["--max-model-len -5", "positive whole number"]),
+    ("plan-profile-tp-not-a-number", ["config", "plan", "p", *INV],
+     _profile(flags={"--tensor-parallel-size": "eight"}), ["--tensor-parallel-size 'eight'", "positive"]),
+    ("plan-profile-hbm-1e23", ["config", "plan", "p", *INV], _profile(hardware={"npu_count": 8, "hbm_mb": "1e23"}),
+     ["hardware.hbm_mb is '1e23'", "whole number"]),
+    ("plan-profile-hbm-huge", ["config", "plan", "p", *INV], _profile(hardware={"npu_count": 8, "hbm_mb": 10**23}),
+     ["hbm_mb 100000000000000000000000", "at most 1048576"]),
+    ("plan-hbm-huge", ["config", "plan", PROFILE, "--hbm-mb", "1" + "0" * 23], {},
+     ["--hbm-mb 100000000000000000000000", "at most 1048576"]),
+    ("plan-reserve-huge", ["config", "plan", PROFILE, "--reserve-gib", "1e308"], {},
+     ["--reserve-gib 1e+308", "finite"]),
+    ("plan-nodes-huge", ["config", "plan", PROFILE, "--nodes", "100000"], {}, ["--nodes 100000", "at most 1024"]),
+    ("plan-config-infinite", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"],
+     {"md/config.json": CONFIG.replace(b'"num_hidden_layers": 80', b'"num_hidden_layers": 1e400')},
+     ["config.json num_hidden_layers inf", "restore the model's config.json"]),
+    ("plan-config-negative", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"],
+     {"md/config.json": _config(hidden_size=-8192)}, ["config.json hidden_size -8192", "positive"]),
+    ("plan-config-text", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"],
+     {"md/config.json": _config(vocab_size="many")}, ["config.json vocab_size 'many'"]),
+    ("plan-config-list", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"], {"md/config.json": b"[]"},
+     ["config.json is a JSON list"]),
     # compat check --table
     ("compat-table-not-utf8", ["compat", "check", "--table", "{tmp}/t.yml"], {"t.yml": b"format: \xff\n"},
      ["compatibility table", "t.yml", "not UTF-8"]),

@@ -336,9 +336,10 @@ def _plan_profile(memplan, name: str, npu_count: int | None, hbm_mb: int | None,
     if model_dir:  # the headers' bytes, less the layers past num_hidden_layers (DeepSeek's MTP layer)
         found = memplan.safetensors_weight_bytes(str(model_dir), memplan.model_shape(config)["layers"])
         weights = found["bytes"] - found["beyond_layers_bytes"]
-    reserve = int((reserve_gib if reserve_gib is not None else memplan.DEFAULT_RESERVE_GIB) * memplan.GIB)
+    reserve = memplan.gib_bytes(reserve_gib if reserve_gib is not None else memplan.DEFAULT_RESERVE_GIB,
+                                "--reserve-gib")
     flags = {k: v for k, v in profile["flags"].items() if not (isinstance(v, str) and "{{" in v)}
-    result = memplan.plan_model(config, profile["engine"], flags, int(count), int(hbm) * 1024 * 1024,
+    result = memplan.plan_model(config, profile["engine"], flags, count, memplan.hbm_bytes_of(hbm, "hbm_mb"),
                                 weights, reserve, name, nodes=nodes or hardware.get("nodes"))
     return PlanRow(name, result)
 

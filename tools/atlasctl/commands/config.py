@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -177,15 +176,21 @@ def run_lint(args: argparse.Namespace) -> int:
 
 
 def _check_plan_args(args: argparse.Namespace) -> None:
-    examples = {"--npus": 8, "--hbm-mb": 65536, "--nodes": 2}
-    for flag, value in (("--npus", args.npus), ("--hbm-mb", args.hbm_mb), ("--nodes", args.nodes)):
-        if value is not None and value < 1:
-            raise UsageError(f"config plan {flag} {value}: must be a positive whole number",
-                             fix=f"pass e.g. {flag} {examples[flag]}, or omit it for the profile's hardware")
-    reserve = args.reserve_gib
-    if reserve is not None and not (math.isfinite(reserve) and reserve >= 0):
-        raise UsageError(f"config plan --reserve-gib {reserve}: must be a finite number of GiB >= 0",
-                         fix="pass e.g. --reserve-gib 2, or omit it for the default")
+    """The plan's figures, checked by the planner's own bounds (module_utils/memplan.py) before any profile."""
+    memplan = module_utils("memplan")
+    examples = {"--npus": "8", "--hbm-mb": "65536", "--nodes": "2", "--reserve-gib": "2"}
+    checks = (("--npus", args.npus, lambda v, what: memplan.whole(v, what)),
+              ("--hbm-mb", args.hbm_mb, memplan.hbm_bytes_of),
+              ("--nodes", args.nodes, lambda v, what: memplan.whole(v, what, high=memplan.NODES_MAX)),
+              ("--reserve-gib", args.reserve_gib, memplan.gib_bytes))
+    for flag, value, check in checks:
+        if value is None:
+            continue
+        try:
+            check(value, f"config plan {flag}")
+        except memplan.PlanError as exc:
+            raise UsageError(str(exc), fix=f"pass e.g. {flag} {examples[flag]}, or omit it for the profile's "
+                             "hardware and the default reserve") from None
 
 
 def run_plan(args: argparse.Namespace) -> int:
