@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from lab_additions import PROFILE_DIRS as LAB_DIRS
 
 from atlasctl import planner
@@ -15,6 +16,7 @@ from atlasctl.collection import module_utils
 
 lint = module_utils("engine_lint")
 SCHEMA_DIR = Path(lint.schema_dir_default())
+REPO = Path(__file__).resolve().parents[2]
 VLLM = "vllm-ascend-0.11.0"
 SGLANG = "sglang-0.5.6"
 VLLM_BASE = ["/opt/atlas/engines/vllm/bin/vllm", "serve", "/var/lib/atlas/models/m", "--dtype", "float16"]
@@ -163,6 +165,10 @@ VALUES = [
     ("sglang tokenizer-worker-num 0", SGLANG, [*SGLANG_BASE, "--tokenizer-worker-num", "0"], ["server_args.py:4053"]),
     ("sglang mem-fraction-static is not bounded by 0.5.6", SGLANG, [*SGLANG_BASE, "--mem-fraction-static", "1.5"], []),
     ("vllm-ascend ranges not verified: none encoded", VLLM, [*VLLM_BASE, "--gpu-memory-utilization", "1.5"], []),
+    ("an API key on the command line", VCPU, [*VCPU_BASE, "--api-key", "s3cret"],
+     ["`--api-key`", "command line", "serving_api_keys", "--config"]),
+    ("an API key inline", SGLANG, [*SGLANG_BASE, "--api-key=s3cret"], ["`--api-key`", "serving_api_keys"]),
+    ("an API key spelt with _", VLLM, [*VLLM_BASE, "--api_key", "s3cret", "k2"], ["`--api-key`", "serving_api_keys"]),
 ]
 
 
@@ -200,3 +206,38 @@ def test_config_lint_argv_file_reads_lines_as_the_launcher_does(tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "`--served-model-name` needs a value" in proc.stdout  # the '#m' line is skipped, as by the launcher
     assert "cache.py:102" in proc.stdout
+
+
+# (id, release, env, expected fragments): the environment file holds one KEY=value per line; keys go through
+# serving_api_keys (the engine's --config file), never the environment
+ENV_VALUES = [
+    ("newline", VCPU, {"VLLM_HOST_IP": "10.0.0.1\nVLLM_API_KEY=x"}, ["`VLLM_HOST_IP`", "control character (U+000A)"]),
+    ("vLLM key", VCPU, {"VLLM_API_KEY": "s3cret"}, ["`VLLM_API_KEY`", "environment file", "serving_api_keys"]),
+    ("SGLang key", SGLANG, {"SGLANG_API_KEY": "s3cret"}, ["`SGLANG_API_KEY`", "serving_api_keys"]),
+    ("a plain value", VCPU, {"VLLM_HOST_IP": "10.0.0.1"}, []),
+]
+
+
+@pytest.mark.parametrize(("release", "env", "fragments"), [v[1:] for v in ENV_VALUES], ids=[v[0] for v in ENV_VALUES])
+def test_environment_values_and_keys(release, env, fragments):
+    argv = VCPU_BASE if release == VCPU else SGLANG_BASE
+    messages = _messages(argv, env, release)
+    if not fragments:
+        assert messages == []
+        return
+    assert len(messages) == 1, messages
+    assert all(fragment in messages[0] for fragment in fragments), messages
+    assert "s3cret" not in messages[0]
+
+
+def test_cli_lint_names_serving_api_keys_for_a_key_in_a_profile(tmp_path):
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "hosts.yml").write_text("all: {hosts: {n1: {serving_profile: k, serving_profile_dirs: [profiles]}}}\n")
+    profile = yaml.safe_load((REPO / "inventory/lab/profiles/lab-vllm-cpu-tiny.yml").read_text())
+    profile["__serving_profile"]["flags"]["--api-key"] = "s3cret"
+    profile["__serving_profile"]["env"]["VLLM_API_KEY"] = "s3cret"
+    (tmp_path / "profiles/k.yml").write_text(yaml.safe_dump(profile))
+    proc = _atlasctl("config", "lint", "k", "-i", str(tmp_path / "hosts.yml"))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "k: 2 finding(s)" in proc.stdout and proc.stdout.count("serving_api_keys") == 2
+    assert "s3cret" not in proc.stdout + proc.stderr

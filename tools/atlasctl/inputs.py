@@ -48,6 +48,9 @@ def parse_yaml(text: str, where: str, fix: str | None = None) -> object:
         raise UsageError(f"{where}: not valid YAML: {' '.join(str(exc).split())}", fix=fix) from None
     except RecursionError:
         raise UsageError(f"{where}: nested too deeply to be a configuration file", fix=fix) from None
+    except ValueError as exc:  # a value PyYAML cannot build: a 5000-digit number, a date such as 2024-13-45
+        raise UsageError(f"{where}: a value YAML cannot read: {str(exc).split(';')[0]} (quote it if it is text)",
+                         fix=fix) from None
 
 
 def load_yaml(path: Path | str, what: str, fix: str | None = None) -> object:

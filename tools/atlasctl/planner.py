@@ -4,8 +4,10 @@ Profiles live in ``roles/serving/vars/profiles/<name>.yml`` and in the directori
 ``serving_profile_dirs`` (searched first; ``dirs`` below, absolute: ``atlasctl.site_data.profile_dirs``), each
 holding ``__serving_profile`` (engine, engine_release, model, hardware, port, command, flags, env). The search
 is plugin_utils/site_data.py's, as the serving role's (a name in two places is an error naming both).
-Rendering resolves the ``{{ var }}`` placeholders the role fills in (model path, served name, host, port)
-and produces what the role writes: the argv (``.args``), the environment file (``.env``) and the systemd unit.
+Rendering fills the ``{{ var }}`` placeholders the role fills in (model path, served name, host, port; plain
+substitution, plugin_utils/site_data.py: a profile is data, never a template), lints the result as the role
+does (a profile with a finding is not rendered) and produces what the role writes: the argv (``.args``), the
+environment file (``.env``) and the systemd unit.
 Lint and plan call the collection's module_utils (``engine_lint``, ``memplan``): one implementation for
 the CLI, the role and preflight.
 """
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jinja2
+import jinja2.sandbox
 import yaml
 
 from atlasctl import layout
@@ -73,11 +75,16 @@ def profile_names(dirs: Dirs = ()) -> list[str]:
     return sorted(profile_files(dirs))
 
 
+def _resolved(name: str, dirs: Dirs) -> dict[str, Any]:
+    """What the serving role publishes as serving_profile_resolved: the profile as written, checked, with its
+    name and file."""
+    return _site(lambda site: site.resolve_profile(name, [str(d) for d in dirs], str(profile_dir()),
+                                                   lambda path, what: load_yaml(path, what)))
+
+
 def load_profile(name: str, dirs: Dirs = ()) -> dict[str, Any]:
     """The profile as written; what the serving role publishes as serving_profile_resolved (less name, file)."""
-    found = _site(lambda site: site.resolve_profile(name, [str(d) for d in dirs], str(profile_dir()),
-                                                    lambda path, what: load_yaml(path, what)))
-    return {k: v for k, v in found.items() if k not in ("name", "file")}
+    return {k: v for k, v in _resolved(name, dirs).items() if k not in ("name", "file")}
 
 
 @dataclass(frozen=True)
@@ -177,11 +184,28 @@ def rank_of(inventory: str | Path, host: str, dirs: Dirs = (),
     return Rank(host, str(name), rank, si.comm_env_for(profile["engine"], env))
 
 
-def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = "", dirs: Dirs = (),
-           rank: Rank | None = None) -> Rendered:
-    """What the serving role renders for profile ``name`` (same filters, same templates); with ``rank``
-    (:func:`rank_of`), what it renders on that node of a multi-node instance."""
-    profile = load_profile(name, dirs)
+@dataclass(frozen=True)
+class Resolved:
+    """A profile's engine argv and environment as the serving role builds them (tasks/profile.yml)."""
+
+    profile: str
+    file: Path
+    release: str
+    engine: str
+    argv: list[str]
+    env: dict[str, Any]
+    variables: dict[str, Any]
+    keys_text: str
+
+
+def resolve(name: str, overrides: dict[str, Any] | None = None, api_key: str = "", dirs: Dirs = (),
+            rank: Rank | None = None) -> Resolved:
+    """The argv and environment of profile ``name`` (on ``rank``): its placeholders filled as the serving role
+    fills them (plugin_utils/site_data.py ``fill_placeholders``: data, no template is evaluated), the bin/
+    command from the release's venv, the rank's flags and variables over the profile's."""
+    found = _resolved(name, dirs)
+    file = Path(found["file"])
+    profile = {k: v for k, v in found.items() if k not in ("name", "file")}
     model = profile.get("model", "model")
     # The node layout (roles/layout) with this profile's model, as the roles resolve it.
     paths = layout.resolve({"models_name": model, **(overrides or {})})
@@ -197,45 +221,66 @@ def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = ""
         "serving_set_env_scripts": profile.get("cann_set_env", []),
         **(overrides or {}),
     }
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
-                             trim_blocks=True)  # as Ansible templates
-    env.filters["comment"] = _comment
-    env.filters["quote"] = lambda s: "'" + str(s).replace("'", "'\\''") + "'"
-    filters = _filters()
-    env.filters["atlas.serving.env_lines"] = filters.env_lines
-
-    def resolve(value: Any) -> Any:
-        return env.from_string(value).render(variables) if isinstance(value, str) and "{{" in value else value
-
+    site = plugin_utils("site_data")
+    values = {key: variables.get(key) for key in site.PLACEHOLDERS}
+    filled = _site(lambda site: site.fill_placeholders(profile, values, str(file)))
     venv = variables["serving_engine_venv"]
-    command = [resolve(c) for c in profile["command"]]
-    command = [f"{venv}/{c}" if c.startswith("bin/") else c for c in command]
+    command = [f"{venv}/{c}" if c.startswith("bin/") else c for c in filled["command"]]
     # As roles/serving/tasks/profile.yml: the profile, then the rank's flags and variables.
-    flags = {k: resolve(v) for k, v in {**profile["flags"], **(rank.rank["flags"] if rank else {})}.items()}
-    envd = {k: resolve(v) for k, v in {**profile["env"], **(rank.comm_env if rank else {})}.items()}
+    flags = {**filled["flags"], **(rank.rank["flags"] if rank else {})}
+    env = {**filled["env"], **(rank.comm_env if rank else {})}
     keys_text = ""
     if api_key:  # as roles/serving (profile.yml, config.yml): a --config keys file, never the command line
         release = variables.get("atlas_release_id") or "unnamed"
         flags["--config"] = (f"{variables['serving_release_dir']}/{release}/"
                              f"{variables['serving_service_name']}.keys.yaml")
         keys_text = json.dumps({"api-key": [api_key] if profile["engine"] == "vllm" else api_key}) + "\n"
-    argv = command + filters.engine_argv(flags)
+    argv = command + _filters().engine_argv(flags)
+    return Resolved(name, file, profile["engine_release"], profile["engine"], argv, env, variables, keys_text)
+
+
+def check(resolved: Resolved) -> list[dict[str, str]]:
+    """Findings of a resolved profile against its release's schema (module_utils/engine_lint.py, as the serving
+    role's lint): what ``config lint`` reports and ``config render`` refuses to write. Empty: all real."""
+    lint = module_utils("engine_lint")
+    try:
+        return lint.lint(resolved.argv, resolved.env, resolved.release)
+    except lint.LintError as exc:
+        raise UsageError(f"serving profile {resolved.file}: {exc}", fix="set engine_release to a release with a "
+                         "schema: " + ", ".join(lint.known_releases(lint.schema_dir_default()))) from None
+
+
+def render(name: str, overrides: dict[str, Any] | None = None, api_key: str = "", dirs: Dirs = (),
+           rank: Rank | None = None) -> Rendered:
+    """What the serving role renders for profile ``name`` (same filters, same templates); with ``rank``
+    (:func:`rank_of`), what it renders on that node of a multi-node instance. A profile the lint finds
+    anything in (:func:`check`) is refused, as the serving role refuses it."""
+    resolved = resolve(name, overrides, api_key, dirs, rank)
+    findings = check(resolved)
+    if findings:
+        more = f" (and {len(findings) - 1} more)" if len(findings) > 1 else ""
+        raise UsageError(f"serving profile {name}: {findings[0]['message']}{more}; nothing written",
+                         fix=f"change {resolved.file}; `atlasctl config lint {name}` lists every finding")
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False, trim_blocks=True)  # as Ansible
+    env.filters["comment"] = _comment
+    filters = _filters()
+    env.filters["atlas.serving.env_lines"] = filters.env_lines
     # A venv release's files: a container release's podman run line needs the node's ids and the loaded image's id,
     # so the serving stage renders it on the node's facts (docs/containers.md).
-    variables.update({"__serving_argv": argv, "__serving_exec_argv": argv, "__serving_env": envd,
-                      "__serving_engine": profile["engine"],
-                      "serving_runtime_resolved": {"runtime": "venv", "image": None, "entrypoint": []}})
+    variables = {**resolved.variables, "__serving_argv": resolved.argv, "__serving_exec_argv": resolved.argv,
+                 "__serving_env": resolved.env, "__serving_engine": resolved.engine,
+                 "serving_runtime_resolved": {"runtime": "venv", "image": None, "entrypoint": []}}
     templates = _serving_role() / "templates"
     texts = {t: env.from_string((templates / f"{t}.j2").read_text(encoding="utf-8")).render(variables)
              for t in ("serving.args", "serving.env", "serving.service")}
-    return Rendered(name, profile["engine_release"], argv, envd, filters.env_lines(envd),
-                    texts["serving.args"], texts["serving.env"], texts["serving.service"], keys_text)
+    return Rendered(name, resolved.release, resolved.argv, resolved.env, filters.env_lines(resolved.env),
+                    texts["serving.args"], texts["serving.env"], texts["serving.service"], resolved.keys_text)
 
 
 def lint_profile(name: str, dirs: Dirs = (), rank: Rank | None = None) -> list[dict[str, str]]:
-    """Findings of the rendered argv + env of ``name`` (on ``rank``) against its release's schema (empty: all real)."""
-    rendered = render(name, api_key="lint-placeholder", dirs=dirs, rank=rank)
-    return module_utils("engine_lint").lint(rendered.argv, rendered.env, rendered.release)
+    """Findings of the argv + env of ``name`` (on ``rank``) against its release's schema (empty: all real)."""
+    return check(resolve(name, api_key="lint-placeholder", dirs=dirs, rank=rank))
 
 
 def model_config(model: str, model_dir: Path | None = None) -> dict[str, Any]:
@@ -291,9 +336,10 @@ def _plan_profile(memplan, name: str, npu_count: int | None, hbm_mb: int | None,
     if model_dir:  # the headers' bytes, less the layers past num_hidden_layers (DeepSeek's MTP layer)
         found = memplan.safetensors_weight_bytes(str(model_dir), memplan.model_shape(config)["layers"])
         weights = found["bytes"] - found["beyond_layers_bytes"]
-    reserve = int((reserve_gib if reserve_gib is not None else memplan.DEFAULT_RESERVE_GIB) * memplan.GIB)
+    reserve = memplan.gib_bytes(reserve_gib if reserve_gib is not None else memplan.DEFAULT_RESERVE_GIB,
+                                "--reserve-gib")
     flags = {k: v for k, v in profile["flags"].items() if not (isinstance(v, str) and "{{" in v)}
-    result = memplan.plan_model(config, profile["engine"], flags, int(count), int(hbm) * 1024 * 1024,
+    result = memplan.plan_model(config, profile["engine"], flags, count, memplan.hbm_bytes_of(hbm, "hbm_mb"),
                                 weights, reserve, name, nodes=nodes or hardware.get("nodes"))
     return PlanRow(name, result)
 

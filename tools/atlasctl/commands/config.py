@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ from atlasctl import exitcodes, planner
 from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
 from atlasctl.inputs import read_text
+from atlasctl.outputs import write_files
 from atlasctl.site_data import profile_dirs
 
 INVENTORY_HELP = "also the profiles in the serving_profile_dirs of this inventory's hosts"
@@ -101,16 +101,10 @@ def run_render(args: argparse.Namespace) -> int:
                          fix="omit PROFILE with --host, or drop --host")
     rendered = planner.render(name, api_key=os.environ.get("ATLAS_SERVING_API_KEY", ""), dirs=dirs, rank=rank)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        for suffix, text, mode in ((".args", rendered.args_text, 0o640), (".env", rendered.env_text, 0o600),
-                                   (".service", rendered.unit_text, 0o644), (".keys.yaml", rendered.keys_text, 0o640)):
-            if not text:
-                continue
-            path = args.out / f"atlas-serving{suffix}"
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.chmod(path, mode)
+        files = [(f"atlas-serving{suffix}", text, mode) for suffix, text, mode in (
+            (".args", rendered.args_text, 0o640), (".env", rendered.env_text, 0o600),
+            (".service", rendered.unit_text, 0o644), (".keys.yaml", rendered.keys_text, 0o640)) if text]
+        for path in write_files(args.out, files):
             print(path)
         return exitcodes.OK
     if args.json:
@@ -182,15 +176,21 @@ def run_lint(args: argparse.Namespace) -> int:
 
 
 def _check_plan_args(args: argparse.Namespace) -> None:
-    examples = {"--npus": 8, "--hbm-mb": 65536, "--nodes": 2}
-    for flag, value in (("--npus", args.npus), ("--hbm-mb", args.hbm_mb), ("--nodes", args.nodes)):
-        if value is not None and value < 1:
-            raise UsageError(f"config plan {flag} {value}: must be a positive whole number",
-                             fix=f"pass e.g. {flag} {examples[flag]}, or omit it for the profile's hardware")
-    reserve = args.reserve_gib
-    if reserve is not None and not (math.isfinite(reserve) and reserve >= 0):
-        raise UsageError(f"config plan --reserve-gib {reserve}: must be a finite number of GiB >= 0",
-                         fix="pass e.g. --reserve-gib 2, or omit it for the default")
+    """The plan's figures, checked by the planner's own bounds (module_utils/memplan.py) before any profile."""
+    memplan = module_utils("memplan")
+    examples = {"--npus": "8", "--hbm-mb": "65536", "--nodes": "2", "--reserve-gib": "2"}
+    checks = (("--npus", args.npus, lambda v, what: memplan.whole(v, what)),
+              ("--hbm-mb", args.hbm_mb, memplan.hbm_bytes_of),
+              ("--nodes", args.nodes, lambda v, what: memplan.whole(v, what, high=memplan.NODES_MAX)),
+              ("--reserve-gib", args.reserve_gib, memplan.gib_bytes))
+    for flag, value, check in checks:
+        if value is None:
+            continue
+        try:
+            check(value, f"config plan {flag}")
+        except memplan.PlanError as exc:
+            raise UsageError(str(exc), fix=f"pass e.g. {flag} {examples[flag]}, or omit it for the profile's "
+                             "hardware and the default reserve") from None
 
 
 def run_plan(args: argparse.Namespace) -> int:

@@ -11,8 +11,11 @@ Standard library only (runs in filters, modules and atlasctl). Data, not code, s
 
 Unknown flags and unknown environment variables are errors; so is a value the rendered one-argument-per-line
 ``.args`` file cannot carry (a control character such as a newline adds lines, a leading ``#`` makes the
-launcher skip it). Secret values (``--api-key``,
-``VLLM_API_KEY``) never appear in a message.
+launcher skip it); so is a control character in an environment value (the environment file holds one
+variable per line). An API key in the argv or the environment (``--api-key``, ``VLLM_API_KEY``,
+``SGLANG_API_KEY``) is an error naming ``serving_api_keys``: the serving role hands the keys to the engine in
+its ``--config`` file, never on a command line or in the environment file (README.md, "API keys";
+docs/engine-facts.md). Secret values never appear in a message.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ import re
 
 SECRET_FLAGS = frozenset(["--api-key"])
 SECRET_ENV = frozenset(["VLLM_API_KEY", "SGLANG_API_KEY"])
+# What a flag and an environment variable name look like (whole-string matches: ``fullmatch``).
+FLAG_NAME = re.compile(r"--[a-z0-9][a-z0-9-]*")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_KEYS_FIX = ("set serving_api_keys (vaulted) in the inventory instead: the serving role hands the keys to the "
+             "engine in its --config file (README.md, 'API keys'; docs/engine-facts.md)")
 _BOOL_ACTIONS = frozenset(["store_true", "store_false", "BooleanOptionalAction", "store_const"])
 
 
@@ -89,6 +97,11 @@ def _range_error(flag_name, value, entry, release):
             f"({entry['source']})")
 
 
+def _control_character(text):
+    """The first control character of ``text`` (None when there is none)."""
+    return next((c for c in text if ord(c) < 32 or ord(c) == 127), None)
+
+
 def _line_safety(argv):
     """Findings for tokens the ``.args`` file cannot carry: control characters (a newline makes extra
     arguments), and values starting with ``#`` (the launcher skips such lines: the value vanishes)."""
@@ -96,9 +109,9 @@ def _line_safety(argv):
     for token in [str(t) for t in argv]:
         if token.startswith("--"):
             flag = token.partition("=")[0]
-        bad = [c for c in token if ord(c) < 32 or ord(c) == 127]
+        bad = _control_character(token)
         if bad:
-            findings.append(_finding("value", flag, f"`{flag}` has a control character (U+{ord(bad[0]):04X}) in "
+            findings.append(_finding("value", flag, f"`{flag}` has a control character (U+{ord(bad):04X}) in "
                                      "its value: the .args file holds one argument per line, so it would "
                                      "split into extra arguments; remove it"))
         elif token.startswith("#"):
@@ -215,6 +228,10 @@ def lint_flags(argv, schema, fictions, release, ranges=None):
         if name in unsafe:
             continue
         lookup = name if name in table else "--" + name[2:].replace("_", "-")
+        if lookup in SECRET_FLAGS:
+            findings.append(_finding("secret", name, f"`{lookup}` puts the API key on the engine's command line "
+                                     f"(the process list, the journal): remove it and {_KEYS_FIX}"))
+            continue
         entry = _fiction(fictions, "flag", lookup, engine)
         if entry is not None and lookup not in table:
             findings.append(_finding("flag", name, _fmt(entry, release)))
@@ -248,6 +265,11 @@ def lint_env(env, schema, platform, fictions, release):
         if isinstance(env[name], bool):
             value = value.lower()
         shown = "<secret>" if name in SECRET_ENV else value
+        bad = _control_character(value)
+        if bad:
+            findings.append(_finding("env", name, f"`{name}` has a control character (U+{ord(bad):04X}) in its "
+                                     "value: the environment file holds one variable per line; remove it"))
+            continue
         entry = _fiction(fictions, "env", name, engine)
         if entry is not None and name not in table:
             findings.append(_finding("env", name, _fmt(entry, release)))
@@ -271,4 +293,9 @@ def lint(argv, env, release, schema_dir=None):
     """Every finding for ``argv`` + ``env`` against ``release``; empty list when all is real."""
     schema, platform, fictions = load(release, schema_dir)
     ranges = load_ranges(release, schema_dir)
-    return lint_flags(argv, schema, fictions, release, ranges) + lint_env(env, schema, platform, fictions, release)
+    env = env or {}
+    keys = [_finding("secret", name, f"`{name}` puts the API key in the engine's environment file: remove it and "
+                     + _KEYS_FIX) for name in sorted(env) if name in SECRET_ENV]
+    rest = {name: value for name, value in env.items() if name not in SECRET_ENV}
+    return lint_flags(argv, schema, fictions, release, ranges) + keys + lint_env(rest, schema, platform, fictions,
+                                                                                 release)

@@ -57,6 +57,48 @@ class PlanError(Exception):
     """An input the planner cannot use (names the file or field and the fix)."""
 
 
+# What the planner plans: bounds far above any real model or NPU, below what would overflow a float or loop
+# for hours (a damaged config.json, a mistyped figure). The largest configs shipped here: 80 layers, hidden
+# 8192, vocabulary 129280 (roles/serving/files/models/*/config.json); an Atlas 910B NPU has 32 or 64 GB HBM.
+DIM_MAX = 1 << 24
+LAYERS_MAX = 4096
+HBM_MB_MAX = 1 << 20  # 1 TiB per NPU
+NODES_MAX = 1024
+
+
+def whole(value, what, low=1, high=DIM_MAX, fix=""):
+    """``value`` as an int in [low, high] (a whole float such as 4096.0 too; not a bool, NaN or inf)."""
+    number = value
+    if isinstance(value, str):
+        try:
+            number = int(value.strip().replace("_", ""), 10)
+        except ValueError:
+            number = None
+    elif isinstance(value, float):
+        number = int(value) if math.isfinite(value) and value == int(value) else None
+    elif type(value) is not int:
+        number = None
+    if number is None or not low <= number <= high:
+        kind = f"a positive whole number (at most {high})" if low == 1 else f"a whole number from {low} to {high}"
+        shown = value if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
+        raise PlanError(f"{what} {shown}: must be {kind}" + (f"; {fix}" if fix else ""))
+    return number
+
+
+def gib_bytes(value, what):
+    """Bytes of ``value`` GiB (a finite number from 0 to HBM_MB_MAX / 1024): the reserve per NPU."""
+    high = HBM_MB_MAX // 1024
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and 0 <= value <= high):
+        raise PlanError(f"{what} {value!r}: must be a finite number of GiB from 0 to {high}")
+    return int(value * GIB)
+
+
+def hbm_bytes_of(hbm_mb, what="hbm_mb"):
+    """Bytes of HBM per NPU from npu-smi's MB figure (65536 for 64 GB)."""
+    return whole(hbm_mb, what, 1, HBM_MB_MAX, "HBM per NPU in MB as npu-smi prints it, e.g. 65536") * 1024 * 1024
+
+
 def read_safetensors_header(path):
     """The JSON header of a ``.safetensors`` file (reads 8 + header bytes, never the tensors)."""
     try:
@@ -118,45 +160,56 @@ def safetensors_weight_bytes(model_dir, layers=None):
 
 def model_shape(config):
     """The fields the plan needs from a Hugging Face ``config.json`` dict: Llama/Mistral (GQA), and
-    DeepSeek-V3 style models (MLA: ``kv_lora_rank``; MoE: ``n_routed_experts``)."""
-    try:
-        heads = int(config["num_attention_heads"])
-        hidden = int(config["hidden_size"])
-        shape = {
-            "layers": int(config["num_hidden_layers"]),
-            "hidden": hidden,
-            "heads": heads,
-            "kv_heads": int(config.get("num_key_value_heads") or heads),
-            "head_dim": int(config.get("head_dim") or hidden // heads),
-            "vocab": int(config["vocab_size"]),
-            "intermediate": int(config["intermediate_size"]),
-            "tied": bool(config.get("tie_word_embeddings", False)),
-            "mla": None,
-            "moe": None,
+    DeepSeek-V3 style models (MLA: ``kv_lora_rank``; MoE: ``n_routed_experts``). Every dimension must be a
+    whole number in the planner's bounds (a damaged file: a negative, 1e400 or a text is named)."""
+    if not isinstance(config, dict):
+        raise PlanError(f"config.json is a JSON {type(config).__name__}, not an object: restore the model's "
+                        "config.json from its source")
+
+    def dim(key, low=1, high=DIM_MAX, default=None):
+        value = config.get(key)
+        if value is None or (default is not None and not value):
+            if default is None:
+                raise PlanError(f"config.json lacks {key!r}: the planner needs num_hidden_layers, hidden_size, "
+                                "num_attention_heads, vocab_size, intermediate_size (MLA: kv_lora_rank, "
+                                "qk_rope_head_dim, qk_nope_head_dim, v_head_dim; MoE: n_routed_experts, "
+                                "num_experts_per_tok, moe_intermediate_size)")
+            return default
+        return whole(value, f"config.json {key}", low, high, "restore the model's config.json from its source")
+
+    heads = dim("num_attention_heads")
+    hidden = dim("hidden_size")
+    shape = {
+        "layers": dim("num_hidden_layers", high=LAYERS_MAX),
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": dim("num_key_value_heads", default=heads),
+        "head_dim": dim("head_dim", default=max(hidden // heads, 1)),
+        "vocab": dim("vocab_size"),
+        "intermediate": dim("intermediate_size"),
+        "tied": bool(config.get("tie_word_embeddings", False)),
+        "mla": None,
+        "moe": None,
+    }
+    if config.get("kv_lora_rank"):
+        shape["mla"] = {
+            "kv_lora_rank": dim("kv_lora_rank"),
+            "qk_rope_head_dim": dim("qk_rope_head_dim"),
+            "qk_nope_head_dim": dim("qk_nope_head_dim"),
+            "v_head_dim": dim("v_head_dim"),
+            "q_lora_rank": dim("q_lora_rank") if config.get("q_lora_rank") else None,
         }
-        if config.get("kv_lora_rank"):
-            shape["mla"] = {
-                "kv_lora_rank": int(config["kv_lora_rank"]),
-                "qk_rope_head_dim": int(config["qk_rope_head_dim"]),
-                "qk_nope_head_dim": int(config["qk_nope_head_dim"]),
-                "v_head_dim": int(config["v_head_dim"]),
-                "q_lora_rank": int(config["q_lora_rank"]) if config.get("q_lora_rank") else None,
-            }
-        if config.get("n_routed_experts"):
-            shape["moe"] = {
-                "experts": int(config["n_routed_experts"]),
-                "shared": int(config.get("n_shared_experts") or 0),
-                "per_token": int(config["num_experts_per_tok"]),
-                "intermediate": int(config["moe_intermediate_size"]),
-                "first_dense": int(config.get("first_k_dense_replace") or 0),
-                "freq": int(config.get("moe_layer_freq") or 1),
-                "score_bias": config.get("topk_method") == "noaux_tc",
-            }
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PlanError(f"config.json lacks or garbles {exc}: the planner needs num_hidden_layers, hidden_size, "
-                        "num_attention_heads, vocab_size, intermediate_size (MLA: kv_lora_rank, qk_rope_head_dim, "
-                        "qk_nope_head_dim, v_head_dim; MoE: n_routed_experts, num_experts_per_tok, "
-                        "moe_intermediate_size)") from exc
+    if config.get("n_routed_experts"):
+        experts = dim("n_routed_experts")
+        shape["moe"] = {
+            "experts": experts,
+            "shared": dim("n_shared_experts", low=0, default=0),
+            "per_token": dim("num_experts_per_tok", high=experts),
+            "intermediate": dim("moe_intermediate_size"),
+            "first_dense": dim("first_k_dense_replace", low=0, default=0),
+            "freq": dim("moe_layer_freq", default=1),
+            "score_bias": config.get("topk_method") == "noaux_tc",
+        }
     return shape
 
 
@@ -497,21 +550,22 @@ def profile_inputs(engine, flags):
     if engine not in ENGINE_FLAGS:
         raise PlanError(f"engine {engine!r} has no plan inputs; expected vllm or sglang")
     tp, dtype, length, seqs, util, util_default, seqs_default = ENGINE_FLAGS[engine]
-    max_len = flags.get(length)
-    if max_len in (None, False):
+    if flags.get(length) in (None, False):
         raise PlanError(f"the profile sets no {length}: the planner needs the max model length")
-    return (int(flags.get(tp) or 1), str(flags.get(dtype) or "auto"), int(max_len),
-            int(flags.get(seqs) or seqs_default), float(flags.get(util) or util_default))
+    utilisation = flags.get(util) or util_default
+    try:
+        utilisation = float(utilisation)
+    except (TypeError, ValueError):
+        raise PlanError(f"flag {util} {utilisation!r} is not a number") from None
+    return (_flag_int(flags, tp) or 1, str(flags.get(dtype) or "auto"), _flag_int(flags, length),
+            _flag_int(flags, seqs) or seqs_default, utilisation)
 
 
 def _flag_int(flags, name):
     value = flags.get(name)
     if value in (None, False, ""):
         return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise PlanError(f"flag {name} {value!r} is not a whole number") from None
+    return whole(value, f"flag {name}", fix="write a whole number of at least 1 in the profile")
 
 
 def profile_layout(engine, flags):
@@ -519,7 +573,7 @@ def profile_layout(engine, flags):
     if engine not in LAYOUT_FLAGS:
         raise PlanError(f"engine {engine!r} has no plan inputs; expected vllm or sglang")
     names = LAYOUT_FLAGS[engine]
-    layout = {"engine": engine, "tp": int(flags.get(ENGINE_FLAGS[engine][0]) or 1),
+    layout = {"engine": engine, "tp": _flag_int(flags, ENGINE_FLAGS[engine][0]) or 1,
               "pp": _flag_int(flags, names["pp"]) or 1, "dp": _flag_int(flags, names["dp"]) or 1}
     if engine == "vllm":
         layout["expert_parallel"] = flags.get(names["ep"]) is True
@@ -560,8 +614,10 @@ def plan_model(config, engine, flags, npu_count, hbm_bytes, weight_bytes=None,
     _tp, dtype, max_len, seqs, util = profile_inputs(engine, flags)
     layout = profile_layout(engine, flags)
     scheme = layout.pop("scheme") or "bf16"
-    layout["nodes"] = nodes or layout["nodes"] or 1
-    layout["npus_per_node"] = int(npu_count)
+    layout["nodes"] = whole(nodes or layout["nodes"] or 1, "nodes", high=NODES_MAX)
+    npu_count = layout["npus_per_node"] = whole(npu_count, "NPUs per node")
+    hbm_bytes = whole(hbm_bytes, "HBM bytes per NPU", high=HBM_MB_MAX * 1024 * 1024)
+    reserve_bytes = whole(reserve_bytes, "reserve bytes per NPU", low=0, high=HBM_MB_MAX * 1024 * 1024)
     if layout["nodes"] == 1 and layout["pp"] == layout["dp"] == 1 and layout["tp"] > npu_count:
         raise PlanError(f"{name}: tensor parallel {layout['tp']} needs {layout['tp']} NPUs, the host has {npu_count}: "
                         f"plan it over {math.ceil(layout['tp'] / npu_count)} nodes (--nodes) or lower the TP size")

@@ -125,8 +125,9 @@ def main():
         if has_weights:  # less the layers past num_hidden_layers (DeepSeek's MTP layer, not loaded)
             found = memplan.safetensors_weight_bytes(p["model_dir"], memplan.model_shape(config)["layers"])
             weights = found["bytes"] - found["beyond_layers_bytes"]
-        result = memplan.plan_model(config, p["engine"], flags, p["npu_count"], p["hbm_mb"] * 1024 * 1024,
-                                    weights, int(p["reserve_gib"] * memplan.GIB), p["name"], nodes=p["nodes"])
+        result = memplan.plan_model(config, p["engine"], flags, p["npu_count"], memplan.hbm_bytes_of(p["hbm_mb"]),
+                                    weights, memplan.gib_bytes(p["reserve_gib"], "reserve_gib"), p["name"],
+                                    nodes=p["nodes"])
     except (memplan.PlanError, OSError, ValueError) as exc:
         module.fail_json(msg=f"{p['name']}: cannot plan: {exc}")
     if not result["fits"]:

@@ -25,9 +25,12 @@ One implementation for the roles (the atlas.serving filters ``inventory_paths``,
 from __future__ import annotations
 
 import glob
+import math
 import os
+import re
 
 from ansible_collections.atlas.serving.plugins.module_utils import compat
+from ansible_collections.atlas.serving.plugins.module_utils.engine_lint import ENV_NAME, FLAG_NAME
 
 # The mapping a profile file holds (the serving role's include_vars name for it).
 PROFILE_KEY = "__serving_profile"
@@ -84,6 +87,11 @@ def _read_yaml(path, what):
         raise SiteDataError(f"{what} {path} is not UTF-8 text: {exc}") from None
     except yaml.YAMLError as exc:
         raise SiteDataError(f"{what} {path} is not valid YAML: {exc}") from None
+    except ValueError as exc:  # a value PyYAML cannot build: a 5000-digit number, a date such as 2024-13-45
+        raise SiteDataError(f"{what} {path} has a value YAML cannot read: {str(exc).split(';')[0]} (quote it if "
+                            "it is text)") from None
+    except RecursionError:
+        raise SiteDataError(f"{what} {path} is nested too deeply to be a configuration file") from None
 
 
 # --- serving profiles -------------------------------------------------------------------------
@@ -118,21 +126,177 @@ def find_profile(name, dirs, own_dir):
 
 
 def load_profile(path, read=None):
-    """The profile mapping of a profile file (its ``__serving_profile``), as written."""
+    """The profile mapping of a profile file (its ``__serving_profile``), as written and checked
+    (:func:`check_profile`): whatever reads a profile reads it through here."""
     data = (read or _read_yaml)(path, "serving profile")
     profile = data.get(PROFILE_KEY) if isinstance(data, dict) else None
     if not isinstance(profile, dict):
         raise SiteDataError(f"serving profile {path} has no {PROFILE_KEY} mapping: a profile file holds "
                             f"{PROFILE_KEY}: {{engine, engine_release, port, command, flags, env}} "
                             "(see roles/serving/vars/profiles/*.yml)")
+    check_profile(profile, path)
     return profile
 
 
 def resolve_profile(name, dirs, own_dir, read=None):
     """What the serving role publishes as ``serving_profile_resolved``: the profile as written
-    (``{{ }}`` placeholders unresolved) with its ``name`` and ``file``."""
+    (``{{ }}`` placeholders unfilled) with its ``name`` and ``file``."""
     path = find_profile(name, dirs, own_dir)
     return {**load_profile(path, read), "name": name, "file": path}
+
+
+# --- what a profile may hold ------------------------------------------------------------------
+#
+# A profile is data. The only templates in it are placeholders for what differs per host, filled by
+# fill_placeholders (the serving role's tasks/profile.yml through the atlas.serving.profile_fill
+# filter, and atlasctl config render): ``{{ NAME }}`` or ``{{ NAME | default('text') }}`` with NAME
+# one of PLACEHOLDERS. Any other Jinja (an expression, a filter, a lookup, {% %}, {# #}) is refused
+# when the profile is read, so no profile string is ever evaluated as a template, on the controller
+# or anywhere else.
+
+PLACEHOLDERS = ("serving_model_path", "serving_served_model_name", "serving_host", "__serving_port", "ansible_host")
+_PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\|\s*default\(\s*'([^'\\{}%#]*)'\s*\)\s*)?\}\}")
+_TEMPLATE_MARK = re.compile(r"\{[{%#]")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+_REQUIRED = ("engine", "engine_release", "port", "command", "flags", "env")
+_PLACEHOLDER_FIX = ("a profile is data: its only templates are the placeholders "
+                    + ", ".join(f"{{{{ {name} }}}}" for name in PLACEHOLDERS)
+                    + " (optionally with | default('text')); write the value itself")
+
+
+def _place(where, key):
+    return f"{where}[{key!r}]" if where else str(key)
+
+
+def _check_text(text, where, path):
+    """``text`` holds no template but PLACEHOLDERS."""
+    for match in _PLACEHOLDER.finditer(text):
+        if match.group(1) not in PLACEHOLDERS:
+            raise SiteDataError(f"serving profile {path}: {where}: {{{{ {match.group(1)} }}}} is not a placeholder "
+                                f"a profile may use: {_PLACEHOLDER_FIX}")
+    if _TEMPLATE_MARK.search(_PLACEHOLDER.sub("", text)):
+        raise SiteDataError(f"serving profile {path}: {where}: {text!r} is a template: {_PLACEHOLDER_FIX}")
+
+
+def _check_data(value, where, path):
+    """Every string of ``value`` holds no template but PLACEHOLDERS (keys none at all); every number is finite."""
+    if isinstance(value, str):
+        _check_text(value, where, path)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise SiteDataError(f"serving profile {path}: {where} is {value}: write a finite number")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str) or _TEMPLATE_MARK.search(key):
+                raise SiteDataError(f"serving profile {path}: {_place(where, key)}: the key {key!r} is not plain "
+                                    "text: write a name (quoted if YAML would read it as something else)")
+            _check_data(item, _place(where, key), path)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_data(item, f"{where}[{index}]", path)
+    elif value is not None and not isinstance(value, (bool, int, float)):
+        raise SiteDataError(f"serving profile {path}: {where} is a {type(value).__name__} ({value!r}): write "
+                            "text, a number, true/false, a list or a mapping (quote a date)")
+
+
+def _scalar(value):
+    return value is None or isinstance(value, (str, bool, int, float))
+
+
+def _flag_value(value):
+    """A flag's value: one value, a list of values (argparse nargs) or a mapping (JSON)."""
+    return _scalar(value) or isinstance(value, dict) or (
+        isinstance(value, list) and all(_scalar(v) and v is not None for v in value))
+
+
+def _whole(value, low, high=None):
+    return type(value) is int and value >= low and (high is None or value <= high)
+
+
+def check_profile(profile, path):
+    """Refuse a profile the serving role and atlasctl cannot use as data, naming the file, the field
+    and the fix: a missing field, a field of the wrong kind, a template other than the placeholders,
+    a number that is not finite. What an engine accepts is the lint's (module_utils/engine_lint.py)."""
+    def bad(where, problem):
+        raise SiteDataError(f"serving profile {path}: {where} {problem}")
+
+    missing = [key for key in _REQUIRED if key not in profile]
+    if missing:
+        bad(PROFILE_KEY, f"lacks {', '.join(missing)}: a profile names engine, engine_release, port, command, "
+                         "flags and env")
+    _check_data(profile, "", path)
+    for key in ("engine", "engine_release", "model"):
+        value = profile.get(key)
+        if (key != "model" or value is not None) and not (isinstance(value, str) and _NAME.fullmatch(value)):
+            bad(key, f"is {value!r}: write a name of letters, digits and . _ + - (e.g. vllm, vllm-ascend-0.11.0, "
+                     "llama-2-70b-chat-hf)")
+    if not _whole(profile["port"], 1, 65535):
+        bad("port", f"is {profile['port']!r}: write the engine's TCP port, a whole number from 1 to 65535")
+    hardware = profile.get("hardware")
+    if hardware is not None and not isinstance(hardware, dict):
+        bad("hardware", f"is {hardware!r}: write a mapping, e.g. {{npu_count: 8, hbm_mb: 65536}}")
+    for key, value in (hardware or {}).items():
+        if key in ("npu_count", "hbm_mb", "nodes") and not _whole(value, 1):
+            bad(f"hardware.{key}", f"is {value!r}: write a whole number of at least 1 (hbm_mb: MB per NPU as "
+                                   "npu-smi prints it, e.g. 65536)")
+    for key in ("command", "cann_set_env", "image_entrypoint"):
+        value = profile.get(key)
+        listed = isinstance(value, list) and all(isinstance(v, str) and v for v in value)
+        if (key == "command" or value is not None) and not (listed and (value or key != "command")):
+            bad(key, f"is {value!r}: write a list of non-empty strings (command: e.g. [bin/vllm, serve, "
+                     "'{{ serving_model_path }}'])")
+    mappings = (
+        ("flags", FLAG_NAME, _flag_value, "flags: {--max-model-len: 2048}",
+         "is not a flag: write it as the engine's command line spells it, --lower-case-with-dashes",
+         "holds a list with a list, a mapping or null in it: write a value, a list of values, or a mapping "
+         "(it becomes JSON)"),
+        ("env", ENV_NAME, _scalar, "env: {HF_HUB_OFFLINE: 1}",
+         "is not an environment variable name: letters, digits and _, not first a digit",
+         "is not one value: an environment variable holds text, a number or true/false"))
+    for field, pattern, value_ok, example, bad_name, bad_value in mappings:
+        if not isinstance(profile[field], dict):
+            bad(field, f"is a {type(profile[field]).__name__}, not a mapping: write one per line, e.g. {example}")
+        for key, value in profile[field].items():
+            if not pattern.fullmatch(key):
+                bad(f"{field}[{key!r}]", bad_name)
+            if not value_ok(value):
+                bad(f"{field}[{key!r}]", bad_value)
+    slo = profile.get("slo")
+    if slo is not None and not isinstance(slo, dict):
+        bad("slo", f"is {slo!r}: write a mapping, e.g. {{ttft_ms: 2000, tpot_ms: 100}}")
+
+
+def fill_placeholders(profile, values, path=""):
+    """``profile`` with its placeholders filled from ``values`` ({name: value}): a string that is one
+    placeholder becomes the value itself (a port stays a number), others have it written in. A
+    placeholder without a value takes its ``default('text')``; without one either it is an error.
+    The result is data: nothing in it is evaluated again."""
+    def value_of(match, where):
+        name, default = match.group(1), match.group(2)
+        value = values.get(name)
+        if value is None:
+            if default is None:
+                raise SiteDataError(f"serving profile {path}: {where}: the placeholder {{{{ {name} }}}} has no "
+                                    f"value here: set {name}, or write {{{{ {name} | default('text') }}}}")
+            return default
+        return value
+
+    def fill(text, where):
+        _check_text(text, where, path)
+        whole = _PLACEHOLDER.fullmatch(text)
+        if whole:
+            return value_of(whole, where)
+        return _PLACEHOLDER.sub(lambda match: str(value_of(match, where)), text)
+
+    def walk(value, where):
+        if isinstance(value, str):
+            return fill(value, where)
+        if isinstance(value, dict):
+            return {key: walk(item, _place(where, key)) for key, item in value.items()}
+        if isinstance(value, list):
+            return [walk(item, f"{where}[{index}]") for index, item in enumerate(value)]
+        return value
+
+    return walk(profile, "")
 
 
 # --- compatibility table ----------------------------------------------------------------------
