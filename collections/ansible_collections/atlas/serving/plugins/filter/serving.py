@@ -20,8 +20,8 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.atlas.serving.plugins.module_utils.manifest import ManifestError, sha256_index
 from ansible_collections.atlas.serving.plugins.module_utils.signature import check_trusted_sha256
 
-_FLAG_RE = re.compile(r"^--[a-z0-9][a-z0-9-]*$")
-_ENV_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_FLAG_RE = re.compile(r"--[a-z0-9][a-z0-9-]*")  # fullmatch
+_ENV_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch
 
 
 def engine_argv(flags: dict, positional: list | None = None) -> list[str]:
@@ -37,7 +37,7 @@ def engine_argv(flags: dict, positional: list | None = None) -> list[str]:
         raise AnsibleFilterError(f"engine_argv expects a dict of flags, got {type(flags).__name__}")
     argv = [str(p) for p in (positional or [])]
     for flag, value in flags.items():
-        if not isinstance(flag, str) or not _FLAG_RE.match(flag):
+        if not isinstance(flag, str) or not _FLAG_RE.fullmatch(flag):
             raise AnsibleFilterError(
                 f"engine flag {flag!r} is not of the form --lower-case-name; "
                 "write flags as the engine's CLI spells them"
@@ -62,7 +62,7 @@ def env_lines(env: dict) -> list[str]:
     lines = []
     for key in sorted(env):
         value = env[key]
-        if not _ENV_RE.match(str(key)):
+        if not _ENV_RE.fullmatch(str(key)):
             raise AnsibleFilterError(f"environment variable name {key!r} is not valid")
         if value is None:
             continue
