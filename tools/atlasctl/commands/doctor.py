@@ -16,11 +16,15 @@ import argparse
 
 from atlasctl import inventory as shared
 from atlasctl.doctor import checks, gather, inventory, report
+from atlasctl.inputs import whole_number
 from atlasctl.runner import resolve_inventory
 from atlasctl.site_data import compat_tables
 
 # The whole gather of a host must fit its SSH command's timeout (atlasctl.doctor.inventory.fabric_run, 90 s).
 MAX_HANG_WINDOW_S = 60.0
+# Hosts diagnosed at once: a thread and an SSH connection each (a few file descriptors; the soft limit is
+# often 1024).
+MAX_WORKERS = 256
 
 EPILOG = ("exit status: 0 healthy (warnings allowed), 1 a finding of severity error, "
           "3 a host could not be reached (named in the output), 2 bad command line or inventory")
@@ -33,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("-i", "--inventory", required=True, help="inventory path (e.g. inventory/lab)")
     parser.add_argument("-l", "--limit", default=None, help="host pattern (as ansible --limit)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--workers", type=int, default=16, help="hosts diagnosed at once (default 16)")
+    parser.add_argument("--workers", type=int, default=16,
+                        help=f"hosts diagnosed at once (default 16, at most {MAX_WORKERS})")
     parser.add_argument("--hang-window", type=hang_window, default=10.0, metavar="SECONDS",
                         help="seconds between the two /metrics samples of the hang check, also the deadline "
                              f"of its completion (default 10; 0 turns it off; at most {MAX_HANG_WINDOW_S:g})")
@@ -53,6 +58,7 @@ def hang_window(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
+    whole_number(args.workers, "doctor --workers", 1, MAX_WORKERS, fix="leave it out (16 hosts at once)")
     inv = resolve_inventory(args.inventory)
     listing = shared.listing(inv, args.limit)
     targets = inventory.load(inv, args.limit, document=listing)
