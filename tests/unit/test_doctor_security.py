@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from atlasctl import bundle, cli, exitcodes, layout
+from atlasctl import cli, exitcodes, layout
 from atlasctl import inventory as shared
 from atlasctl.bundle_trust import Trust
 from atlasctl.doctor import checks, gather
@@ -126,10 +126,9 @@ def keys(tmp_path_factory):
 
 
 def _node_bundle(root: Path) -> Path:
-    (root / "cann").mkdir(parents=True)
-    (root / "cann" / "a.run").write_bytes(b"#!/bin/sh\necho good\n")
-    bundle.write_manifest(root, "t")
-    return root
+    from test_bundle_signature import _bundle  # the signature tests' bundle: one CANN installer
+
+    return _bundle(root)
 
 
 def _evidence(root: Path) -> Evidence:
