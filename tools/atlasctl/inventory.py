@@ -44,8 +44,8 @@ def listing(inventory: Path, limit: str | None = None) -> dict[str, Any]:
     # Every host variable (keys included) is in this output: never into an Ansible log file.
     env = {**os.environ, "ANSIBLE_LOG_PATH": "/dev/null", "ANSIBLE_NOCOLOR": "1"}
     proc = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120, env=env)
-    if proc.returncode != 0:
-        for path in _yaml_files(inventory):
+    if proc.returncode != 0:  # a source Ansible cannot parse is only a warning; a vars file is an error
+        for path in _vars_files(inventory):
             _check_yaml(path)
         raise UsageError(f"ansible-inventory -i {inventory} failed: {_one_line(proc.stderr)}", fix=INVENTORY_FIX)
     for path in _unparsed(inventory, proc.stderr):
@@ -84,11 +84,6 @@ def _vars_files(inventory: Path) -> list[Path]:
             found += [Path(root) / n for n in sorted(names)
                       if not n.startswith(".") and Path(n).suffix in (*_YAML_SUFFIXES, "")]
     return found
-
-
-def _yaml_files(inventory: Path) -> list[Path]:
-    """Every file of the inventory Ansible reads as YAML: the sources with a YAML suffix, then the vars files."""
-    return [p for p in _sources(inventory) if p.suffix in _YAML_SUFFIXES] + _vars_files(inventory)
 
 
 def _squash(text: str) -> str:
