@@ -76,15 +76,15 @@ def run(args: argparse.Namespace) -> int:
     targets = inventory.load(inv, args.limit, document=listing)
     ctx = checks.default_context(compat_tables(inv, listing))
     hostvars = shared.hostvars(listing)
-    trust = [f for t in targets for f in checks.check_bundle_trust(t.name, hostvars.get(t.name) or {})]
+    extra = [f for t in targets for f in checks.check_bundle_trust(t.name, hostvars.get(t.name) or {})]
     evidence, unreachable, seconds = gather.gather_all(targets, inventory.fabric_run, workers=args.workers,
                                                        hang_window_s=args.hang_window)
-    unusable = {f.host for f in trust if f.severity == checks.ERROR}  # no key pinned: said once, not per check
-    for name, ev in sorted(evidence.items()):
+    unusable = {f.host for f in extra if f.severity == checks.ERROR}  # no key pinned: said once, not per check
+    for name, ev in sorted(evidence.items()):  # the checks that judge a node's evidence with its inventory vars
         hv = hostvars.get(name) or {}
         if name not in unusable:
-            trust += checks.check_bundle_signed(ev, bundle_trust.of_host(hv))
-        trust += checks.check_keys_file(ev, *serving_account(hv))
-    result = report.build([t.name for t in targets], evidence, unreachable, ctx, seconds, extra=trust)
+            extra += checks.check_bundle_signed(ev, bundle_trust.of_host(hv))
+        extra += checks.check_keys_file(ev, *serving_account(hv))
+    result = report.build([t.name for t in targets], evidence, unreachable, ctx, seconds, extra=extra)
     print(report.render_json(result) if args.json else report.render_text(result))
     return result.exit_code
