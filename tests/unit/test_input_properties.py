@@ -215,3 +215,91 @@ def test_a_profile_lints_renders_and_plans_or_is_a_usage_error(text):
     finally:
         (directory / "p.yml").unlink()
         directory.rmdir()
+
+# --- the inventory reader and the rollout-state reader -----------------------------------------------------------
+
+INVENTORY_VALUES = SCALARS | JSONISH | st.sampled_from(
+    ["abc", "22", " 22 ", "0", "-1", "65535", "65536", "9" * 5000, "{{ x", "{{ x }}", "a b", "-oProxyCommand=x",
+     "/srv/atlas", "relative", "x\ny", "\x1b[31m", "-o 'unclosed", "-o StrictHostKeyChecking=no"])
+HOSTVARS = st.dictionaries(st.sampled_from(
+    ["ansible_port", "ansible_ssh_port", "ansible_host", "ansible_user", "ansible_ssh_user",
+     "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_ssh_private_key_file", "serving_config_dir",
+     "serving_service_name", "models_root", "atlas_stamp_dir", "engines_root", "atlas_bundle_dir"]),
+    INVENTORY_VALUES, max_size=6)
+HOST_NAMES = st.sampled_from(["n1", "n2", "-n3", "n 4", "n\n5"]) | NAMES
+LISTING = st.builds(
+    lambda hosts, children, extra: {"_meta": {"hostvars": hosts}, "atlas_nodes": {"hosts": list(hosts),
+                                                                                   "children": children}, **extra},
+    st.dictionaries(HOST_NAMES, HOSTVARS | JSONISH, max_size=3),
+    st.lists(st.sampled_from(["atlas_nodes", "east", "missing"]), max_size=2),
+    st.dictionaries(st.sampled_from(["east", "_meta", "atlas_nodes"]), JSONISH, max_size=2))
+
+
+@FAST
+@given(LISTING | JSONISH.filter(lambda d: isinstance(d, dict)))
+def test_inventory_listing_gives_targets_or_is_a_usage_error(document):
+    from atlasctl import inventory
+
+    try:
+        found = inventory.targets_from_listing(document)
+    except UsageError as exc:
+        assert "\n" not in str(exc)
+        return
+    for target in found:
+        assert 1 <= target.port <= 65535 and target.address and not target.address.startswith("-")
+        assert all(c.isprintable() and not c.isspace() for c in target.address + target.user)
+
+
+INVENTORY_TEXT = st.builds(yaml.safe_dump, st.fixed_dictionaries(
+    {"all": st.fixed_dictionaries({"children": st.fixed_dictionaries({"atlas_nodes": st.fixed_dictionaries(
+        {"hosts": st.dictionaries(st.sampled_from(["n1", "n2"]), HOSTVARS, max_size=2)})})})})) | \
+    st.text(max_size=120) | st.sampled_from(["all: {", "all:\n  hosts:\n    n1: {ansible_port: [1\n", "- a\n",
+                                             "[atlas_nodes]\nn1 ansible_port=abc\n", "all: !vault |\n  x\n"])
+
+
+@settings(max_examples=12, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(INVENTORY_TEXT, st.sampled_from(["hosts.yml", "hosts"]))
+def test_an_inventory_file_loads_or_is_a_usage_error(text, name):
+    """Through ansible-inventory itself (a second a run, so few examples): a file loads, or its problem is
+    one UsageError naming the file."""
+    from atlasctl import inventory
+
+    folder = Path(tempfile.mkdtemp(prefix="atlas-prop-inv-"))
+    try:
+        (folder / name).write_text(text, encoding="utf-8", errors="surrogatepass")
+        try:
+            inventory.targets(folder, document=inventory.listing(folder))
+        except UsageError as exc:
+            assert "\n" not in str(exc) and (str(folder) in str(exc) or "host" in str(exc))
+    finally:
+        for child in folder.iterdir():
+            child.unlink()
+        folder.rmdir()
+
+
+WAVE = st.fixed_dictionaries({"name": NAMES, "index": st.integers(0, 20), "hosts": st.lists(NAMES, max_size=3)},
+                             optional={"skipped": st.booleans()})
+STATE = st.fixed_dictionaries(
+    {}, optional={"release": st.sampled_from(["r1", "r2", "a/b", "r1\n"]) | SCALARS,
+                  "status": st.sampled_from(["ok", "failed", "running"]) | SCALARS,
+                  "plan": st.lists(WAVE | JSONISH, max_size=3) | JSONISH,
+                  "completed": st.lists(NAMES | st.sampled_from(["canary"]), max_size=3) | JSONISH,
+                  "failure": st.none() | JSONISH})
+
+
+@FAST
+@given(st.builds(json.dumps, STATE | JSONISH) | st.text(max_size=200) | HUGE_NUMBER | DEEP)
+def test_rollout_state_loads_or_is_a_usage_error(text):
+    """The state.json reader and what --resume does with what it read: a wave name, or one UsageError."""
+    from atlasctl import rollout
+
+    path = Path("/var/lib/atlas-serving/rollouts/inv-0123456789/state.json")
+    try:
+        state = rollout.parse_state(text, path)
+    except UsageError as exc:
+        assert str(exc).startswith(f"rollout state {path}: ") and "--resume" in exc.fix
+        return
+    try:
+        assert isinstance(rollout.resume_wave(state, "r1"), str)
+    except UsageError:
+        pass

@@ -281,3 +281,129 @@ def test_the_example_bundle_spec_still_loads():
 
     spec = BundleSpec.load(REPO / "inventory/lab/bundle.yml")
     assert spec.models[0]["name"] == "atlas-tiny-llama" and spec.extra["cann"] == ["7.0.RC1", "8.3.RC2", "8.5.0"]
+
+
+# --- inventories (doctor, bundle push), models --workers/--prefix/--out, doctor --workers, rollout state ---------
+
+def _inventory(host_vars: str) -> bytes:
+    return f"all:\n  children:\n    atlas_nodes:\n      hosts:\n        n1: {{{host_vars}}}\n".encode()
+
+
+BROKEN_INVENTORY = b"all:\n  children:\n    atlas_nodes:\n      hosts:\n        n1: {ansible_host: 10.0.0.1\n"
+
+INPUT_CASES = [
+    ("doctor-port-not-a-number", ["doctor", "-i", "{tmp}/inv"], {"inv/hosts.yml": _inventory('ansible_port: "abc"')},
+     ["host 'n1'", "ansible_port 'abc'", "1 to 65535", "fix:"]),
+    ("doctor-port-zero", ["doctor", "-i", "{tmp}/inv"], {"inv/hosts.yml": _inventory("ansible_port: 0")},
+     ["ansible_port 0", "1 to 65535"]),
+    ("doctor-port-too-big", ["doctor", "-i", "{tmp}/inv"], {"inv/hosts.yml": _inventory("ansible_ssh_port: 65536")},
+     ["ansible_ssh_port 65536", "1 to 65535"]),
+    ("doctor-port-negative", ["doctor", "-i", "{tmp}/inv"], {"inv/hosts.yml": _inventory('ansible_port: "-1"')},
+     ["ansible_port '-1'"]),
+    ("doctor-port-bool", ["doctor", "-i", "{tmp}/inv"], {"inv/hosts.yml": _inventory("ansible_port: true")},
+     ["ansible_port True"]),
+    ("doctor-host-blank", ["doctor", "-i", "{tmp}/inv"], {"inv/hosts.yml": _inventory('ansible_host: "a b"')},
+     ["ansible_host 'a b'", "host name or address"]),
+    ("doctor-user-option", ["doctor", "-i", "{tmp}/inv"],
+     {"inv/hosts.yml": _inventory('ansible_user: "-oProxyCommand=x"')}, ["ansible_user '-oProxyCommand=x'"]),
+    ("doctor-ssh-args-quote", ["doctor", "-i", "{tmp}/inv"],
+     {"inv/hosts.yml": _inventory("ansible_ssh_common_args: \"-o 'ProxyJump=x\"")},
+     ["ansible_ssh_common_args", "not ssh arguments", "quotation"]),
+    ("doctor-ssh-args-list", ["doctor", "-i", "{tmp}/inv"],
+     {"inv/hosts.yml": _inventory("ansible_ssh_common_args: [a]")}, ["ansible_ssh_common_args is a list"]),
+    ("doctor-layout-template", ["doctor", "-i", "{tmp}/inv"],
+     {"inv/hosts.yml": _inventory('serving_config_dir: "{{ x"')}, ["host 'n1'", "serving_config_dir", "template"]),
+    ("doctor-layout-list", ["doctor", "-i", "{tmp}/inv"],
+     {"inv/hosts.yml": _inventory("models_root: [a]")}, ["host 'n1'", "models_root ['a']", "not a path"]),
+    ("doctor-inventory-not-yaml", ["doctor", "-i", "{tmp}/inv"], {"inv/hosts.yml": BROKEN_INVENTORY},
+     ["inventory file", "hosts.yml", "not valid YAML", "line 6"]),
+    ("doctor-inventory-file-not-yaml", ["doctor", "-i", "{tmp}/inv/hosts.yml"], {"inv/hosts.yml": BROKEN_INVENTORY},
+     ["hosts.yml", "not valid YAML", "line 6"]),
+    ("doctor-group-vars-not-yaml", ["doctor", "-i", "{tmp}/inv"],
+     {"inv/hosts.yml": _inventory("ansible_host: 10.0.0.1"), "inv/group_vars/all.yml": b"a: [1\n"},
+     ["group_vars/all.yml", "not valid YAML", "line 2"]),
+    ("doctor-inventory-not-an-inventory", ["doctor", "-i", "{tmp}/inv"], {"inv/hosts.yml": b"- a\n- b\n"},
+     ["hosts.yml", "cannot read it as an inventory source"]),
+    ("doctor-ini-not-an-inventory", ["doctor", "-i", "{tmp}/inv"],
+     {"inv/hosts": b"[atlas_nodes\nn1 ansible_host=10.0.0.1\n"}, ["inv/hosts:", "cannot read it as an inventory"]),
+    ("compat-inventory-not-yaml", ["compat", "check", "-i", "{tmp}/inv"], {"inv/hosts.yml": BROKEN_INVENTORY},
+     ["hosts.yml", "not valid YAML", "line 6"]),
+    ("doctor-workers-zero", ["doctor", "-i", "{tmp}/inv", "--workers", "0"],
+     {"inv/hosts.yml": _inventory("ansible_host: 10.0.0.1")}, ["--workers 0", "1 to 256", "fix:"]),
+    ("doctor-workers-huge", ["doctor", "-i", "{tmp}/inv", "--workers", "100000"],
+     {"inv/hosts.yml": _inventory("ansible_host: 10.0.0.1")}, ["--workers 100000", "1 to 256"]),
+    ("models-manifest-out-dir", ["models", "manifest", "{tmp}/m", "--format", "json", "--out", "{tmp}/o"],
+     {"m/x": b"x", "o": DIR}, ["--out", "/o is a directory", "fix:", "manifest.json"]),
+    ("models-manifest-sums-out-file", ["models", "manifest", "{tmp}/m", "--out", "{tmp}/m/x"], {"m/x": b"x"},
+     ["--out", "/m/x is a file", "directory"]),
+    ("models-manifest-workers-zero", ["models", "manifest", "{tmp}/m", "--workers", "0"], {"m/x": b"x"},
+     ["--workers 0", "1 to 64", "fix:"]),
+    ("models-manifest-workers-huge", ["models", "manifest", "{tmp}/m", "--workers", "100000"], {"m/x": b"x"},
+     ["--workers 100000", "1 to 64"]),
+    ("models-verify-workers-zero", ["models", "verify", "{tmp}/m", "--workers", "0"],
+     {"m/x": b"x", "m/md5sums.txt": b"9dd4e461268c8034f5c8564e155c67a6  x\n"}, ["--workers 0", "1 to 64"]),
+    ("models-verify-workers-huge", ["models", "verify", "{tmp}/m", "--workers", "100000"],
+     {"m/x": b"x", "m/md5sums.txt": b"9dd4e461268c8034f5c8564e155c67a6  x\n"}, ["--workers 100000"]),
+    ("models-manifest-prefix-up", ["models", "manifest", "{tmp}/m", "--format", "json", "--out", "-",
+                                   "--prefix", "../../etc"], {"m/x": b"x"}, ["--prefix '../../etc'", "inside"]),
+    ("models-manifest-prefix-newline", ["models", "manifest", "{tmp}/m", "--format", "json", "--out", "-",
+                                        "--prefix", "models/a\nb"], {"m/x": b"x"}, ["--prefix 'models/a\\nb'"]),
+    ("models-verify-prefix-up", ["models", "verify", "{tmp}/m", "--prefix", "../../etc"],
+     {"m/x": b"x", "m/md5sums.txt": b"9dd4e461268c8034f5c8564e155c67a6  x\n"}, ["--prefix '../../etc'"]),
+    ("rollout-release-newline", ["rollout", "-i", "inventory/lab", "--release", "r1\n"], {},
+     ["--release 'r1\\n'", "not a release id", "fix:"]),
+    ("rollout-release-plus", ["rollout", "-i", "inventory/lab", "--release", "r1+b2"], {},
+     ["--release 'r1+b2'", "not a release id"]),
+]
+
+
+@pytest.mark.parametrize(("argv", "files", "words"), [c[1:] for c in INPUT_CASES], ids=[c[0] for c in INPUT_CASES])
+def test_input_is_one_clear_line_and_exit_2(argv, files, words, tmp_path, monkeypatch, capsys):
+    test_malformed_input_is_one_clear_line_and_exit_2(argv, files, words, tmp_path, monkeypatch, capsys)
+
+
+def test_push_to_an_inventory_with_a_bad_port_is_one_clear_line(tmp_path, monkeypatch, capsys):
+    """bundle push reads the same SSH settings as doctor: a bad port is the same one line, before any transfer
+    (the unsigned bundle's loud warning may come first)."""
+    from atlasctl.bundle import write_manifest
+
+    monkeypatch.chdir(REPO)
+    _make(tmp_path, {"b/x": b"x", "inv/hosts.yml": _inventory('ansible_port: "abc"')})
+    write_manifest(tmp_path / "b", "b")
+    code = cli.main(["bundle", "push", "-i", str(tmp_path / "inv"), "--src", str(tmp_path / "b"), "--allow-unsigned"])
+    err = capsys.readouterr().err
+    assert code == exitcodes.USAGE and "Traceback" not in err, err
+    assert "atlasctl: error: inventory host 'n1': ansible_port 'abc' is not a TCP port" in err
+
+
+def test_push_to_a_malformed_inventory_names_the_yaml_error(tmp_path, monkeypatch, capsys):
+    from atlasctl.bundle import write_manifest
+
+    monkeypatch.chdir(REPO)
+    _make(tmp_path, {"b/x": b"x", "inv/hosts.yml": BROKEN_INVENTORY})
+    write_manifest(tmp_path / "b", "b")
+    code = cli.main(["bundle", "push", "-i", str(tmp_path / "inv"), "--src", str(tmp_path / "b"), "--allow-unsigned"])
+    err = capsys.readouterr().err
+    assert code == exitcodes.USAGE and "no host in group" not in err, err
+    assert f"inventory file {tmp_path}/inv/hosts.yml: not valid YAML: line 6" in err
+
+
+def test_a_corrupt_rollout_state_is_one_clear_line_and_kept(tmp_path, monkeypatch, capsys):
+    """--resume over a state.json that is not one: exit 2 naming the file and the fix; the file is left as it was."""
+    from atlasctl import rollout
+    from atlasctl.runner import resolve_inventory
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("ATLAS_ROLLOUT_DIR", str(tmp_path / "rollouts"))
+    folder = rollout.rollouts_dir() / rollout.inventory_key(resolve_inventory("inventory/lab"))
+    folder.mkdir(parents=True)
+    for corrupt in (b'{"release": "r1", "status": "failed", "plan": [{"na', b"[]", b'{"release": "r1", "status": '
+                    b'"failed", "plan": [{"name": "canary"}]}', b"\xff\xfe", b"[" * 100_000):
+        (folder / "state.json").write_bytes(corrupt)
+        code = cli.main(["rollout", "-i", "inventory/lab", "--release", "r1", "--resume"])
+        err = capsys.readouterr().err
+        assert code == exitcodes.USAGE and "Traceback" not in err, err
+        first, *rest = err.rstrip("\n").split("\n")
+        assert first.startswith(f"atlasctl: error: rollout state {folder}/state.json: "), err
+        assert rest and all(line.startswith("  fix: ") for line in rest) and "without --resume" in rest[0]
+        assert (folder / "state.json").read_bytes() == corrupt

@@ -175,3 +175,20 @@ def test_the_rank_that_failed_is_reported_not_the_ranks_that_followed_it():
                 "res": {"msg": rollout.FAILED_PREFIX + json.dumps(record)}}})
         assert progress.failure == own
         assert progress.failures == order
+
+
+def test_a_fresh_rollout_keeps_an_unreadable_state_aside(inv, caplog):
+    """Without --resume the old state is not needed: an unreadable one is renamed beside it (never deleted nor
+    overwritten), a warning names both, and the rollout runs and writes its own state."""
+    folder = rollout.rollouts_dir() / rollout.inventory_key(inv.resolve())
+    folder.mkdir(parents=True)
+    (folder / "state.json").write_bytes(b'{"release": "r1", "sta')
+    report = rollout.run(inv, "r2", run_fn=_fake(False, []))
+    assert report["status"] == "ok" and rollout.load_state(folder)["release"] == "r2"
+    kept = [p for p in folder.iterdir() if p.name.startswith("state.json.unreadable-")]
+    assert len(kept) == 1 and kept[0].read_bytes() == b'{"release": "r1", "sta'
+    assert str(kept[0]) in caplog.text and "unreadable" in caplog.text
+    with pytest.raises(UsageError, match="rollout state .*state.json: not valid JSON"):
+        (folder / "state.json").write_text("{")
+        rollout.run(inv, "r2", resume=True, run_fn=_fake(False, []))
+    assert (folder / "state.json").read_text() == "{"

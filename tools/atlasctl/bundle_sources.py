@@ -150,7 +150,7 @@ def model_dir_step(model: dict) -> PlannedStep:
 IMAGE_KEYS = ("name", "archive", "variant", "cann", "engine_release")
 _IMAGE_EXAMPLE = ("write e.g. '- {name: vllm-ascend-0.11.0, archive: /srv/images/vllm-ascend-v0.11.0.tar, "
                   "variant: 910b, cann: 8.3.RC2, engine_release: vllm-ascend-0.11.0}'")
-_RELEASE = re.compile(r"^[a-z0-9][a-z0-9.+-]*-[0-9][A-Za-z0-9.+-]*$")
+_RELEASE = re.compile(r"[a-z0-9][a-z0-9.+-]*-[0-9][A-Za-z0-9.+-]*")  # fullmatch
 
 
 def check_images(path: Path, entries: list) -> None:
@@ -177,7 +177,7 @@ def check_images(path: Path, entries: list) -> None:
         if cann.version_key(entry["cann"]) is None:
             raise UsageError(f"{where}: cann {entry['cann']!r} is not a CANN release name (7.0.RC1, 8.3.RC2, 8.5.0)",
                              fix="write the CANN the image carries, as its tag or Dockerfile names it")
-        if not _RELEASE.match(entry["engine_release"]):
+        if not _RELEASE.fullmatch(entry["engine_release"]):
             raise UsageError(f"{where}: engine_release {entry['engine_release']!r} is not <engine>-<version>",
                              fix="name the engine release as the serving profiles do, e.g. vllm-ascend-0.11.0 or "
                                  "sglang-0.5.6")

@@ -7,6 +7,7 @@ that is not UTF-8, YAML that does not parse or nests without end is the same one
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -14,16 +15,24 @@ import yaml
 from atlasctl.errors import UsageError
 
 
+def shown(value: object) -> str:
+    """``value`` for a one-line message: as it is when every character prints, else escaped as ``repr`` does
+    (a newline or an escape sequence in a name never breaks the line or the terminal)."""
+    text = str(value)
+    return text if text.isprintable() else repr(text)
+
+
 def read_bytes(path: Path | str, what: str, fix: str | None = None) -> bytes:
     """The bytes of ``path``, read once; ``what`` names the input in the message (e.g. ``--argv-file``)."""
+    name = shown(path)
     try:
         return Path(path).read_bytes()
     except FileNotFoundError:
-        raise UsageError(f"{what} {path} does not exist", fix=fix) from None
+        raise UsageError(f"{what} {name} does not exist", fix=fix) from None
     except IsADirectoryError:
-        raise UsageError(f"{what} {path} is a directory, not a file", fix=fix) from None
+        raise UsageError(f"{what} {name} is a directory, not a file", fix=fix) from None
     except OSError as exc:
-        raise UsageError(f"{what} {path}: cannot read it: {exc.strerror or exc}", fix=fix) from None
+        raise UsageError(f"{what} {name}: cannot read it: {exc.strerror or exc}", fix=fix) from None
 
 
 def read_text(path: Path | str, what: str, fix: str | None = None) -> str:
@@ -32,14 +41,16 @@ def read_text(path: Path | str, what: str, fix: str | None = None) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise UsageError(f"{what} {path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
+        raise UsageError(f"{what} {shown(path)}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset "
                          f"{exc.start})", fix=fix or "save the file as UTF-8") from None
 
 
-def parse_yaml(text: str, where: str, fix: str | None = None) -> object:
-    """``yaml.safe_load`` with its errors as one line (``where`` names the input)."""
+def parse_yaml(text: str, where: str, fix: str | None = None, *,
+               load: Callable[[str], object] = yaml.safe_load) -> object:
+    """``yaml.safe_load`` (or ``load``, e.g. :func:`compose_yaml`) with its errors as one line (``where`` names
+    the input)."""
     try:
-        return yaml.safe_load(text)
+        return load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         place = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
@@ -55,5 +66,17 @@ def parse_yaml(text: str, where: str, fix: str | None = None) -> object:
 
 def load_yaml(path: Path | str, what: str, fix: str | None = None) -> object:
     """The YAML document in ``path`` (``None`` when it is empty)."""
-    return parse_yaml(read_text(path, what, fix), f"{what} {path}", fix)
+    return parse_yaml(read_text(path, what, fix), f"{what} {shown(path)}", fix)
 
+
+
+def compose_yaml(text: str) -> object:
+    """The YAML syntax of ``text`` checked, nothing built: Ansible's own tags (``!vault``, ``!unsafe``) pass."""
+    return yaml.compose(text, Loader=yaml.SafeLoader)
+
+
+def whole_number(value: object, what: str, low: int, high: int, fix: str | None = None) -> int:
+    """``value`` when it is a whole number from ``low`` to ``high``; else one UsageError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise UsageError(f"{what} {value!r}: must be a whole number from {low} to {high}", fix=fix)
+    return value

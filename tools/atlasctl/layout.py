@@ -15,8 +15,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import jinja2
+import jinja2.sandbox
 import yaml
 
+from atlasctl.errors import UsageError
 from atlasctl.paths import suite_root
 
 # References are resolved in rounds; the file nests a few levels deep at most.
@@ -40,11 +42,13 @@ def defaults() -> dict[str, Any]:
 def resolve(hostvars: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The layout's variables for a host: its inventory variables override the defaults, and every
     ``{{ }}`` reference is resolved against both (as Ansible would). A value that needs a variable
-    neither defines (``models_home`` without ``models_name``) stays unresolved."""
+    neither defines (``models_home`` without ``models_name``) stays unresolved; one that is not a template
+    Jinja can read is a UsageError naming the variable."""
     given = dict(hostvars or {})
     base = _defaults()
     values = {**base, **{k: v for k, v in given.items() if k in base}}
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False)
+    # Sandboxed: the values are the inventory's, and a template reaches no Python internals (jinja2.sandbox).
+    env = jinja2.sandbox.SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False)
     for _ in range(_ROUNDS):
         pending = {k: v for k, v in values.items() if isinstance(v, str) and "{{" in v}
         if not pending:
@@ -55,6 +59,9 @@ def resolve(hostvars: Mapping[str, Any] | None = None) -> dict[str, Any]:
                 values[key] = env.from_string(text).render(context)
             except jinja2.UndefinedError:
                 continue
+            except (jinja2.TemplateError, TypeError, ValueError, ArithmeticError, RecursionError) as exc:
+                raise UsageError(f"{key} {text!r} is not a template that renders: {exc}",
+                                 fix=f"set {key} to an absolute path") from None
     return values
 
 
@@ -76,16 +83,23 @@ class Layout:
     @classmethod
     def of(cls, hostvars: Mapping[str, Any] | None = None) -> Layout:
         v = resolve(hostvars)
-        return cls(service=v["serving_service_name"], config_dir=v["serving_config_dir"],
-                   release_dir=v["serving_release_dir"], record=v["serving_record"],
-                   env_file=v["serving_env_file"], args_file=v["serving_args_file"],
-                   models_root=v["models_root"], stamp_dir=v["models_stamp_dir"],
-                   engines_root=v["engines_root"], bundle_record=v["atlas_bundle_record"])
+        for key in _FIELDS.values():
+            if not isinstance(v[key], str) or not v[key] or not v[key].isprintable():
+                raise UsageError(f"{key} {v[key]!r} is not a path or a name",
+                                 fix=f"set {key} to plain text (roles/layout/defaults/main.yml has the default)")
+        return cls(**{field: v[key] for field, key in _FIELDS.items()})
 
     def suite_paths(self) -> tuple[str, ...]:
         """The directories the suite keeps on a node (what a bundle push must never land on or above)."""
         return (self.config_dir, self.release_dir, self.models_root, self.stamp_dir, self.engines_root,
                 str(PurePosixPath(self.bundle_record).parent))
+
+
+# Layout's fields and the layout variables they come from.
+_FIELDS = {"service": "serving_service_name", "config_dir": "serving_config_dir", "release_dir": "serving_release_dir",
+           "record": "serving_record", "env_file": "serving_env_file", "args_file": "serving_args_file",
+           "models_root": "models_root", "stamp_dir": "models_stamp_dir", "engines_root": "engines_root",
+           "bundle_record": "atlas_bundle_record"}
 
 
 @functools.cache

@@ -34,7 +34,7 @@ from atlasctl.errors import AtlasError, UsageError
 from atlasctl.paths import suite_root
 
 RULE_WINDOW = "5m"
-_WINDOW = re.compile(r"^[1-9][0-9]*[smhd]$")
+_WINDOW = re.compile(r"[1-9][0-9]*[smhd]")  # fullmatch
 # (key, the recording rule, how it is aggregated per node, scale, column title, cell format)
 FIGURES = (
     ("ttft_p95_ms", "atlas:engine_ttft_seconds:p95_5m", "max", 1000.0, "TTFT p95", "{:.0f}ms"),
@@ -64,7 +64,7 @@ def recording_rules() -> dict[str, str]:
 def expression(record: str, window: str = RULE_WINDOW) -> str:
     """The expression of recording rule ``record`` over ``window`` (a Prometheus duration, e.g. 10m) instead of
     the rule's own 5 minutes."""
-    if not _WINDOW.match(str(window)):
+    if not _WINDOW.fullmatch(str(window)):
         raise UsageError(f"window {window!r} is not a Prometheus duration", fix="use e.g. 5m, 90s or 1h")
     return recording_rules()[record].replace(f"[{RULE_WINDOW}]", f"[{window}]")
 

@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import html
 import json
+import logging
 import os
 import re
 import time
@@ -22,13 +23,16 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from atlasctl import prometheus
+from atlasctl.collection import plugin_utils
 from atlasctl.errors import AtlasError, UsageError
+from atlasctl.inputs import shown
 from atlasctl.paths import state_dir
 from atlasctl.runner import resolve_inventory, run_playbook
 
 PLAYBOOK = "playbooks/rollout.yml"
 WAVE_PLAY_RE = re.compile(r"^Rollout \| wave (\d+)$")
 FAILED_PREFIX = "ROLLOUT FAILED "
+log = logging.getLogger(__name__)
 
 
 class RolloutBusy(AtlasError):
@@ -72,15 +76,70 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+STATE_FILE = "state.json"
+
+
+def state_fix(path: Path) -> str:
+    return (f"keep it aside (mv {shown(path)} {shown(path)}.unreadable) and run the rollout without --resume: "
+            "every wave runs again, nodes already on the release included")
+
+
+def parse_state(text: str, path: Path) -> dict[str, Any]:
+    """A rollout's resume state (what :func:`save_state` writes); anything else is a UsageError naming the file."""
+    def bad(problem: str) -> UsageError:
+        return UsageError(f"rollout state {shown(path)}: {problem}", fix=state_fix(path))
+
+    try:
+        state = json.loads(text)
+    except RecursionError:
+        raise bad("nested too deeply to be a rollout state") from None
+    except ValueError as exc:  # JSONDecodeError, or a number past Python's int-from-str limit
+        raise bad(f"not valid JSON ({exc})") from None
+    if not isinstance(state, dict):
+        raise bad(f"a JSON {type(state).__name__}, not an object")
+    if state.get("status") not in ("ok", "failed"):
+        raise bad(f"status is {state.get('status')!r}, not 'ok' or 'failed'")
+    if plugin_utils("release_id").problem(state.get("release")):
+        raise bad(f"release {state.get('release')!r} is not a release id")
+    plan, completed = state.get("plan", []), state.get("completed", [])
+    if not isinstance(plan, list):
+        raise bad("plan is not a list of waves")
+    for i, wave in enumerate(plan):
+        if not (isinstance(wave, dict) and isinstance(wave.get("name"), str)
+                and isinstance(wave.get("index"), int) and not isinstance(wave.get("index"), bool)
+                and isinstance(wave.get("hosts"), list) and all(isinstance(h, str) for h in wave["hosts"])):
+            raise bad(f"plan[{i}] is not a wave (name, index and hosts)")
+    if not isinstance(completed, list) or not all(isinstance(name, str) for name in completed):
+        raise bad("completed is not a list of wave names")
+    if state.get("failure") is not None and not isinstance(state["failure"], dict):
+        raise bad("failure is not an object")
+    return state
+
+
 def load_state(folder: Path) -> dict[str, Any]:
-    path = folder / "state.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """The inventory's last rollout state ({} when none ran); unreadable: a UsageError naming the file."""
+    path = folder / STATE_FILE
+    if not path.is_file():
+        return {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"rollout state {shown(path)}: cannot read it ({exc})", fix=state_fix(path)) from None
+    return parse_state(text, path)
+
+
+def set_aside(folder: Path) -> Path:
+    """Move an unreadable state out of the way (renamed, never deleted); its new path."""
+    path = folder / STATE_FILE
+    kept = folder / f"{STATE_FILE}.unreadable-{_now().replace(':', '')}"
+    path.replace(kept)
+    return kept
 
 
 def save_state(folder: Path, state: dict[str, Any]) -> None:
-    tmp = folder / ".state.json.tmp"
+    tmp = folder / f".{STATE_FILE}.tmp"
     tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
-    tmp.replace(folder / "state.json")
+    tmp.replace(folder / STATE_FILE)
 
 
 def resume_wave(state: dict[str, Any], release: str) -> str:
@@ -200,7 +259,14 @@ def run(inventory: str | Path, release: str, *, extravars: dict | None = None, r
     """Run a rollout under the inventory's lock; returns the report (also kept as JSON)."""
     inv = resolve_inventory(inventory)
     with inventory_lock(inv, release) as folder:
-        state = load_state(folder)
+        try:
+            state = load_state(folder)
+        except UsageError:
+            if resume:
+                raise
+            # A fresh rollout needs nothing from it; it is kept, not overwritten by this run's state.
+            log.warning("rollout state %s is unreadable: kept as %s", folder / STATE_FILE, set_aside(folder))
+            state = {}
         resume_from = resume_wave(state, release) if resume else None
         previously = list(state.get("completed", [])) if resume else []
         variables = {**(extravars or {}), "atlas_release_id": release}

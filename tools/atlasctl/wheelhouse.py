@@ -44,7 +44,7 @@ from pathlib import Path
 from atlasctl.errors import EnvironmentProblem, UsageError
 
 LOCK = "requirements.lock"
-_TAG = re.compile(r"^(?:manylinux_(\d+)_(\d+)|manylinux(2014|2010|1)|linux)_(x86_64|aarch64)$")
+_TAG = re.compile(r"(?:manylinux_(\d+)_(\d+)|manylinux(2014|2010|1)|linux)_(x86_64|aarch64)")  # fullmatch
 _LEGACY = {"2014": 17, "2010": 12, "1": 5}
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s;]+)$")
 _TARGET_FIX = "write e.g. {platform: [manylinux_2_28_aarch64], python: '3.11'}"
@@ -63,14 +63,14 @@ class Target:
 
     @property
     def arch(self) -> str:
-        return _TAG.match(self.tags[0]).group(4)
+        return _TAG.fullmatch(self.tags[0]).group(4)
 
     @property
     def glibc(self) -> int:
         """The newest manylinux glibc minor the tags name (manylinux2014 is 2.17)."""
         minors = []
         for tag in self.tags:
-            m = _TAG.match(tag)
+            m = _TAG.fullmatch(tag)
             minors.append(int(m.group(2)) if m.group(2) else _LEGACY.get(m.group(3) or "", 17))
         return max(minors)
 
@@ -106,11 +106,11 @@ def parse_target(where: str, target: object) -> Target:
             or not isinstance(python, str) or not re.fullmatch(r"3\.\d+", python)):
         raise UsageError(f"{where}: target {reprlib.repr(target)} needs platform (a wheel platform tag or a list "
                          "of them) and python (a string, e.g. '3.11')", fix=_TARGET_FIX)
-    bad = [t for t in tags if not _TAG.match(t)]
+    bad = [t for t in tags if not _TAG.fullmatch(t)]
     if bad:
         raise UsageError(f"{where}: platform tag {bad[0]!r} is not a Linux x86_64/aarch64 wheel tag",
                          fix="use tags like manylinux_2_28_aarch64, manylinux2014_x86_64 or linux_aarch64")
-    if len({_TAG.match(t).group(4) for t in tags}) != 1:
+    if len({_TAG.fullmatch(t).group(4) for t in tags}) != 1:
         raise UsageError(f"{where}: target {reprlib.repr(target)} mixes architectures",
                          fix="write one target per architecture")
     return Target(tuple(tags), python)

@@ -15,10 +15,10 @@ import yaml
 
 from atlasctl.errors import UsageError
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,30}[a-z0-9]$")
-GROUP_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
-BRIDGE_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9_-]{0,14}$")
-VERSION_RE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z._-]*$")
+NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,30}[a-z0-9]")  # fullmatch, as the others
+GROUP_RE = re.compile(r"[a-z_][a-z0-9_]*")
+BRIDGE_RE = re.compile(r"[a-zA-Z][a-zA-Z0-9_-]{0,14}")
+VERSION_RE = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]*")
 CONTROLLER_HOST = 1
 FIRST_NODE_HOST = 11
 ALL_NODES_GROUP = "atlas_nodes"
@@ -129,12 +129,12 @@ def _parse_node(raw: Any, index: int, network: ipaddress.IPv4Network, path: Path
     if not isinstance(raw, dict):
         raise _fail(path, where, "must be a mapping with name, groups, npu", "see inventory/lab/lab.yml")
     name = _require(raw, "name", str, path, f"{where}.")
-    if not NAME_RE.match(name) or len(f"atlas-{name}") > 40:
+    if not NAME_RE.fullmatch(name) or len(f"atlas-{name}") > 40:
         raise _fail(
             path, f"{where}.name", f"{name!r} is not a valid node name", "use lowercase letters, digits, '-'"
         )
     groups = raw.get("groups", [])
-    if not isinstance(groups, list) or not all(isinstance(g, str) and GROUP_RE.match(g) for g in groups):
+    if not isinstance(groups, list) or not all(isinstance(g, str) and GROUP_RE.fullmatch(g) for g in groups):
         raise _fail(
             path, f"{where}.groups", f"{groups!r} is not a list of group names", "use [snake_case, ...] names"
         )
@@ -149,7 +149,7 @@ def _parse_node(raw: Any, index: int, network: ipaddress.IPv4Network, path: Path
         raise _fail(path, f"{where}.kind", f"unknown kind {kind!r}", f"use one of {', '.join(NODE_KINDS)}")
     npu = None if kind != "atlas" else _parse_npu(raw.get("npu"), path, f"{where}.npu")
     extra = raw.get("vars", {})
-    if not isinstance(extra, dict) or not all(isinstance(k, str) and GROUP_RE.match(k) for k in extra):
+    if not isinstance(extra, dict) or not all(isinstance(k, str) and GROUP_RE.fullmatch(k) for k in extra):
         raise _fail(path, f"{where}.vars", f"{extra!r} is not a mapping of variable names",
                     "use vars: {snake_case_name: value}")
     return NodeSpec(name=name, index=index, ip=ip, groups=tuple(groups), npu=npu, kind=kind,
@@ -161,7 +161,7 @@ def parse(data: Any, path: Path) -> LabConfig:
         raise _fail(path, "top level", "must be a mapping", "see inventory/lab/lab.yml")
     lab_name = _require(data, "lab_name", str, path, "")
     bridge = _require(data, "bridge", str, path, "")
-    if not BRIDGE_RE.match(bridge):
+    if not BRIDGE_RE.fullmatch(bridge):
         raise _fail(path, "bridge", f"{bridge!r} is not a valid interface name", "use at most 15 characters")
     subnet = _require(data, "subnet", str, path, "")
     try:
@@ -173,7 +173,7 @@ def parse(data: Any, path: Path) -> LabConfig:
     versions = {}
     for key in ("driver_version", "firmware_version"):
         value = str(_require(data, key, str, path, ""))
-        if not VERSION_RE.match(value):
+        if not VERSION_RE.fullmatch(value):
             raise _fail(path, key, f"{value!r} is not a version string", "use e.g. 24.1.rc1")
         versions[key] = value
     raw_nodes = _require(data, "nodes", list, path, "")
@@ -203,7 +203,7 @@ def with_hdk(cfg: LabConfig, hdk: str | None) -> LabConfig:
     if hdk is None:
         return cfg
     driver, sep, firmware = hdk.partition("/")
-    if not sep or not VERSION_RE.match(driver) or not VERSION_RE.match(firmware):
+    if not sep or not VERSION_RE.fullmatch(driver) or not VERSION_RE.fullmatch(firmware):
         raise UsageError(f"--hdk {hdk!r} is not DRIVER/FIRMWARE", fix="use e.g. --hdk 25.5.0/7.8.0.2.212")
     return replace(cfg, driver_version=driver, firmware_version=firmware)
 

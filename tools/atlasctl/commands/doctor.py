@@ -6,21 +6,30 @@ process, the env file's variables (fictional ones, ASCEND_DEVICE_ID given a list
 API key enforced, out-of-memory messages in the journal, driver/CANN/engine versions, model
 stamp missing or stale; a hung instance (on an entry or single node: two /metrics samples
 --hang-window seconds apart while a 1-token completion runs with that deadline, judged as the health
-probe judges them: hung is an error, slow a warning); from the inventory: the bundle's signature check
-turned off (atlas_bundle_allow_unsigned) or no signing key pinned.
+probe judges them: hung is an error, slow a warning); the API keys file (the engine's --config) readable
+by no one but root and the serving account; the bundle on the node (atlas_bundle_dir) signed by a key the
+inventory pins (atlas_bundle_keyring, atlas_bundle_trusted_fingerprints; checked on this machine with gpg);
+from the inventory: the bundle's signature check turned off (atlas_bundle_allow_unsigned) or no signing key
+pinned.
 """
 
 from __future__ import annotations
 
 import argparse
 
+from atlasctl import bundle_trust
 from atlasctl import inventory as shared
 from atlasctl.doctor import checks, gather, inventory, report
+from atlasctl.inputs import whole_number
+from atlasctl.planner import default_vars
 from atlasctl.runner import resolve_inventory
 from atlasctl.site_data import compat_tables
 
 # The whole gather of a host must fit its SSH command's timeout (atlasctl.doctor.inventory.fabric_run, 90 s).
 MAX_HANG_WINDOW_S = 60.0
+# Hosts diagnosed at once: a thread and an SSH connection each (a few file descriptors; the soft limit is
+# often 1024).
+MAX_WORKERS = 256
 
 EPILOG = ("exit status: 0 healthy (warnings allowed), 1 a finding of severity error, "
           "3 a host could not be reached (named in the output), 2 bad command line or inventory")
@@ -33,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("-i", "--inventory", required=True, help="inventory path (e.g. inventory/lab)")
     parser.add_argument("-l", "--limit", default=None, help="host pattern (as ansible --limit)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--workers", type=int, default=16, help="hosts diagnosed at once (default 16)")
+    parser.add_argument("--workers", type=int, default=16,
+                        help=f"hosts diagnosed at once (default 16, at most {MAX_WORKERS})")
     parser.add_argument("--hang-window", type=hang_window, default=10.0, metavar="SECONDS",
                         help="seconds between the two /metrics samples of the hang check, also the deadline "
                              f"of its completion (default 10; 0 turns it off; at most {MAX_HANG_WINDOW_S:g})")
@@ -52,15 +62,29 @@ def hang_window(text: str) -> float:
     return value
 
 
+def serving_account(hostvars: dict) -> tuple[str, str]:
+    """The host's serving user and group (serving_user, serving_group; the serving role's defaults)."""
+    defaults = default_vars()
+    return (str(hostvars.get("serving_user") or defaults["serving_user"]),
+            str(hostvars.get("serving_group") or defaults["serving_group"]))
+
+
 def run(args: argparse.Namespace) -> int:
+    whole_number(args.workers, "doctor --workers", 1, MAX_WORKERS, fix="leave it out (16 hosts at once)")
     inv = resolve_inventory(args.inventory)
     listing = shared.listing(inv, args.limit)
     targets = inventory.load(inv, args.limit, document=listing)
     ctx = checks.default_context(compat_tables(inv, listing))
     hostvars = shared.hostvars(listing)
-    trust = [f for t in targets for f in checks.check_bundle_trust(t.name, hostvars.get(t.name) or {})]
+    extra = [f for t in targets for f in checks.check_bundle_trust(t.name, hostvars.get(t.name) or {})]
     evidence, unreachable, seconds = gather.gather_all(targets, inventory.fabric_run, workers=args.workers,
                                                        hang_window_s=args.hang_window)
-    result = report.build([t.name for t in targets], evidence, unreachable, ctx, seconds, extra=trust)
+    unusable = {f.host for f in extra if f.severity == checks.ERROR}  # no key pinned: said once, not per check
+    for name, ev in sorted(evidence.items()):  # the checks that judge a node's evidence with its inventory vars
+        hv = hostvars.get(name) or {}
+        if name not in unusable:
+            extra += checks.check_bundle_signed(ev, bundle_trust.of_host(hv))
+        extra += checks.check_keys_file(ev, *serving_account(hv))
+    result = report.build([t.name for t in targets], evidence, unreachable, ctx, seconds, extra=extra)
     print(report.render_json(result) if args.json else report.render_text(result))
     return result.exit_code

@@ -21,6 +21,7 @@ from typing import TextIO
 from atlasctl import exitcodes
 from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
+from atlasctl.inputs import shown, whole_number
 
 checksums = module_utils("checksums")
 manifest = module_utils("manifest")
@@ -28,6 +29,41 @@ manifest = module_utils("manifest")
 SUMS_FILES = {"md5": "md5sums.txt", "sha256": "sha256sums.txt"}
 MANIFEST_FILE = "manifest.json"
 DEFAULT_SOURCES = (MANIFEST_FILE, SUMS_FILES["md5"], SUMS_FILES["sha256"])
+# Hashing threads: the default is one per usable core, at most 8 (checksums.default_workers). Each takes up to
+# about 48 MiB of buffers (checksums' module docstring: (2 x workers - 1) x (2 + 2 x 2) x 4 MiB), so 64 stays
+# within a few GiB.
+MAX_WORKERS = 64
+
+
+def check_workers(workers: int | None) -> int | None:
+    """--workers: None (the default) or a whole number from 1 to MAX_WORKERS."""
+    if workers is None:
+        return None
+    return whole_number(workers, "--workers", 1, MAX_WORKERS,
+                        fix=f"leave --workers out (one thread per core, at most 8) or pass 1 to {MAX_WORKERS}")
+
+
+def check_prefix(prefix: str) -> str:
+    """--prefix: a relative path inside the bundle (``models/qwen``), without '.', '..', empty parts or
+    control characters; the slashes around it are dropped."""
+    parts = prefix.strip("/").split("/") if prefix.strip("/") else []
+    if any(part in ("", ".", "..") or not part.isprintable() for part in parts):
+        raise UsageError(f"--prefix {prefix!r}: must be a path inside the bundle, e.g. models/qwen2.5-72b "
+                         "(no '.', '..' or empty parts, no control characters)",
+                         fix="pass the model's directory as the bundle manifest lists it")
+    return "/".join(parts)
+
+
+def _check_out(fmt: str, out: str | None) -> None:
+    """--out before any hashing: a directory for the sums (made when missing), a file for JSON."""
+    if not out or out == "-":
+        return
+    if fmt == "sums" and os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(f"models manifest --out {shown(out)} is a file; with --format sums it names the directory for "
+                         f"{SUMS_FILES['md5']} and {SUMS_FILES['sha256']}", fix="pass a directory")
+    if fmt == "json" and os.path.isdir(out):
+        raise UsageError(f"models manifest --out {shown(out)} is a directory; with --format json it names the file to "
+                         "write", fix=f"pass a file name, e.g. --out {shown(os.path.join(out, MANIFEST_FILE))}")
 
 
 # --- library ---------------------------------------------------------------------------------
@@ -72,6 +108,8 @@ def write_manifest(
 ) -> ManifestResult:
     """Hash every file under root once; write md5sums.txt + sha256sums.txt, or a JSON manifest."""
     t0 = time.perf_counter()
+    workers, pre = check_workers(workers), check_prefix(prefix)
+    _check_out(fmt, out)
     if fmt == "sums":
         out_dir = out or root
         targets = [os.path.join(out_dir, SUMS_FILES[alg]) for alg in ("md5", "sha256")]
@@ -83,15 +121,14 @@ def write_manifest(
     if fmt == "sums":
         for alg, target in zip(("md5", "sha256"), targets, strict=True):
             sums = manifest.render_sums([(rel, getattr(d, alg)) for rel, d in digests.items()])
-            checksums.atomic_write_text(target, sums)
+            _write(target, sums)
     else:
-        pre = prefix.strip("/")
         entries = [{"path": f"{pre}/{rel}" if pre else rel, **d.as_dict()} for rel, d in digests.items()]
         text = manifest.render_manifest(entries, name=os.path.basename(os.path.realpath(root)))
         if targets[0] == "-":
             sys.stdout.write(text)
         else:
-            checksums.atomic_write_text(targets[0], text)
+            _write(targets[0], text)
     return ManifestResult(
         root,
         fmt,
@@ -100,6 +137,14 @@ def write_manifest(
         sum(d.size for d in digests.values()),
         time.perf_counter() - t0,
     )
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        checksums.atomic_write_text(path, text)
+    except OSError as exc:
+        raise UsageError(f"models manifest: cannot write {shown(path)}: {exc.strerror or exc}",
+                         fix="pass an --out this user can write") from None
 
 
 def _digest(root, workers, progress, ignore):
@@ -121,6 +166,7 @@ def verify_model(
     progress=None,
 ):
     """Verify root against its checksum sources. stamps "" = default path, None = no stamps."""
+    workers, prefix = check_workers(workers), check_prefix(prefix)
     if not os.path.isdir(root):
         what = "is not a directory" if os.path.exists(root) else "does not exist"
         raise UsageError(f"models verify: model directory {root} {what}",

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from pathlib import Path
 
 from atlasctl import exitcodes, rollout
+from atlasctl.collection import plugin_utils
 from atlasctl.errors import UsageError
 from atlasctl.inputs import load_yaml, parse_yaml
-
-# Release ids name directories on the nodes (releases/<id>) and report files here: one path component.
-RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,11 +47,12 @@ def check_vars_files(files: list[Path]) -> list[Path]:
 
 
 def check_release(release: str) -> str:
-    """A release id that is one safe path component (it becomes a directory on every node)."""
-    if not RELEASE_ID.match(release) or ".." in release:
-        raise UsageError(f"--release {release!r}: a release id is one name of letters, digits and . _ + - "
-                         "(no '/', no '..', at most 128 characters): it becomes a directory on the nodes",
-                         fix="e.g. --release bank-2026.12.0")
+    """A release id that is one safe path component (it becomes a directory on every node): the serving
+    role's rule (plugin_utils/release_id.py)."""
+    rule = plugin_utils("release_id")
+    problem = rule.problem(release)
+    if problem:
+        raise UsageError(f"--release {problem}", fix=f"e.g. --release {rule.EXAMPLE}")
     return release
 
 

@@ -8,6 +8,8 @@ through ``Context``, so the same tables judge a plan before the deploy and a nod
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -593,6 +595,85 @@ def check_bundle_trust(host: str, hostvars: dict[str, Any]) -> list[Finding]:
         return [Finding(host, "bundle-signature", ERROR, problem, where,
                         f"pin your signing key's full fingerprint in {bundle_trust.FINGERPRINTS_VAR}")]
     return []
+
+
+def check_keys_file(ev: Evidence, user: str, group: str) -> list[Finding]:
+    """The engine's --config file carries the API keys (roles/serving: 0640 root:<serving group>): only root and
+    the serving account may read it: no access for others, the group at most reading and only the serving
+    group (or root's), the owner root or the serving user."""
+    rows = parse.stat_lines(ev.text("keys"))
+    if not ev.ok("keys") and ev.section("keys") is not None and ev.text("keys").strip():
+        return [_f(ev, "keys-file-mode", WARNING, "cannot stat the engine's keys file (its --config)",
+                   _first_lines(ev.text("keys")), RERUN_SERVING.format(host=ev.host))]
+    findings = []
+    for path, mode, owner, grp in rows:
+        bits = int(mode, 8)
+        wrong = []
+        if bits & 0o007:
+            wrong.append("others can access it")
+        if bits & 0o070 and (bits & 0o070 != 0o040 or grp not in (group, "root")):
+            wrong.append(f"group {grp} can {'write or run' if bits & 0o030 else 'read'} it")
+        if owner not in ("root", user):
+            wrong.append(f"it belongs to {owner}")
+        if bits & 0o7000:
+            wrong.append("it has set-id or sticky bits")
+        if wrong:
+            findings.append(_f(ev, "keys-file-mode", ERROR,
+                               f"the API keys file {path} is {mode} {owner}:{grp}: {', '.join(wrong)}",
+                               f"stat {path}: mode {mode} owner {owner}:{grp} (the engine's --config)",
+                               f"chown root:{group} {path} && chmod 0640 {path} (or 0600/0400 owned by {user}); "
+                               "or " + RERUN_SERVING.format(host=ev.host)))
+    return findings
+
+
+_SIGNATURE_FIXES = {
+    "unsigned": "sign the bundle on the signing station (atlasctl bundle sign DIR --key <fingerprint>), then "
+                "atlasctl bundle push -i INV --src DIR; docs/bundle-signing.md",
+    "config": "export the signing key's public key into atlas_bundle_keyring on this controller and pin its full "
+              "fingerprint in atlas_bundle_trusted_fingerprints (docs/bundle-signing.md)",
+}
+_SIGNATURE_FIX = ("do not install from it: copy the bundle again from the signing station (atlasctl bundle push -i INV "
+                  "--src DIR, which verifies it first), or re-sign a bundle you rebuilt; docs/bundle-signing.md")
+
+
+def check_bundle_signed(ev: Evidence, trust: Any) -> list[Finding]:
+    """The bundle on the node (section ``bundle``): its manifest.json signed by a key pinned in the inventory
+    (``trust``: atlasctl.bundle_trust.Trust), checked here with the one verifier (module_utils/signature.py).
+    A missing or bad signature is an error; the inventory's opt-out is check_bundle_trust's warning."""
+    if trust.allow_unsigned:
+        return []
+    found = parse.bundle(ev)
+    if found is None:
+        return [_f(ev, "bundle-signature", WARNING, "the bundle's signature on this node was not checked: the "
+                   "inventory names no atlas_bundle_dir as an absolute path",
+                   f"inventory vars of {ev.host}: atlas_bundle_dir",
+                   "set atlas_bundle_dir (group_vars/all) to where the bundle is, e.g. /srv/atlas-bundle")]
+    where = f"{ev.host}:{found['dir']}"
+    if "problem" in found:
+        return [_f(ev, "bundle-signature", WARNING, f"no bundle to check at {where}: {found['problem']}",
+                   f"{where}/manifest.json", "atlasctl bundle push -i INV --src DIR (it verifies the bundle first)")]
+    refused = _signature_problem(found["manifest"], found["signature"], trust.keyring, tuple(trust.fingerprints))
+    if refused is None:
+        return []
+    reason, message = refused
+    return [_f(ev, "bundle-signature", WARNING if reason == "environment" else ERROR,
+               f"the bundle at {where} is not signed by a pinned key ({reason}): {message}",
+               f"{where}/manifest.json sha256 {hashlib.sha256(found['manifest']).hexdigest()}, signature "
+               f"{'present' if found['signature'] is not None else 'missing'}; keyring {trust.keyring or '(none)'}",
+               _SIGNATURE_FIXES.get(reason, _SIGNATURE_FIX))]
+
+
+@functools.lru_cache(maxsize=32)
+def _signature_problem(manifest: bytes, signature: bytes | None, keyring: str,
+                       fingerprints: tuple[str, ...]) -> tuple[str, str] | None:
+    """(reason, message) of a refused signature, else None; one gpg run per distinct manifest and signature
+    (a fleet shares one bundle)."""
+    sig = module_utils("signature")
+    try:
+        sig.verify_manifest(manifest, signature, keyring=keyring, fingerprints=list(fingerprints))
+    except sig.SignatureError as exc:
+        return exc.reason, str(exc)
+    return None
 
 
 def diagnose(ev: Evidence, ctx: Context) -> list[Finding]:

@@ -1,10 +1,15 @@
 """One SSH round trip per host: a shell script prints every evidence section between markers.
 
-Secrets stay on the node: the env file's ``*_API_KEY`` values and the values after ``--api-key``
-in the args file (every one: vLLM's takes several) are replaced by ``<redacted>`` there (sed), the
-engine's environ is filtered to ``ASCEND_*`` variables, and the HTTP probes send no key, except the
-hang check's completion: it reads the engine's key on the node and sends it only to the engine, at the
-address its service record names (``progress.local_url``), never printing it.
+Secrets stay on the node: the env file's API key values (``*_API_KEY``, ``*_API_KEYS``, ``*APIKEY``, with
+or without ``export``) and the values after ``--api-key`` in the args file (every one: vLLM's takes several)
+are replaced by ``<redacted>`` there (sed), the engine's environ is filtered to ``ASCEND_*`` variables, the
+keys file (the engine's ``--config``) is only stat'ed, and the HTTP probes send no key, except the hang
+check's completion: it reads the engine's key on the node and sends it only to the engine, at the address
+its service record names (``progress.local_url``), never printing it.
+
+The bundle's ``manifest.json`` and ``manifest.json.asc`` (section ``bundle``, where the inventory names
+``atlas_bundle_dir``) come back base64-encoded, byte for byte: the controller verifies the signature
+against the pinned key (``atlasctl.doctor.checks.check_bundle_signed``).
 
 The hang check (section ``hang``, on an entry node or a single node: where the service record exists
 and is not a non-head rank) runs the collection's module_utils ``progress`` on the node: its source
@@ -167,14 +172,32 @@ def probe_program() -> str:
     return _with_progress(_PROBE_PY)
 
 
-def snippets(layout: Layout | None = None, hang_window_s: float = 0.0) -> tuple[tuple[str, str], ...]:
+def bundle_snippet(bundle_dir: str) -> str:
+    """Section ``bundle``: ``dir``, ``manifest`` and (when there is one) ``signature`` lines, the files base64."""
+    sig = module_utils("signature")
+    manifest, signature = f'"$d/{sig.MANIFEST_NAME}"', f'"$d/{sig.SIGNATURE_NAME}"'
+    return (f"d={shlex.quote(bundle_dir)}; printf 'dir %s\\n' \"$d\"; "
+            f"[ -f {manifest} ] || {{ echo \"no $d/{sig.MANIFEST_NAME}\"; exit 3; }}; "
+            f"printf 'manifest '; base64 -w0 {manifest} || exit 4; echo; "
+            f"[ -f {signature} ] || exit 0; printf 'signature '; base64 -w0 {signature} || exit 4; echo")
+
+
+# The engine's --config file (the serving role's keys file): its line after `--config`, or `--config=FILE`.
+_KEYS_SNIPPET = ("k=$(sed -n -e '/^--config$/{{n;p;q;}}' -e 's/^--config=//p' {args} | head -n 1); "
+                 "[ -n \"$k\" ] || exit 0; stat -L -c '%n %a %U %G' -- \"$k\"")
+
+
+def snippets(layout: Layout | None = None, hang_window_s: float = 0.0,
+             bundle_dir: str = "") -> tuple[tuple[str, str], ...]:
     """The evidence sections (name, bash snippet) for a node with ``layout`` (default: the default layout);
-    ``hang_window_s`` above 0 adds the hang check (section ``hang``)."""
+    ``hang_window_s`` above 0 adds the hang check (section ``hang``), ``bundle_dir`` the bundle's manifest and
+    signature (section ``bundle``)."""
     layout = layout or default_layout()
     q = shlex.quote
     unit = q(f"{layout.service}.service")
     hang = (("hang", f"python3 -c {q(hang_program())} {q(layout.record)} {q(layout.args_file)} "
                      f"{q(layout.env_file)} {float(hang_window_s)!r}"),) if hang_window_s > 0 else ()
+    bundle = (("bundle", bundle_snippet(bundle_dir)),) if bundle_dir else ()
     return (
         ("npu", _PATH + "command -v npu-smi >/dev/null || { echo 'npu-smi: command not found'; exit 127; }; "
                 "npu-smi info"),
@@ -185,7 +208,9 @@ def snippets(layout: Layout | None = None, hang_window_s: float = 0.0) -> tuple[
                     "-p LoadState,ActiveState,SubState,MainPID,NRestarts,Result,ExecMainStatus,ActiveEnterTimestamp"),
         ("record", f"cat {q(layout.record)}"),
         ("modes", f"stat -L -c '%n %a %U %G' {q(layout.env_file)} {q(layout.args_file)}"),
-        ("env", rf"sed -E 's/^([A-Z0-9_]*API_KEY=).*/\1<redacted>/' {q(layout.env_file)}"),
+        ("keys", _KEYS_SNIPPET.format(args=q(layout.args_file))),
+        ("env", r"sed -E 's/^((export[[:space:]]+)?[A-Za-z0-9_]*(API_?KEYS?|api_?keys?)=).*/\1<redacted>/' "
+                + q(layout.env_file)),
         ("args", r"sed -E -e '/^--api-key$/,/^--/{/^--/!s/.*/<redacted>/}' -e 's/^(--api-key=).*/\1<redacted>/' "
                  + q(layout.args_file)),
         ("environ", f"pid=$(systemctl show -p MainPID --value {unit}); "
@@ -203,7 +228,7 @@ def snippets(layout: Layout | None = None, hang_window_s: float = 0.0) -> tuple[
         # a container release only (the record says runtime container): what Podman gave the container
         ("container", f"grep -q '\"runtime\": \"container\"' {q(layout.record)} 2>/dev/null || exit 0; "
                       f"podman inspect --type container {q(layout.service)}"),
-    ) + hang
+    ) + hang + bundle
 
 
 def script(sections: tuple[tuple[str, str], ...] | None = None) -> str:
@@ -239,7 +264,8 @@ Runner = Callable[[Target, str], str]
 
 
 def gather_one(target: Target, run: Runner, hang_window_s: float = 0.0) -> Evidence:
-    return split_sections(target.name, run(target, script(snippets(target.layout, hang_window_s))), target.layout)
+    sections = snippets(target.layout, hang_window_s, target.bundle_dir)
+    return split_sections(target.name, run(target, script(sections)), target.layout)
 
 
 def gather_all(targets: list[Target], run: Runner, workers: int = 16, hang_window_s: float = 0.0

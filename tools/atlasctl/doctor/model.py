@@ -17,16 +17,18 @@ SEVERITIES = (ERROR, WARNING, INFO)
 # the second line of defence for anything an engine prints (SGLang logs its ServerArgs,
 # vLLM its non-default args).
 REDACTED = "<redacted>"
-_NAME = r"(?:\b\w*?_)?api[-_]key"  # api_key, api-key, VLLM_API_KEY, SGLANG_API_KEY, OPENAI_API_KEY, ...
+# api_key, api-key, apikey, api_keys, VLLM_API_KEY, SGLANG_API_KEY, serving_api_keys, the X-API-Key header, ...
+_NAME = r"(?:\b\w*?_|\bx-)?api[-_]?keys?"
 _QUOTED = r"\"[^\"\n]*\"|'[^'\n]*'"
 _EMPTY = frozenset(["None", "null", "''", '""', "[]"])
 # --api-key k1 'k2' "k3" (vLLM's --api-key takes several); --api-key=k; the .args form, one value per line
 _CLI_WORDS = re.compile(rf"(?i)(--api[-_]key)((?:[ \t]+(?:{_QUOTED}|[^-\s'\"]\S*))+)")
 _CLI_EQ = re.compile(rf"(?i)(--api[-_]key=)({_QUOTED}|\S+)")
 _CLI_LINES = re.compile(r"(?im)^([ \t]*--api[-_]key[ \t]*)((?:\n(?![ \t]*-)[^\n]*)+)")
-# VLLM_API_KEY=k, api_key: k, "api_key": "k", api_key='k' (a repr), api_key: [k1, k2], api_key=['k1', 'k2']
+# VLLM_API_KEY=k, api_key: k, "api_key": "k", api_key='k' (a repr), api_key: [k1, k2], api_key=['k1', 'k2'],
+# X-API-Key: k, api_keys=k, apikey=k
 _ASSIGN = re.compile(rf"(?i)((?<![-\w])['\"]?{_NAME}['\"]?[ \t]*[=:][ \t]*)(\[[^\]\n]*\]|{_QUOTED}|[^\s,)}}\]]+)")
-# api_key:\n  - k1\n  - k2 (a YAML block list)
+# api_key:\n  - k1\n  - k2 (a YAML block list; serving_api_keys: too)
 _BLOCK = re.compile(rf"(?im)^([ \t]*['\"]?{_NAME}['\"]?[ \t]*:[ \t]*)((?:\n[ \t]*-[ \t]+[^\n]*)+)")
 _BEARER = re.compile(r"(?i)(authorization:\s*bearer\s+)(\S+)")
 

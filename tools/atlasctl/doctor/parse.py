@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 import shlex
@@ -195,3 +197,28 @@ def visible_devices(env: dict[str, str]) -> list[int] | None:
         return [int(part) for part in value.split(",") if part.strip()]
     except ValueError:
         return None
+
+
+def bundle(ev: Evidence) -> dict[str, Any] | None:
+    """Section ``bundle``: {dir, manifest (bytes), signature (bytes or None)}; None when not gathered; with
+    ``problem`` instead of the files when the node has none or they did not come back whole."""
+    section = ev.section("bundle")
+    if section is None:
+        return None
+    fields = dict(line.split(" ", 1) for line in section.text.splitlines() if " " in line)
+    found: dict[str, Any] = {"dir": fields.get("dir", "?")}
+    if section.rc != 0 or "manifest" not in fields:
+        return {**found, "problem": section.text.strip().splitlines()[-1] if section.text.strip() else
+                f"rc {section.rc}"}
+    try:
+        found["manifest"] = base64.b64decode(fields["manifest"], validate=True)
+        found["signature"] = base64.b64decode(fields["signature"], validate=True) if "signature" in fields else None
+    except (binascii.Error, ValueError):
+        return {**found, "problem": "the manifest or its signature came back damaged"}
+    return found
+
+
+def stat_lines(text: str) -> list[tuple[str, str, str, str]]:
+    """``stat -c '%n %a %U %G'`` lines -> (path, octal mode, owner, group); other lines skipped."""
+    return [(parts[0], parts[1], parts[2], parts[3]) for parts in (line.split() for line in text.splitlines())
+            if len(parts) == 4 and re.fullmatch(r"[0-7]{3,4}", parts[1])]

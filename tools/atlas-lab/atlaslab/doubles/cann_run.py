@@ -39,7 +39,8 @@ SOCS = ("910b",)
 COMPONENTS = ("toolkit", "kernels", "nnal")
 BUILD_MTIME = 1_700_000_000  # fixed timestamp: reproducible payloads
 
-_VERSION = re.compile(r"^(?P<major>\d+)\.(?P<minor>\d+)\.(?:RC(?P<rc>\d+)|(?P<patch>\d+))(?P<tail>(?:\.\d+)*)$")
+# matched whole (fullmatch)
+_VERSION = re.compile(r"(?P<major>\d+)\.(?P<minor>\d+)\.(?:RC(?P<rc>\d+)|(?P<patch>\d+))(?P<tail>(?:\.\d+)*)")
 _LOG_TAGS = {"toolkit": "Toolkit", "kernels": "Kernels", "ops": "Ops", "nnal": "NNAL"}
 
 
@@ -49,7 +50,7 @@ class CannBuildError(ValueError):
 
 def version_key(version: str) -> tuple[int, ...]:
     """Order of CANN versions: 7.0.RC1 < 7.0.0 < 7.0.1.1 < 8.0.RC3 < 8.0.0 < 8.5.0."""
-    match = _VERSION.match(version)
+    match = _VERSION.fullmatch(version)
     if not match:
         raise CannBuildError(
             f"CANN version {version!r} is not of the form <major>.<minor>.RC<n> or <major>.<minor>.<patch>"

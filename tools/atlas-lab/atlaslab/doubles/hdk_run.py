@@ -25,8 +25,8 @@ from pathlib import Path
 from atlaslab.doubles.cann_run import ARCHES, COMMON_SH, SOCS, CannBuildError, make_run, write_if_changed
 
 INSTALLER = Path(__file__).with_name("hdk_installer") / "install.sh"
-_DRIVER_VERSION = re.compile(r"^\d+\.\d+\.(?:rc\d+|RC\d+|\d+)(?:\.\d+)*$")
-_FIRMWARE_VERSION = re.compile(r"^\d+(?:\.\d+){2,5}$")
+_DRIVER_VERSION = re.compile(r"\d+\.\d+\.(?:rc\d+|RC\d+|\d+)(?:\.\d+)*")  # fullmatch
+_FIRMWARE_VERSION = re.compile(r"\d+(?:\.\d+){2,5}")  # fullmatch
 _LOG_TAGS = {"driver": "Driver", "firmware": "Firmware"}
 
 
@@ -40,9 +40,9 @@ class HdkPackageSpec:
 
 def hdk_package_files(driver: str, firmware: str, arch: str = "x86_64", soc: str = "910b") -> list[HdkPackageSpec]:
     """The HDK packages of a driver/firmware pair, in first-install order (driver, then firmware)."""
-    if not _DRIVER_VERSION.match(driver):
+    if not _DRIVER_VERSION.fullmatch(driver):
         raise CannBuildError(f"HDK driver version {driver!r} is not of the form 24.1.rc1, 24.1.0 or 25.5.0")
-    if not _FIRMWARE_VERSION.match(firmware):
+    if not _FIRMWARE_VERSION.fullmatch(firmware):
         raise CannBuildError(f"NPU firmware version {firmware!r} is not of the form 7.1.0.6.220")
     if arch not in ARCHES:
         raise CannBuildError(f"arch {arch!r} is not one of {', '.join(ARCHES)}")

@@ -2,6 +2,7 @@
 
 ``rollout_plan``  inventory groups + wave data (+ serving_instances) -> ordered waves
                   [{name, hosts, serial, units, batches}]
+``release_id_problem``  atlas_release_id -> '' or why it cannot name a release (plugin_utils/release_id.py)
 
 A wave is data: ``{name, hosts: <group or list of hosts>, serial: <batch size>}``.
 Without waves: the ``canary`` group first, then every ``branch_*`` group in
@@ -19,6 +20,7 @@ from typing import Any
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.atlas.serving.plugins.module_utils import serving_instance
+from ansible_collections.atlas.serving.plugins.plugin_utils import release_id
 
 MAX_WAVES = 16
 
@@ -120,6 +122,11 @@ def rollout_plan(waves: list[dict] | None, groups: dict[str, list[str]], fleet: 
     return plan
 
 
+def release_id_problem(value: Any) -> str:
+    """'' when ``value`` is a release id (plugin_utils/release_id.py), else why not: the serving role's assert."""
+    return release_id.problem(value)
+
+
 class FilterModule:
     def filters(self):
-        return {"rollout_plan": rollout_plan}
+        return {"rollout_plan": rollout_plan, "release_id_problem": release_id_problem}

@@ -37,8 +37,8 @@ HCCN_CONF = "/etc/hccn.conf"
 DEFAULT_HCCN_TOOL = DRIVER_DIR + "/tools/hccn_tool"
 VISIBLE = "ASCEND_RT_VISIBLE_DEVICES"
 _DAVINCI = re.compile(r"^/dev/davinci(\d+)$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_SIZE = re.compile(r"^[0-9]+[bkmg]?$")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # fullmatch
+_SIZE = re.compile(r"[0-9]+[bkmg]?")  # fullmatch
 # What systemd's EnvironmentFile parses but podman --env-file takes literally (quotes, escapes, $): the
 # env_lines filter quotes such values, so the engine would see the quotes.
 _LITERAL_UNSAFE = re.compile(r"[\s\"'\\$]")
@@ -135,7 +135,7 @@ def run_argv(spec):
     engine's arguments after its executable)."""
     podman = _absolute(spec.get("podman"), "podman")
     name = str(spec.get("name") or "")
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):
         raise ContainerError(f"container name {name!r}: letters, digits, '_', '.' and '-' (the service name)")
     image_id = str(spec.get("image_id") or "")
     if not is_image_id(image_id):
@@ -151,7 +151,7 @@ def run_argv(spec):
             value = int(value)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             ids[key] = value
-        elif spec.get("ids_pending") and isinstance(value, str) and _NAME.match(value):
+        elif spec.get("ids_pending") and isinstance(value, str) and _NAME.fullmatch(value):
             ids[key] = value  # check mode on a node without the account or the driver yet: the names, for the diff
         else:
             raise ContainerError(f"{key} {value!r} is not a numeric id: it is read on the node (getent)")
@@ -160,7 +160,7 @@ def run_argv(spec):
         raise ContainerError("serving_image_entrypoint is empty: name the engine executable as the image has it "
                              "(e.g. [vllm], [python3]; docs/containers.md)")
     shm = str(spec.get("shm_size") or "")
-    if shm and not _SIZE.match(shm):
+    if shm and not _SIZE.fullmatch(shm):
         raise ContainerError(f"shm size {shm!r}: a number with an optional unit b, k, m or g (e.g. 1g)")
     home = _absolute(spec.get("home"), "serving_home")
     model_path = _absolute(spec.get("model_path"), "the model path")

@@ -64,7 +64,7 @@ def known_releases(schema_dir):
 def load(release, schema_dir=None):
     """(schema, platform variables, fictions) for ``release`` (e.g. ``vllm-ascend-0.11.0``)."""
     schema_dir = schema_dir or schema_dir_default()
-    if not re.match(r"^[a-z0-9][a-z0-9.+-]*$", str(release)):
+    if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]*", str(release)):
         raise LintError(f"engine_release {release!r} is not a release name like vllm-ascend-0.11.0")
     schema = _read_json(os.path.join(schema_dir, f"{release}.json"))
     platform = _read_json(os.path.join(schema_dir, "platform-env.json"))
@@ -283,7 +283,7 @@ def lint_env(env, schema, platform, fictions, release):
                                      "engine's source or platform-env.json): unknown variables are errors"))
             continue
         pattern = table[name]
-        if pattern and not re.match(pattern, value):
+        if pattern and not re.fullmatch(pattern, value):
             findings.append(_finding("env", name,
                                      f"`{name}={shown}` does not match what {release} accepts ({pattern})"))
     return findings

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 
-_DRIVER = re.compile(r"^(\d+)\.(\d+)\.(?:rc(\d+)|(\d+))((?:\.\d+)*)$", re.IGNORECASE)
-_FIRMWARE = re.compile(r"^\d+(?:\.\d+)+$")
+_DRIVER = re.compile(r"(\d+)\.(\d+)\.(?:rc(\d+)|(\d+))((?:\.\d+)*)", re.IGNORECASE)  # fullmatch
+_FIRMWARE = re.compile(r"\d+(?:\.\d+)+")  # fullmatch
 
 
 class HdkPlanError(ValueError):
@@ -23,7 +23,7 @@ class HdkPlanError(ValueError):
 
 def driver_key(version: str) -> tuple:
     """24.1.rc1 < 24.1.0 < 24.1.0.3 < 25.5.0 (a release candidate sorts before the release)."""
-    match = _DRIVER.match(version or "")
+    match = _DRIVER.fullmatch(version or "")
     if not match:
         raise HdkPlanError(f"driver version {version!r} is not of the form 24.1.rc1, 24.1.0 or 25.5.0")
     major, minor, rc, patch, tail = match.groups()
@@ -32,7 +32,7 @@ def driver_key(version: str) -> tuple:
 
 
 def firmware_key(version: str) -> tuple:
-    if not _FIRMWARE.match(version or ""):
+    if not _FIRMWARE.fullmatch(version or ""):
         raise HdkPlanError(f"firmware version {version!r} is not of the form 7.1.0.6.220")
     return tuple(int(p) for p in version.split("."))
 

@@ -306,13 +306,13 @@ IMAGE_KIND = "image"
 IMAGE_SUFFIX = ".tar"
 IMAGE_VARIANTS = ("910b", "a3")  # the chip family an image's CANN kernels are built for (docs/containers.md)
 IMAGE_FIELDS = ("image_id", "variant", "cann", "engine_release")
-_IMAGE_ID = re.compile(r"^[0-9a-f]{64}$")
+_IMAGE_ID = re.compile(r"[0-9a-f]{64}")  # fullmatch
 
 
 def is_image_id(value: object) -> bool:
     """64 lower-case hex digits: an image id as Podman prints it (``podman inspect --format {{.Id}}``), the sha256
     of the image's config (module_utils/oci_archive.py reads it from an archive)."""
-    return isinstance(value, str) and bool(_IMAGE_ID.match(value))
+    return isinstance(value, str) and bool(_IMAGE_ID.fullmatch(value))
 
 
 def bundle_images(data: object, source: str) -> dict[str, dict]:

@@ -34,8 +34,8 @@ MEDIA_DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 MEDIA_DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 _INDEXES = (MEDIA_OCI_INDEX, MEDIA_DOCKER_LIST)
 _MANIFESTS = (MEDIA_OCI_MANIFEST, MEDIA_DOCKER_MANIFEST)
-_DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
-_HEX = re.compile(r"^[0-9a-f]{64}$")
+_DIGEST = re.compile(r"sha256:([0-9a-f]{64})")  # fullmatch
+_HEX = re.compile(r"[0-9a-f]{64}")  # fullmatch
 MAX_JSON = 4 * 1024 * 1024  # an index, a manifest or an image config: small JSON documents
 FIX = "save the image again (`podman save -o NAME.tar IMAGE` or `docker save -o NAME.tar IMAGE`) and rebuild the bundle"
 
@@ -89,7 +89,7 @@ class _Archive:
 
 
 def _blob_name(digest, path, what):
-    match = _DIGEST.match(str(digest))
+    match = _DIGEST.fullmatch(str(digest))
     if not match:
         raise ImageArchiveError(f"{path}: {what} digest {digest!r} is not sha256:<64 hex>; {FIX}")
     return "blobs/sha256/" + match.group(1), match.group(1)
@@ -141,7 +141,7 @@ def _docker_config(archive):
     if not isinstance(config, str) or not config:
         raise ImageArchiveError(f"{archive.path}: manifest.json names no Config; {FIX}")
     stem = posixpath.basename(config).removesuffix(".json")
-    if not _HEX.match(stem):
+    if not _HEX.fullmatch(stem):
         raise ImageArchiveError(f"{archive.path}: manifest.json Config {config!r} is not named by its sha256; {FIX}")
     _checked(archive, config, stem, "image config")
     return stem
