@@ -152,7 +152,7 @@ def test_the_serving_role_fills_placeholders_and_evaluates_nothing_else(tmp_path
     assert run.returncode != 0 and "BUILT bad" not in out
     assert f"{tmp_path}/profiles/evil.yml: flags['--served-model-name']" in out and "is a template" in out
     built = out.split("BUILT good ", 1)[1]
-    assert '"serve", "/var/lib/atlas/models/tiny/current", "--served-model-name", "tiny", "--host", "0.0.0.0", ' \
+    assert '"serve", "/var/lib/atlas/models/tiny/current", "--served-model-name", "tiny", "--host", "192.0.2.7", ' \
            '"--port", "8000"' in built
     assert '"VLLM_HOST_IP": "192.0.2.7"' in built
 

@@ -219,6 +219,9 @@ def resolve(name: str, overrides: dict[str, Any] | None = None, api_key: str = "
         "__serving_port": profile["port"],
         "__serving_engine_release": profile["engine_release"],
         "serving_set_env_scripts": profile.get("cann_set_env", []),
+        # the engine listens on the node's backend address (the serving role's default: its ansible_host);
+        # rendered without a host of an inventory, on the loopback address
+        "serving_host": (overrides or {}).get("ansible_host") or "127.0.0.1",
         **(overrides or {}),
     }
     site = plugin_utils("site_data")
