@@ -270,8 +270,8 @@ def fix(processes: list, zombies: list) -> str:
     if processes:
         units = sorted({p["unit"] for p in processes if (p.get("unit") or "").endswith(".service")})
         loose = [str(p["pid"]) for p in processes if not (p.get("unit") or "").endswith(".service")]
-        stops = ([f"`systemctl stop {' '.join(units)}`"] if units else []) + ([f"`kill {' '.join(loose)}`"]
-                                                                             if loose else [])
+        stops = (([f"`systemctl stop {' '.join(units)}`"] if units else [])
+                 + ([f"`kill {' '.join(loose)}`"] if loose else []))
         steps.append(f"stop them: {' and '.join(stops)} (`kill -9 PID` for one that ignores SIGTERM); after the "
                      f"last one exits HCCL needs about {HCCL_SETTLE_S} s before a new process can use the NPUs "
                      f"(EJ0001: \"Wait for 10s after killing the last training process and try again\")")

@@ -166,16 +166,16 @@ def main():
         files = file_entries(p["files"], tolerate_unknown_owner=module.check_mode)
         dir_actions, file_actions, link_actions = converge(p["directories"], files, links, mode, uid, gid,
                                                            check=module.check_mode)
-        prune_actions = plan_prune(rules, [dest for dest, *_ in files] + [dest for dest, _ in links])
+        prune_actions = plan_prune(rules, [dest for dest, *_rest in files] + [dest for dest, _src in links])
         if not module.check_mode:
             apply_prune(prune_actions)
     except (PathError, OSError) as exc:
         module.fail_json(msg=str(exc))
     lines = (describe(dir_actions) + describe_files(file_actions) + describe(link_actions)
              + describe_prune(prune_actions))
-    written = [path for verb, path, _ in file_actions if verb == "write"]
+    written = [path for verb, path, _detail in file_actions if verb == "write"]
     result = {"changed": bool(lines), "actions": lines, "written": written, "inspected": inspected,
-              "removed": [path for _, path, _ in prune_actions]}
+              "removed": [path for _verb, path, _pattern in prune_actions]}
     if module._diff and lines:
         listed = describe(dir_actions + link_actions) + describe_prune(prune_actions)
         diffs = [{"before": "", "after": "\n".join(listed) + "\n",

@@ -199,7 +199,7 @@ def main():
         options = {k: entry[k] for k in VERIFIED_KEYS[1:] if entry.get(k) is not None}
         differences += verified_differences(entry["path"], **options)
     if p["unit"]:
-        differences += unit_differences(p["unit"], lambda argv: module.run_command(argv))
+        differences += unit_differences(p["unit"], module.run_command)
     module.exit_json(changed=False, converged=not differences, differences=differences, inspected=inspected)
 
 
