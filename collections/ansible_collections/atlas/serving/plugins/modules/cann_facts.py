@@ -14,12 +14,11 @@ description:
     C(ansible_facts.cann). Changes nothing.
   - Knows both toolkit layouts, C(ascend-toolkit/<version>) before CANN 8.5 and
     C(cann-<version>) from 8.5.
-options:
-  install_path:
-    description:
-      - Root of the Ascend installation, as passed to the installers with C(--install-path).
-    type: path
-    default: /usr/local/Ascend
+options: {}
+extends_documentation_fragment:
+  - atlas.serving.module
+  - atlas.serving.module.facts
+  - atlas.serving.cann
 attributes:
   check_mode:
     support: full
@@ -27,8 +26,6 @@ attributes:
     support: none
   facts:
     support: full
-author:
-  - atlas-serving contributors
 """
 
 EXAMPLES = r"""

@@ -83,16 +83,14 @@ options:
         Adds O(hang_window_s) to a healthy probe. Needs O(hang_window_s) above 0.
     type: bool
     default: false
-  npu_smi_path:
-    description: npu-smi to read the NPU state with; empty to find it on PATH.
-    type: path
+extends_documentation_fragment:
+  - atlas.serving.module
+  - atlas.serving.npu_smi
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: none
-author:
-  - atlas-serving contributors
 """
 
 EXAMPLES = r"""
@@ -187,7 +185,7 @@ def main():
             "timeout_s": {"type": "float", "default": 600},
             "poll_s": {"type": "float", "default": 5},
             "prompt": {"type": "str", "default": "Hello"},
-            "max_tokens": {"type": "int", "default": 8},
+            "max_tokens": {"type": "int", "default": 8, "no_log": False},  # a count of tokens, not a secret
             "completion_deadline_s": {"type": "float", "default": 30},
             "hang_window_s": {"type": "float", "default": 10},
             "hang_check": {"type": "bool", "default": False},

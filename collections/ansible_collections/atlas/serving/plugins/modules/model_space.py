@@ -39,13 +39,13 @@ options:
     description: Space that must stay free after staging.
     type: int
     default: 1024
+extends_documentation_fragment:
+  - atlas.serving.module
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: none
-author:
-  - atlas-serving contributors
 """
 
 EXAMPLES = r"""

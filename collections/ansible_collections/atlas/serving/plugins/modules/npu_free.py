@@ -51,13 +51,13 @@ options:
       other NPUs does not block.
     type: list
     elements: int
+extends_documentation_fragment:
+  - atlas.serving.module
 attributes:
   check_mode:
     support: full
   diff_mode:
     support: none
-author:
-  - atlas-serving contributors
 """
 
 EXAMPLES = r"""
