@@ -84,6 +84,7 @@ lint: venv
 	$(VENV)/bin/yamllint -s .
 	$(VENV)/bin/ansible-lint --offline -q
 	$(VENV)/bin/lint-imports --no-cache
+	$(PY) tests/ansible_test_sanity.py
 
 host-deps:
 	@missing=""; for p in $(HOST_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
