@@ -46,11 +46,6 @@ options:
     default: manifest.json
 extends_documentation_fragment:
   - atlas.serving.module
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""

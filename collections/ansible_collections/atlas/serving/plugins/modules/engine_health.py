@@ -86,11 +86,6 @@ options:
 extends_documentation_fragment:
   - atlas.serving.module
   - atlas.serving.npu_smi
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""

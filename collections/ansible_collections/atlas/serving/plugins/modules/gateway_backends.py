@@ -43,11 +43,6 @@ options:
     default: 2.0
 extends_documentation_fragment:
   - atlas.serving.module
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""

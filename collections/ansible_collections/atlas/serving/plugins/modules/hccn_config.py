@@ -46,8 +46,6 @@ extends_documentation_fragment:
   - atlas.serving.module
   - atlas.serving.hccn_tool
 attributes:
-  check_mode:
-    support: full
   diff_mode:
     support: full
 """

@@ -39,11 +39,6 @@ options:
 extends_documentation_fragment:
   - atlas.serving.module
   - atlas.serving.hccn_tool
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""

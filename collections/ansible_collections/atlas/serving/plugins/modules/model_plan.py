@@ -60,11 +60,6 @@ options:
     default: profile
 extends_documentation_fragment:
   - atlas.serving.module
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""

@@ -41,11 +41,6 @@ options:
     default: 1024
 extends_documentation_fragment:
   - atlas.serving.module
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""

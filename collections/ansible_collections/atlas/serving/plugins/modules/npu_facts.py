@@ -19,13 +19,6 @@ extends_documentation_fragment:
   - atlas.serving.module
   - atlas.serving.module.facts
   - atlas.serving.npu_smi
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  facts:
-    support: full
 """
 
 EXAMPLES = r"""

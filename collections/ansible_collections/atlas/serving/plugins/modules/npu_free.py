@@ -53,11 +53,6 @@ options:
     elements: int
 extends_documentation_fragment:
   - atlas.serving.module
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""

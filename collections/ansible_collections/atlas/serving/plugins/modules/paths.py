@@ -35,8 +35,6 @@ extends_documentation_fragment:
   - atlas.serving.module
   - atlas.serving.stage_paths
 attributes:
-  check_mode:
-    support: full
   diff_mode:
     support: full
 """

@@ -48,11 +48,6 @@ notes:
 extends_documentation_fragment:
   - atlas.serving.module
   - atlas.serving.trusted_manifest
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""

@@ -39,13 +39,6 @@ extends_documentation_fragment:
   - atlas.serving.module.facts
   - atlas.serving.npu_smi
   - atlas.serving.cann
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  facts:
-    support: full
 """
 
 EXAMPLES = r"""

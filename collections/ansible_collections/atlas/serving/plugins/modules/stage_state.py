@@ -56,11 +56,6 @@ options:
 extends_documentation_fragment:
   - atlas.serving.module
   - atlas.serving.stage_paths
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
 """
 
 EXAMPLES = r"""
