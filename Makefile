@@ -11,6 +11,8 @@ RUFF := $(VENV)/bin/ruff check tools tests collections
 YAMLLINT := $(VENV)/bin/yamllint -s .
 ANSIBLE_LINT := $(VENV)/bin/ansible-lint --offline -q
 IMPORT_CONTRACTS := $(VENV)/bin/lint-imports --no-cache
+# ansible-test sanity on the collection, from the venv with a private HOME (tests/ansible_test_sanity.py)
+SANITY := $(PY) tests/ansible_test_sanity.py
 UNIT_TESTS := $(VENV)/bin/pytest -ra -m "not lab" tests --ignore=tests/drills
 LAB_TESTS := $(VENV)/bin/pytest -ra -m lab tests --ignore=tests/drills
 HOST_PACKAGES := debootstrap systemd-container nftables zstd openssh-client iproute2 rsync curl gnupg gpgv
@@ -41,17 +43,19 @@ demo: host-deps venv ## host packages, venv, the lab, its offline bundle, site.y
 test: host-deps venv ## lint, unit tests and lab integration tests (root; brings the lab up)
 	$(PY) tests/make_test.py --log artifacts/lint-and-unit.log \
 	  --beside '$(RUFF)' --beside '$(YAMLLINT)' --beside '$(ANSIBLE_LINT)' --beside '$(IMPORT_CONTRACTS)' \
+	  --beside '$(SANITY)' \
 	  --beside '$(UNIT_TESTS) --durations=15' \
 	  -- $(LAB_TESTS) --durations=20
 
 unit: lint ## the fast loop: lint and unit tests, no lab
 	$(UNIT_TESTS)
 
-lint: venv ## ruff, yamllint, ansible-lint and the import contracts
+lint: venv ## ruff, yamllint, ansible-lint, the import contracts and ansible-test sanity
 	$(RUFF)
 	$(YAMLLINT)
 	$(ANSIBLE_LINT)
 	$(IMPORT_CONTRACTS)
+	$(SANITY)
 
 lab-test: host-deps venv ## the lab integration tests alone
 	$(LAB_TESTS)

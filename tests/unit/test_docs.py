@@ -7,20 +7,26 @@
 - The docs, configuration, code and tests describe the product, not the history of its development: no
   issue, stop or goal numbers (the history is in git).
 - README.md's first screen has the quick start and where to go next; the reference tables are in docs/.
+
+- `ansible-doc atlas.serving.<module>` renders every module, with its attributes and authors; what two
+  modules share is described once, in a doc fragment (plugins/doc_fragments/).
 """
 
 from __future__ import annotations
 
+import ast
 import glob
 import importlib
 import json
 import os
 import re
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from atlasctl.collection import ensure_on_path
 
@@ -190,26 +196,38 @@ def test_the_citation_check_sees_one(tmp_path):
         "x.py:2: # see ascend-facts.md section 5", "y.yml:1: # /work/shared/domain/lab-notes.md"]
 
 
-def test_every_module_documents_itself_as_ansible_doc_reads_it():
+MODULES = COLLECTION / "plugins" / "modules"
+
+
+def module_names() -> list[str]:
+    return sorted(p.stem for p in MODULES.glob("*.py") if p.stem != "__init__")
+
+
+def ansible_doc(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"}
+    return subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), *args,
+                           *[f"atlas.serving.{m}" for m in module_names()]], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict:
+    """``ansible-doc --json`` of every module: its documentation with the doc fragments merged in."""
+    proc = ansible_doc("--json")
+    assert proc.returncode == 0 and "ERROR" not in proc.stderr, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_every_module_documents_itself_as_ansible_doc_reads_it(rendered):
     """`ansible-doc atlas.serving.<module>` works for every module: its DOCUMENTATION and RETURN are YAML whose
     descriptions are text (a stray `key: value` inside a sentence turns it into a mapping, and ansible-doc
     and ansible-lint then cannot read the module)."""
-    import sys
-
-    folder = ROOT / "collections/ansible_collections/atlas/serving/plugins/modules"
-    modules = sorted(p.stem for p in folder.glob("*.py") if p.stem != "__init__")
-    env = {**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg")}
-    proc = subprocess.run([str(Path(sys.executable).parent / "ansible-doc"), "--json",
-                           *[f"atlas.serving.{m}" for m in modules]], cwd=ROOT, env=env, text=True,
-                          capture_output=True, timeout=300)
-    assert proc.returncode == 0 and "ERROR" not in proc.stderr, proc.stderr[-3000:]
-    docs = json.loads(proc.stdout)
-    assert sorted(docs) == [f"atlas.serving.{m}" for m in modules], proc.stderr[-3000:]
+    assert sorted(rendered) == [f"atlas.serving.{m}" for m in module_names()]
 
     def text(value):
         return all(isinstance(t, str) for t in (value if isinstance(value, list) else [value]))
 
-    for name, doc in docs.items():
+    for name, doc in rendered.items():
         assert text(doc["doc"]["description"]), name
         for option, spec in (doc["doc"].get("options") or {}).items():
             assert text(spec.get("description")), (name, option)
@@ -253,3 +271,59 @@ def test_the_readme_starts_with_the_quick_start_and_where_to_go_next():
     assert not [line for line in first if line.startswith("|")], "reference tables belong in docs/reference.md"
     for name in ("reference.md", "lab.md", "performance.md"):
         assert (ROOT / "docs" / name).is_file(), name
+
+def test_ansible_doc_renders_every_module_as_text():
+    """What a user reads: `ansible-doc atlas.serving.<module>`, each page with its options and authors."""
+    proc = ansible_doc()
+    assert proc.returncode == 0 and "ERROR" not in proc.stderr, proc.stderr[-3000:]
+    pages = re.split(r"^> MODULE ", proc.stdout, flags=re.MULTILINE)[1:]
+    assert [page.split()[0] for page in pages] == [f"atlas.serving.{m}" for m in module_names()]
+    for page in pages:
+        assert "AUTHOR: " in page and "ATTRIBUTES:" in page, page[:200]
+
+
+def test_every_module_states_its_attributes_and_authors(rendered):
+    """Each module states its check mode and diff support; what they mean and who wrote the modules come from
+    the collection's doc fragment (plugins/doc_fragments/module.py), as ansible-test's validate-modules wants."""
+    for name, entry in rendered.items():
+        doc = entry["doc"]
+        assert doc.get("author"), name
+        attributes = doc.get("attributes") or {}
+        assert {"check_mode", "diff_mode"} <= set(attributes), name
+        for attribute, spec in attributes.items():
+            assert spec.get("description") and spec.get("support") in ("full", "partial", "none"), (name, attribute)
+
+
+def own_docs(folder: Path = MODULES) -> dict[str, dict]:
+    """Each module's own DOCUMENTATION, before its doc fragments are merged in."""
+    docs = {}
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "DOCUMENTATION":
+                docs[path.stem] = yaml.safe_load(node.value.value)
+    return docs
+
+
+def repeated_options(docs: dict[str, dict]) -> list[str]:
+    """Options that two modules describe with the same words: their one description belongs in a doc
+    fragment (plugins/doc_fragments/) that both extend."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for module, doc in docs.items():
+        for option, spec in ((doc or {}).get("options") or {}).items():
+            words = spec.get("description") if isinstance(spec, dict) else None
+            if words:
+                text = " ".join(" ".join(words if isinstance(words, list) else [words]).split())
+                seen.setdefault((option, text), []).append(module)
+    return sorted(f"{option}: {', '.join(modules)}" for (option, _), modules in seen.items() if len(modules) > 1)
+
+
+def test_no_two_modules_repeat_an_option_description():
+    # the check sees a repeat (a list or a folded string, the same words), and an override is none
+    sample = {"a": {"options": {"tool_path": {"description": ["Path of  the tool."]}, "x": {"description": "X."}}},
+              "b": {"options": {"tool_path": {"description": "Path of the\n tool."}, "x": {"description": "Y."}}},
+              "c": {"options": {"tool_path": {"required": True}}}}
+    assert repeated_options(sample) == ["tool_path: a, b"]
+    docs = own_docs()
+    assert len(docs) == len(module_names())
+    assert repeated_options(docs) == [], "move each into plugins/doc_fragments/ and extend it"
+    assert all("atlas.serving.module" in doc.get("extends_documentation_fragment", []) for doc in docs.values())

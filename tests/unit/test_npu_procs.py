@@ -14,6 +14,7 @@ import pytest
 from test_npu_smi import SECTION_6
 
 from atlasctl.collection import module_utils
+from atlasctl.doctor import gather
 
 procs = module_utils("npu_procs")
 npu_smi = module_utils("npu_smi")
@@ -301,8 +302,8 @@ def test_a_poll_never_sleeps_past_the_deadline(tmp_path: Path) -> None:
 
 
 def test_the_file_runs_alone_and_prints_the_scan() -> None:
-    """What atlasctl doctor sends to a node: this file's source, run with python3 -c."""
-    source = Path(procs.__file__).read_text()
+    """What atlasctl doctor sends to a node: this file's source and its driver, run with python3 -c."""
+    source = gather.npu_procs_program()
     out = subprocess.run([sys.executable, "-I", "-c", source, ENGINES], capture_output=True, text=True, check=True)
     got = json.loads(out.stdout)
     assert set(got) == {"processes", "unreadable"} and isinstance(got["processes"], list)

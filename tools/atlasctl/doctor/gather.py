@@ -162,6 +162,26 @@ def _with_progress(driver: str) -> str:
     return _collection_source("progress").rstrip("\n") + "\n\nimport sys\n" + driver
 
 
+# Appended to module_utils/npu_procs.py's source (its names are in scope): argv engines root. The scan as JSON.
+_NPU_PROCS_PY = r"""
+
+import json
+import sys
+
+try:
+    print(json.dumps(scan(sys.argv[1] if len(sys.argv) > 1 else "")))
+except NpuFreeError as exc:
+    print(json.dumps({"error": str(exc)}))
+    sys.exit(1)
+"""
+
+
+def npu_procs_program() -> str:
+    """The NPU process scan's ``python3 -c`` program: module_utils/npu_procs.py's source, then
+    :data:`_NPU_PROCS_PY`."""
+    return _collection_source("npu_procs").rstrip("\n") + "\n" + _NPU_PROCS_PY
+
+
 def hang_program() -> str:
     """The hang check's ``python3 -c`` program: module_utils/progress.py's source, then :data:`_HANG_PY`."""
     return _with_progress(_HANG_PY)
@@ -224,7 +244,7 @@ def snippets(layout: Layout | None = None, hang_window_s: float = 0.0,
                      "do [ -r \"$f\" ] && { echo \"== $f\"; cat \"$f\"; }; done; true"),
         ("models", f"python3 -c {q(_MODELS_PY)} {q(layout.models_root)} {q(layout.stamp_dir)}"),
         ("probe", f"python3 -c {q(probe_program())} {q(layout.record)}"),
-        ("npu_procs", f"python3 -c {q(_collection_source('npu_procs'))} {q(layout.engines_root)}"),
+        ("npu_procs", f"python3 -c {q(npu_procs_program())} {q(layout.engines_root)}"),
         # a container release only (the record says runtime container): what Podman gave the container
         ("container", f"grep -q '\"runtime\": \"container\"' {q(layout.record)} 2>/dev/null || exit 0; "
                       f"podman inspect --type container {q(layout.service)}"),

@@ -108,9 +108,9 @@ FLEET_COLUMNS = (
 
 def table_lines(rows: list[dict], columns=FLEET_COLUMNS) -> list[str]:
     """Left-aligned text table; missing cells print as '-'. Shared with `atlasctl health`."""
-    cells = [[str(row.get(key, "-")) for key, _ in columns] for row in rows]
-    widths = [max([len(title)] + [len(c[i]) for c in cells]) for i, (_, title) in enumerate(columns)]
-    lines = ["  ".join(title.ljust(w) for (_, title), w in zip(columns, widths, strict=True)).rstrip()]
+    cells = [[str(row.get(key, "-")) for key, _title in columns] for row in rows]
+    widths = [max([len(title)] + [len(c[i]) for c in cells]) for i, (_key, title) in enumerate(columns)]
+    lines = ["  ".join(title.ljust(w) for (_key, title), w in zip(columns, widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
     return lines

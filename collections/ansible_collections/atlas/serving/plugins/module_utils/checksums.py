@@ -320,7 +320,7 @@ def direct_buffers(bufsize: int) -> list[mmap.mmap]:
     """The page-aligned buffers one O_DIRECT read uses; a thread that reads many files keeps
     one set (fresh anonymous memory costs a page fault and a page of zeros per 4 KiB)."""
     size = max(mmap.PAGESIZE, bufsize - bufsize % mmap.PAGESIZE)
-    return [mmap.mmap(-1, size) for _ in range(DIRECT_READERS * DIRECT_BUFFERS_PER_READER)]
+    return [mmap.mmap(-1, size) for _buffer in range(DIRECT_READERS * DIRECT_BUFFERS_PER_READER)]
 
 
 def _direct_chunks(path: str, bufsize: int, buffers: list[mmap.mmap] | None = None):
@@ -354,7 +354,7 @@ def _direct_gen(fd: int, path: str, bufsize: int, buffers: list[mmap.mmap] | Non
         end = 0
     # Reader k reads chunks k, k + R, k + 2R, ... into buffers of its own, so R reads are in flight
     # while the consumer hashes; chunk i is taken from reader i % R, in order.
-    lanes = [(queue.Queue(), queue.Queue()) for _ in range(DIRECT_READERS)]
+    lanes = [(queue.Queue(), queue.Queue()) for _reader in range(DIRECT_READERS)]
     for i, b in enumerate(buffers):
         lanes[i % DIRECT_READERS][0].put(b)
     stop = threading.Event()
@@ -406,7 +406,7 @@ def _direct_gen(fd: int, path: str, bufsize: int, buffers: list[mmap.mmap] | Non
             return
     finally:
         stop.set()
-        for free, _ in lanes:
+        for free, _filled in lanes:
             free.put(_DONE)
         for reader in readers:
             reader.join()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import re
 
@@ -90,7 +91,7 @@ def _range_error(flag_name, value, entry, release):
         number = float(str(value).replace("_", ""))
     except ValueError:
         return None
-    if all(test(number, entry[key]) for key, _sign, test in _BOUNDS if key in entry) and number == number:
+    if all(test(number, entry[key]) for key, _sign, test in _BOUNDS if key in entry) and not math.isnan(number):
         return None
     bounds = " and ".join(f"value {sign} {entry[key]:g}" for key, sign, _test in _BOUNDS if key in entry)
     return (f"`{flag_name} {value}` is out of range for {release}: the engine requires {bounds} "

@@ -78,7 +78,7 @@ def read_backends(branch_dir):
 
 def http_health(backend, timeout):
     """(healthy, detail) of ``GET http://<backend>/health``: healthy only on 200."""
-    status, _, detail = request("GET", f"http://{backend.address}:{backend.port}/health", timeout=timeout)
+    status, _body, detail = request("GET", f"http://{backend.address}:{backend.port}/health", timeout=timeout)
     return status == 200, detail
 
 

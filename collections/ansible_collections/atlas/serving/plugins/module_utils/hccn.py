@@ -150,7 +150,7 @@ def parse_conf(text: str) -> dict:
         stripped = line.strip()
         if not stripped or stripped.startswith("#") or "=" not in stripped:
             continue
-        key, _, value = stripped.partition("=")
+        key, _sep, value = stripped.partition("=")
         out[key.strip()] = value.strip()
     return out
 
@@ -172,7 +172,7 @@ def render_conf(devices: list, existing: str = "") -> str:
     Keys of NPUs that are not wanted here and lines the tool may write itself are kept, so a render of its
     own output is the same text (idempotent)."""
     pairs = conf_entries(devices)
-    managed = {key for key, _ in pairs}
+    managed = {key for key, _value in pairs}
     lines = [f"{key}={value}" for key, value in pairs]
     for line in (existing or "").splitlines():
         key = line.strip().partition("=")[0].strip() if "=" in line else None

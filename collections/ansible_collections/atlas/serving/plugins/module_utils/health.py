@@ -88,7 +88,7 @@ def wait_health(url, service, unit_state, timeout_s, poll_s, clock=time.monotoni
     start = clock()
     deadline = start + timeout_s
     while True:
-        status, _, detail = get("GET", f"{url}/health", timeout=min(10.0, max(timeout_s, 1.0)))
+        status, _body, detail = get("GET", f"{url}/health", timeout=min(10.0, max(timeout_s, 1.0)))
         if status == 200:
             return status, round(clock() - start, 1)
         state = unit_state()

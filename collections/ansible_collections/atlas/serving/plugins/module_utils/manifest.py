@@ -71,7 +71,7 @@ def normalize_digest(value: object, algorithm: str, where: str) -> str:
         raise ManifestError(f"{where}: {algorithm} must be a hex string, got {value!r}")
     text = value.strip()
     if ":" in text:
-        alg, _, text = text.partition(":")
+        alg, _sep, text = text.partition(":")
         if alg.lower() != algorithm:
             raise ManifestError(f"{where}: digest {value!r} is labelled {alg!r}, expected {algorithm}")
     if len(text) != HEX_LENGTHS[algorithm] or not _HEX.match(text):
@@ -224,7 +224,8 @@ def parse_manifest(
     if not isinstance(data, dict) or not isinstance(data.get("files"), list):
         got = type(data).__name__ if not isinstance(data, dict) else "an object without a 'files' list"
         raise ManifestError(f"{source}: not a manifest: expected an object with a 'files' list, got {got}")
-    if (bundle or "format" in data) and (type(data.get("format")) is not int or data["format"] != MANIFEST_FORMAT):
+    fmt = data.get("format")
+    if (bundle or "format" in data) and (isinstance(fmt, bool) or not isinstance(fmt, int) or fmt != MANIFEST_FORMAT):
         raise ManifestError(f"{source}: unsupported manifest format {data.get('format')!r} "
                             f"(expected {MANIFEST_FORMAT})")
     norm_prefix = posixpath.normpath(prefix.strip("/")) if prefix.strip("/") else ""
@@ -297,7 +298,7 @@ def sha256_index(data: object, source: str) -> dict[str, str]:
             if not isinstance(member, dict) or not isinstance(member.get("path"), str) or not member["path"]:
                 raise ManifestError(f"{where}[{m}]: each member needs a 'path' string")
             index[f"{entry['path']}!{member['path']}"] = normalize_digest(member.get("sha256"), "sha256",
-                                                                           f"{where}[{m}]")
+                                                                          f"{where}[{m}]")
     return index
 
 
@@ -326,7 +327,7 @@ def bundle_images(data: object, source: str) -> dict[str, dict]:
             continue
         path = entry["path"]
         where = f"{source}: files[{number}] ({path})"
-        folder, _, base = path.partition("/")
+        folder, _sep, base = path.partition("/")
         if folder != IMAGE_DIR or "/" in base or not base.endswith(IMAGE_SUFFIX) or base == IMAGE_SUFFIX:
             raise ManifestError(f"{where}: an image is listed as {IMAGE_DIR}/<name>{IMAGE_SUFFIX}")
         missing = [key for key in IMAGE_FIELDS if not isinstance(entry.get(key), str) or not entry[key]]

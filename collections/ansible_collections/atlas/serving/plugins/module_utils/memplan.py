@@ -124,10 +124,15 @@ def read_safetensors_header(path):
     return header
 
 
+def _is_int(value):
+    """A JSON or YAML whole number (a bool is not one)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _tensor_bytes(path, key, info):
     """(dtype, bytes) of one header entry: {dtype, shape, data_offsets: [begin, end]}."""
     offsets = info.get("data_offsets") if isinstance(info, dict) else None
-    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets)
+    if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1] or not isinstance(info.get("dtype"), str)):
         raise PlanError(f"{path}: tensor {key!r}: header entry needs dtype and data_offsets [begin, end]; "
                         "not a safetensors file?")
@@ -354,11 +359,11 @@ def normalise_layout(layout):
     out = {"tp": 1, "pp": 1, "dp": 1, "expert_parallel": False, "dp_attention": False, "nodes": 1,
            "npus_per_node": None, "engine": "vllm", **{k: v for k, v in layout.items() if v is not None}}
     for key in ("tp", "pp", "dp", "nodes"):
-        if type(out[key]) is not int or out[key] < 1:
+        if not _is_int(out[key]) or out[key] < 1:
             raise PlanError(f"layout {key} {out[key]!r} is not a whole number >= 1")
     if out["npus_per_node"] is None:
         out["npus_per_node"] = layout_npus(out)
-    if type(out["npus_per_node"]) is not int or out["npus_per_node"] < 1:
+    if not _is_int(out["npus_per_node"]) or out["npus_per_node"] < 1:
         raise PlanError(f"layout npus_per_node {out['npus_per_node']!r} is not a whole number >= 1")
     if out["dp_attention"] and out["tp"] % out["dp"]:
         raise PlanError(f"DP attention: dp size {out['dp']} must divide tp size {out['tp']}")

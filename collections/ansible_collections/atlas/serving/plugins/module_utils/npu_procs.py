@@ -17,15 +17,12 @@ refuses a new process until about 10 s after the last one exited (EJ0001).
 - :func:`wait_free`: poll until nothing is left, or fail at the deadline with :func:`message`.
 
 Standard library only, and no other module_utils: Ansible ships this file with ``npu_free``, and
-``atlasctl doctor`` runs it as it is on a node (``python3 -c <this file> ENGINES_ROOT`` prints the
-scan as JSON).
+``atlasctl doctor`` runs its source on a node with a small driver that prints the :func:`scan` as JSON.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 from collections.abc import Callable
 
@@ -270,8 +267,8 @@ def fix(processes: list, zombies: list) -> str:
     if processes:
         units = sorted({p["unit"] for p in processes if (p.get("unit") or "").endswith(".service")})
         loose = [str(p["pid"]) for p in processes if not (p.get("unit") or "").endswith(".service")]
-        stops = ([f"`systemctl stop {' '.join(units)}`"] if units else []) + ([f"`kill {' '.join(loose)}`"]
-                                                                             if loose else [])
+        stops = (([f"`systemctl stop {' '.join(units)}`"] if units else [])
+                 + ([f"`kill {' '.join(loose)}`"] if loose else []))
         steps.append(f"stop them: {' and '.join(stops)} (`kill -9 PID` for one that ignores SIGTERM); after the "
                      f"last one exits HCCL needs about {HCCL_SETTLE_S} s before a new process can use the NPUs "
                      f"(EJ0001: \"Wait for 10s after killing the last training process and try again\")")
@@ -299,17 +296,3 @@ def message(state: dict, idle_pct: int = IDLE_HBM_PCT, error: str | None = None)
     if error and not remedy:
         remedy = "make npu-smi answer (is the driver loaded? `npu-smi info`), then run again"
     return (f"the NPUs are not free after {state['waited_s']} s: {'. '.join(parts)}. Fix: {remedy}.")
-
-
-def main(argv: list) -> int:
-    """``python3 -c <this file> ENGINES_ROOT``: the scan as JSON (atlasctl doctor's evidence)."""
-    try:
-        print(json.dumps(scan(argv[1] if len(argv) > 1 else "")))
-    except NpuFreeError as exc:
-        print(json.dumps({"error": str(exc)}))
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv))

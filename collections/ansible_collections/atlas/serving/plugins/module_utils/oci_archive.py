@@ -106,7 +106,7 @@ def _checked(archive, name, claimed_hex, what):
 
 
 def _oci_config(archive):
-    index, _ = archive.json("index.json", "OCI index")
+    index, _raw = archive.json("index.json", "OCI index")
     seen = 0
     while True:
         entries = index.get("manifests") if isinstance(index, dict) else None
@@ -132,7 +132,7 @@ def _oci_config(archive):
 
 
 def _docker_config(archive):
-    manifest, _ = archive.json("manifest.json", "docker-save manifest")
+    manifest, _raw = archive.json("manifest.json", "docker-save manifest")
     if not isinstance(manifest, list) or len(manifest) != 1 or not isinstance(manifest[0], dict):
         count = len(manifest) if isinstance(manifest, list) else 0
         raise ImageArchiveError(f"{archive.path}: manifest.json lists {count} images; an archive in the bundle "

@@ -142,7 +142,7 @@ def totals(text):
     """{sample name: sum over its label sets} of the finite values in ``text`` (several engines, DP ranks,
     ``finished_reason`` labels add up); a name with no finite value is left out."""
     out = {}
-    for name, _, value in samples(text):
+    for name, _labels, value in samples(text):
         if math.isfinite(value):
             out[name] = out.get(name, 0.0) + value
     return out

@@ -18,8 +18,6 @@ description:
     expired key, an expired signature, an unknown key, and a good signature by a key that is not pinned.
   - Returns the sha256 of the verified bytes; the roles trust a node's manifest only when its sha256 is that one.
 version_added: 0.2.0
-author:
-  - atlas.serving contributors
 options:
   manifest:
     description: C(manifest.json) content, base64 (the C(content) of M(ansible.builtin.slurp)).
@@ -46,11 +44,8 @@ options:
     description: Where the manifest was read, for messages (C(node:/srv/atlas-bundle/manifest.json)).
     type: str
     default: manifest.json
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - atlas.serving.module
 """
 
 EXAMPLES = r"""

@@ -14,21 +14,11 @@ description:
     C(ansible_facts.cann). Changes nothing.
   - Knows both toolkit layouts, C(ascend-toolkit/<version>) before CANN 8.5 and
     C(cann-<version>) from 8.5.
-options:
-  install_path:
-    description:
-      - Root of the Ascend installation, as passed to the installers with C(--install-path).
-    type: path
-    default: /usr/local/Ascend
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  facts:
-    support: full
-author:
-  - atlas-serving contributors
+options: {}
+extends_documentation_fragment:
+  - atlas.serving.module
+  - atlas.serving.module.facts
+  - atlas.serving.cann
 """
 
 EXAMPLES = r"""

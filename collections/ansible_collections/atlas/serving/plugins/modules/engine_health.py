@@ -85,16 +85,9 @@ options:
         Adds O(hang_window_s) to a healthy probe. Needs O(hang_window_s) above 0.
     type: bool
     default: false
-  npu_smi_path:
-    description: npu-smi to read the NPU state with; empty to find it on PATH.
-    type: path
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-author:
-  - atlas-serving contributors
+extends_documentation_fragment:
+  - atlas.serving.module
+  - atlas.serving.npu_smi
 """
 
 EXAMPLES = r"""
@@ -189,7 +182,7 @@ def main():
             "timeout_s": {"type": "float", "default": 600},
             "poll_s": {"type": "float", "default": 5},
             "prompt": {"type": "str", "default": "Hello"},
-            "max_tokens": {"type": "int", "default": 8},
+            "max_tokens": {"type": "int", "default": 8, "no_log": False},  # a count of tokens, not a secret
             "completion_deadline_s": {"type": "float", "default": 30},
             "hang_window_s": {"type": "float", "default": 10},
             "hang_check": {"type": "bool", "default": False},

@@ -41,13 +41,8 @@ options:
     description: Seconds one C(/health) request may take.
     type: float
     default: 2.0
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-author:
-  - atlas-serving contributors
+extends_documentation_fragment:
+  - atlas.serving.module
 """
 
 EXAMPLES = r"""

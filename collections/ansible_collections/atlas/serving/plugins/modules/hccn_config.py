@@ -17,8 +17,6 @@ description:
   - When nothing differs, C(changed=false) and nothing runs. Check mode reads only and reports the commands and
     the file's diff (with C(--diff)). Sources of every command are in docs/npu-network.md.
 version_added: 0.1.0
-author:
-  - atlas.serving contributors
 options:
   addresses:
     description: One IPv4 address per NPU; the index is the NPU id.
@@ -44,12 +42,10 @@ options:
     description: The NPU network configuration file.
     type: path
     default: /etc/hccn.conf
-  hccn_tool_path:
-    description: Path of C(hccn_tool). Default is C(hccn_tool) on E(PATH), then C(/usr/local/Ascend/driver/tools).
-    type: path
+extends_documentation_fragment:
+  - atlas.serving.module
+  - atlas.serving.hccn_tool
 attributes:
-  check_mode:
-    support: full
   diff_mode:
     support: full
 """

@@ -15,25 +15,16 @@ description:
   - When C(hccn_tool) is absent the module does not fail; C(present) is false and C(error) says why.
     A get that fails leaves its fields null and is listed in that NPU's C(errors).
 version_added: 0.1.0
-author:
-  - atlas.serving contributors
 options:
   devices:
     description:
       - NPU ids to read. Default is every NPU C(npu-smi info) lists.
     type: list
     elements: int
-  hccn_tool_path:
-    description:
-      - Path of C(hccn_tool). Default is C(hccn_tool) on E(PATH), then C(/usr/local/Ascend/driver/tools).
-    type: path
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  facts:
-    support: full
+extends_documentation_fragment:
+  - atlas.serving.module
+  - atlas.serving.module.facts
+  - atlas.serving.hccn_tool
 """
 
 EXAMPLES = r"""

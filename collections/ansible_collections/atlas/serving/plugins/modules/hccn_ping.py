@@ -17,8 +17,6 @@ description:
   - Fails when a pair is unreachable, naming both nodes, both NPUs and the tool's loss line. Read-only,
     runs in check mode too.
 version_added: 0.1.0
-author:
-  - atlas.serving contributors
 options:
   node:
     description: This node's name, as the messages give it.
@@ -38,14 +36,9 @@ options:
     description: How many local NPUs ping at the same time.
     type: int
     default: 8
-  hccn_tool_path:
-    description: Path of C(hccn_tool). Default is C(hccn_tool) on E(PATH), then C(/usr/local/Ascend/driver/tools).
-    type: path
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - atlas.serving.module
+  - atlas.serving.hccn_tool
 """
 
 EXAMPLES = r"""

@@ -38,13 +38,6 @@ options:
   manifest:
     description: The bundle manifest. Default C(<bundle_dir>/manifest.json).
     type: path
-  manifest_sha256:
-    description:
-      - The sha256 of the manifest whose signature was verified (C(atlas_bundle_manifest_sha256)). The
-        manifest's bytes are hashed as they are read; other bytes, or an empty value, fail the task before
-        anything is copied.
-    type: str
-    default: ""
   state:
     description: V(present) copies and checks; V(absent) removes the copies.
     type: str
@@ -53,13 +46,9 @@ options:
 notes:
   - Check mode copies nothing and reports no change (the copies are removed again after an install); with
     O(state=present) it checks the files where they are, so a bad package still fails the task.
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-author:
-  - atlas-serving contributors
+extends_documentation_fragment:
+  - atlas.serving.module
+  - atlas.serving.trusted_manifest
 """
 
 EXAMPLES = r"""
@@ -129,7 +118,7 @@ def main():
             "files": {"type": "list", "elements": "str", "required": True},
             "dest": {"type": "path", "required": True},
             "manifest": {"type": "path"},
-            "manifest_sha256": {"type": "str", "default": ""},
+            "manifest_sha256": {"type": "str"},
             "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
         },
         required_if=[("state", "present", ["bundle_dir"])],
@@ -141,7 +130,7 @@ def main():
             removed = remove_copies(p["files"], p["dest"], check=module.check_mode)
             module.exit_json(changed=bool(removed), files=[], removed=removed)
         manifest = p["manifest"] or os.path.join(p["bundle_dir"], "manifest.json")
-        copies, changed = copy_checked(p["bundle_dir"], p["files"], p["dest"], manifest, p["manifest_sha256"],
+        copies, changed = copy_checked(p["bundle_dir"], p["files"], p["dest"], manifest, p["manifest_sha256"] or "",
                                        check=module.check_mode)
     except (CopyError, OSError) as exc:
         module.fail_json(msg=str(exc))

@@ -18,8 +18,6 @@ description:
   - Fails, with the numbers and the nearest fix (more nodes, more NPUs, lower max length, 8-bit
     weights), when the plan cannot fit. Read-only; check mode supported; never changed.
 version_added: 0.2.0
-author:
-  - atlas.serving contributors
 options:
   model_dir:
     description: Model directory on the host (the bundle's C(models/<model>) or the staged copy).
@@ -60,6 +58,8 @@ options:
     description: Name used in messages (the profile).
     type: str
     default: profile
+extends_documentation_fragment:
+  - atlas.serving.module
 """
 
 EXAMPLES = r"""

@@ -39,13 +39,8 @@ options:
     description: Space that must stay free after staging.
     type: int
     default: 1024
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-author:
-  - atlas-serving contributors
+extends_documentation_fragment:
+  - atlas.serving.module
 """
 
 EXAMPLES = r"""

@@ -21,8 +21,6 @@ description:
     the file and the expected digests. Any edit changes ctime, a replaced file changes inode, and a
     changed list changes the expected digests, so a stamp never vouches for a changed file.
 version_added: 0.1.0
-author:
-  - atlas.serving contributors
 options:
   path:
     description: Model directory (the root the checksum lists are relative to).
@@ -99,23 +97,14 @@ options:
   workers:
     description: Hashing threads. Default is the number of usable cores (at most 8).
     type: int
-  manifest_sha256:
-    description:
-      - The sha256 of the O(manifest) whose signature was verified (C(atlas_bundle_manifest_sha256)).
-        The manifest's bytes are hashed as they are read, and a manifest that is not those bytes
-        fails the task before any file is verified against it. An empty value fails the task too
-        (the signature was not verified in this run).
-    type: str
 notes:
   - Check mode verifies (reads) but writes no stamps; C(changed) then says whether stamps would be written.
   - C(changed) is true only when the stamp file was written.
   - On a filesystem with whole-second timestamps, files modified less than 2 seconds before the read are
     verified but not stamped.
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - atlas.serving.module
+  - atlas.serving.trusted_manifest
 """
 
 EXAMPLES = r"""

@@ -14,21 +14,11 @@ description:
   - When C(npu-smi) is absent or fails (driver not installed or not loaded) the module does not fail;
     C(present) is false and C(error) carries the reason, so a preflight can decide what to say.
 version_added: 0.1.0
-author:
-  - atlas.serving contributors
-options:
-  npu_smi_path:
-    description:
-      - Path of C(npu-smi). Default is C(npu-smi) on E(PATH), then C(/usr/local/bin), C(/usr/local/sbin),
-        C(/usr/local/Ascend/driver/tools).
-    type: path
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  facts:
-    support: full
+options: {}
+extends_documentation_fragment:
+  - atlas.serving.module
+  - atlas.serving.module.facts
+  - atlas.serving.npu_smi
 """
 
 EXAMPLES = r"""

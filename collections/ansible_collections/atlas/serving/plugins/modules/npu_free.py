@@ -51,13 +51,8 @@ options:
       other NPUs does not block.
     type: list
     elements: int
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-author:
-  - atlas-serving contributors
+extends_documentation_fragment:
+  - atlas.serving.module
 """
 
 EXAMPLES = r"""

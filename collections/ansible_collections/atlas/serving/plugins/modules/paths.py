@@ -22,30 +22,6 @@ description:
   - Fails, naming the path and the fix, where a directory is wanted and something else is there, a
     link is wanted where a directory is, or a path I(prune) would remove is not a regular file or link.
 options:
-  directories:
-    description: Directories, parents before children.
-    type: list
-    elements: path
-    default: []
-  files:
-    description:
-      - Files, as C(dest), C(content) (text), C(mode) (octal string, default C(0644)), C(owner) and
-        C(group) (default C(root)). Their directories must exist (list them in I(directories)).
-    type: list
-    elements: dict
-    default: []
-  inspect:
-    description:
-      - Paths to read before any change (a link's target, not followed), returned as I(inspected);
-        what a stage needs to know about paths it does not manage, in the same round trip.
-    type: list
-    elements: path
-    default: []
-  links:
-    description: Links, as C(dest) (the link) and C(src) (what it points at, stored as given).
-    type: list
-    elements: dict
-    default: []
   prune:
     description:
       - Directories whose stale entries are removed, as C(path) (the directory) and C(pattern) (a
@@ -55,25 +31,12 @@ options:
     type: list
     elements: dict
     default: []
-  mode:
-    description: Mode of the directories (octal string).
-    type: str
-    default: "0755"
-  owner:
-    description: Owner of the directories.
-    type: str
-    default: root
-  group:
-    description: Group of the directories.
-    type: str
-    default: root
+extends_documentation_fragment:
+  - atlas.serving.module
+  - atlas.serving.stage_paths
 attributes:
-  check_mode:
-    support: full
   diff_mode:
     support: full
-author:
-  - atlas-serving contributors
 """
 
 EXAMPLES = r"""
@@ -166,16 +129,16 @@ def main():
         files = file_entries(p["files"], tolerate_unknown_owner=module.check_mode)
         dir_actions, file_actions, link_actions = converge(p["directories"], files, links, mode, uid, gid,
                                                            check=module.check_mode)
-        prune_actions = plan_prune(rules, [dest for dest, *_ in files] + [dest for dest, _ in links])
+        prune_actions = plan_prune(rules, [dest for dest, *_rest in files] + [dest for dest, _src in links])
         if not module.check_mode:
             apply_prune(prune_actions)
     except (PathError, OSError) as exc:
         module.fail_json(msg=str(exc))
     lines = (describe(dir_actions) + describe_files(file_actions) + describe(link_actions)
              + describe_prune(prune_actions))
-    written = [path for verb, path, _ in file_actions if verb == "write"]
+    written = [path for verb, path, _detail in file_actions if verb == "write"]
     result = {"changed": bool(lines), "actions": lines, "written": written, "inspected": inspected,
-              "removed": [path for _, path, _ in prune_actions]}
+              "removed": [path for _verb, path, _pattern in prune_actions]}
     if module._diff and lines:
         listed = describe(dir_actions + link_actions) + describe_prune(prune_actions)
         diffs = [{"before": "", "after": "\n".join(listed) + "\n",

@@ -21,8 +21,6 @@ description:
     which the serving stage renders the release from when the engines stage did not run in the same play.
   - Verify the archive against the manifest first (M(atlas.serving.model_verify) with its C(files) option).
 version_added: 0.1.0
-author:
-  - atlas.serving contributors
 options:
   name:
     description: The image's name in the bundle (C(images/<name>.tar)).
@@ -35,12 +33,6 @@ options:
   manifest:
     description: The bundle's C(manifest.json). Default C(<bundle_dir>/manifest.json).
     type: path
-  manifest_sha256:
-    description:
-      - The sha256 of the manifest whose signature was verified (C(atlas_bundle_manifest_sha256)); a manifest that
-        is not those bytes fails the task before anything is loaded.
-    type: str
-    required: true
   record:
     description: Where the image's record is written (JSON, 0644).
     type: path
@@ -49,13 +41,13 @@ options:
     description: The podman executable (the OS package).
     type: path
     default: /usr/bin/podman
+  manifest_sha256:
+    required: true
 notes:
   - Check mode reads the store and reports what it would load, name or write; it changes nothing.
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - atlas.serving.module
+  - atlas.serving.trusted_manifest
 """
 
 EXAMPLES = r"""

@@ -18,16 +18,7 @@ description:
   - Measures the free space of O(free_space) (statvfs, as C(df) does), whether the files of
     O(readable) can be read and whether the paths of O(exist) exist.
 version_added: 0.2.0
-author:
-  - atlas.serving contributors
 options:
-  npu_smi_path:
-    description: Path of C(npu-smi) (default as M(atlas.serving.npu_facts)).
-    type: path
-  install_path:
-    description: Root of the Ascend installation (as M(atlas.serving.cann_facts)).
-    type: path
-    default: /usr/local/Ascend
   free_space:
     description: Paths whose filesystem's free space is measured.
     type: list
@@ -43,13 +34,11 @@ options:
     type: list
     elements: path
     default: []
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  facts:
-    support: full
+extends_documentation_fragment:
+  - atlas.serving.module
+  - atlas.serving.module.facts
+  - atlas.serving.npu_smi
+  - atlas.serving.cann
 """
 
 EXAMPLES = r"""

@@ -33,13 +33,8 @@ options:
     description: A last sentence for the failure message (how the tree is meant to get there).
     type: str
     default: ""
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-author:
-  - atlas-serving contributors
+extends_documentation_fragment:
+  - atlas.serving.module
 """
 
 EXAMPLES = r"""

@@ -27,42 +27,10 @@ options:
     description: C(user), C(group), C(shell), C(home), C(password) (the field in /etc/shadow, default C(!)) and
       C(groups) (supplementary groups the user must be in, each one only when it exists on the node; default none).
     type: dict
-  directories:
-    description: As for C(atlas.serving.paths).
-    type: list
-    elements: path
-    default: []
-  files:
-    description: As for C(atlas.serving.paths) (C(dest), C(content), C(mode), C(owner), C(group)).
-    type: list
-    elements: dict
-    default: []
-  links:
-    description: As for C(atlas.serving.paths) (C(dest), C(src)).
-    type: list
-    elements: dict
-    default: []
-  mode:
-    description: As for C(atlas.serving.paths) (the directories' mode).
-    type: str
-    default: "0755"
-  owner:
-    description: As for C(atlas.serving.paths) (the directories' owner).
-    type: str
-    default: root
-  group:
-    description: As for C(atlas.serving.paths) (the directories' group).
-    type: str
-    default: root
   expect_links:
     description: Links read, not managed, as C(path) and C(target) (null where the path must not be a link).
     type: list
     elements: dict
-    default: []
-  inspect:
-    description: Paths read as C(atlas.serving.paths) reads them, returned as I(inspected).
-    type: list
-    elements: path
     default: []
   prune_oldest:
     description:
@@ -85,13 +53,9 @@ options:
     type: list
     elements: dict
     default: []
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-author:
-  - atlas-serving contributors
+extends_documentation_fragment:
+  - atlas.serving.module
+  - atlas.serving.stage_paths
 """
 
 EXAMPLES = r"""
@@ -199,7 +163,7 @@ def main():
         options = {k: entry[k] for k in VERIFIED_KEYS[1:] if entry.get(k) is not None}
         differences += verified_differences(entry["path"], **options)
     if p["unit"]:
-        differences += unit_differences(p["unit"], lambda argv: module.run_command(argv))
+        differences += unit_differences(p["unit"], module.run_command)
     module.exit_json(changed=False, converged=not differences, differences=differences, inspected=inspected)
 
 
