@@ -263,7 +263,7 @@ def _fresh_up(cfg: LabConfig, timeout: float, started: float) -> LabState:
     failed = _boot_and_wait(cfg.nodes, timeout)
     if failed:
         raise _boot_failure(failed, timeout)
-    inventory.write(cfg, paths.private_key(), paths.known_hosts(), signing.trust_vars())
+    inventory.write(cfg, paths.private_key(), paths.known_hosts(), signing.inventory_vars())
     return _snapshot(cfg, seconds=time.monotonic() - started, base_built=image.built)
 
 
@@ -279,7 +279,7 @@ def _resume(cfg: LabConfig, timeout: float, started: float) -> LabState:
     failed = _boot_and_wait(cfg.nodes, timeout) if stopped else []
     if failed:
         raise _boot_failure(failed, timeout)
-    inventory.write(cfg, paths.private_key(), paths.known_hosts(), signing.trust_vars())
+    inventory.write(cfg, paths.private_key(), paths.known_hosts(), signing.inventory_vars())
     state = _snapshot(cfg, seconds=time.monotonic() - started)
     state.already_up = not stopped and all(n.ssh for n in state.nodes)
     if not all(n.ssh for n in state.nodes):
