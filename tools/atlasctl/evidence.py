@@ -311,6 +311,14 @@ def complete(folder: Path, report: dict[str, Any]) -> dict[str, Any]:
     if not (folder / mu.RECORD).is_file():
         return {"dir": None, "signed": False,
                 "note": "no evidence pack: the playbook ended before its plan play wrote one"}
+    try:
+        return _complete(folder, report)
+    except (mu.EvidenceError, OSError) as exc:  # the report is written all the same, naming the problem
+        return {"dir": str(folder), "signed": False, "note": f"the evidence pack could not be finished: {exc}"}
+
+
+def _complete(folder: Path, report: dict[str, Any]) -> dict[str, Any]:
+    mu = _mu()
     record = mu.read_record(str(folder))
     if not record.get("complete"):
         # Only what the playbook could not record: a host lost alone in its batch, the run stopped outside the
