@@ -83,3 +83,31 @@ def test_generated_inventory_pins_the_lab_key_for_all(tmp_path: Path) -> None:
     trust = {"atlas_bundle_trusted_fingerprints": ["AB" * 20], "atlas_bundle_keyring": "/c/trusted.gpg"}
     data = yaml.safe_load(inventory.render(cfg, Path("/k"), Path("/kh"), trust))
     assert data["all"]["vars"] == trust and "n1" in data["all"]["children"]["atlas_nodes"]["hosts"]
+
+
+def test_evidence_key_signs_packs(lab_env: Path, tmp_path: Path) -> None:
+    """A second key, in its own home, named in the generated inventory's vars beside the bundle's; a pack it
+    signs verifies against its exported keyring, and not against the bundle key."""
+    from atlasctl import evidence
+    from atlasctl.collection import module_utils
+
+    mu = module_utils("evidence")
+    bundle_key, evidence_key = signing.ensure_key(), signing.ensure_key(signing.EVIDENCE)
+    try:
+        assert len(evidence_key) == 40 and evidence_key != bundle_key
+        assert signing.homedir(signing.EVIDENCE) != signing.homedir()
+        assert signing.ensure_key(signing.EVIDENCE) == evidence_key  # once per machine
+        group_vars = signing.inventory_vars()
+        assert group_vars == {**signing.trust_vars(), "atlas_evidence_signing_key": evidence_key,
+                              "atlas_evidence_gnupg_home": str(signing.homedir(signing.EVIDENCE))}
+        pack = tmp_path / "r.evidence"
+        record = mu.build_record({"release": "r", "nodes": []}, signing_key=evidence_key,
+                                 gnupg_home=group_vars["atlas_evidence_gnupg_home"])
+        written = mu.write_pack(str(pack), record, signing_key=evidence_key,
+                                gnupg_home=group_vars["atlas_evidence_gnupg_home"])
+        assert written["signed"], written
+        assert evidence.verify(pack, keyring=signing.keyring(signing.EVIDENCE), fingerprint=evidence_key).ok
+        refused = evidence.verify(pack, keyring=signing.keyring(), fingerprint=bundle_key)
+        assert [name for name, _ in refused.problems] == ["SHA256SUMS.asc"]
+    finally:
+        signing._stop_agent(signing.EVIDENCE)

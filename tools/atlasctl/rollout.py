@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import fcntl
-import hashlib
 import html
 import json
 import logging
@@ -22,8 +21,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from atlasctl import prometheus
-from atlasctl.collection import plugin_utils
+from atlasctl import evidence, prometheus
+from atlasctl.collection import module_utils, plugin_utils
 from atlasctl.errors import AtlasError, UsageError
 from atlasctl.inputs import shown
 from atlasctl.paths import state_dir
@@ -44,8 +43,8 @@ def rollouts_dir() -> Path:
 
 
 def inventory_key(inventory: Path) -> str:
-    digest = hashlib.sha256(str(inventory).encode()).hexdigest()[:10]
-    return f"{inventory.name}-{digest}"
+    """``<name>-<hash>``: the inventory's folder of rollouts (the playbook names its evidence pack's the same way)."""
+    return module_utils("evidence").inventory_key(str(inventory))
 
 
 @contextlib.contextmanager
@@ -274,6 +273,10 @@ def run(inventory: str | Path, release: str, *, extravars: dict | None = None, r
             variables["rollout_resume_from"] = resume_from
         progress = Progress(out=out)
         started, started_at = time.monotonic(), _now()
+        # The report and the run's evidence pack (docs/evidence.md), side by side.
+        stem = module_utils("evidence").run_stem(started_at, release)
+        pack = folder / f"{stem}{module_utils('evidence').SUFFIX}"
+        variables["rollout_evidence_dir"] = str(pack)
         files = {"vars_files": vars_files} if vars_files else {}  # by path: their values stay out of artifacts
         # The plan play runs on localhost: a --limit without it would plan nothing and "succeed".
         limit = f"{limit},localhost" if limit and "localhost" not in limit.split(",") else limit
@@ -296,8 +299,8 @@ def run(inventory: str | Path, release: str, *, extravars: dict | None = None, r
         save_state(folder, {"release": release, "status": report["status"],
                             "plan": progress.plan or state.get("plan", []),
                             "completed": report["completed"], "failure": report["failure"]})
-        stamp = started_at.replace(":", "").replace("-", "")
-        path = folder / f"{stamp}-{re.sub(r'[^A-Za-z0-9._-]', '_', release)}.json"
+        report["evidence"] = evidence.complete(pack, report)
+        path = folder / f"{stem}.json"
         path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
         report["report"] = str(path)
         return report

@@ -252,7 +252,7 @@ def _write_inventory(cfg: LabConfig) -> None:
     secrets (made once per lab: site_secrets)."""
     site_secrets.ensure(cfg)
     inventory.write(cfg, paths.private_key(), paths.known_hosts(),
-                    {**signing.trust_vars(), **site_secrets.group_vars(cfg)}, site_secrets.host_vars)
+                    {**signing.inventory_vars(), **site_secrets.group_vars(cfg)}, site_secrets.host_vars)
 
 
 def _fresh_up(cfg: LabConfig, timeout: float, started: float) -> LabState:

@@ -40,8 +40,8 @@ def build(cfg: LabConfig, private_key: Path, known_hosts: Path,
           group_vars: dict[str, Any] | None = None,
           site: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:
     """Serving nodes carry their host vars in atlas_nodes; other kinds (gateways) in their first group.
-    ``group_vars`` go to group all (the lab's bundle signing key: lab/signing.py trust_vars; the lab CA:
-    site_secrets.group_vars); ``site``: each host's own (site_secrets.host_vars)."""
+    ``group_vars`` go to group all (the lab's bundle and evidence signing keys: lab/signing.py inventory_vars; the
+    lab CA: site_secrets.group_vars); ``site``: each host's own (site_secrets.host_vars)."""
     children: dict[str, Any] = {
         ALL_NODES_GROUP: {"hosts": {n.name: host_vars(n, private_key, known_hosts, site) for n in cfg.serving_nodes}}
     }

@@ -1,11 +1,16 @@
-"""The lab's bundle signing key: one per machine, generated on first use, kept in the cache dir.
+"""The lab's signing keys: one per machine and purpose, generated on first use, kept in the cache dir.
 
-``<cache>/lab-signing/gnupg/`` is its own gpg homedir (0700) holding a no-passphrase ed25519
-key; ``<cache>/lab-signing/trusted.gpg`` is the exported public key, the keyring the lab's
+The bundle key: ``<cache>/lab-signing/gnupg/`` is its own gpg homedir (0700) holding a no-passphrase
+ed25519 key; ``<cache>/lab-signing/trusted.gpg`` is the exported public key, the keyring the lab's
 generated inventory pins (``atlas_bundle_keyring``, ``atlas_bundle_trusted_fingerprints``).
 Every lab path that writes a bundle manifest signs it here: ``atlasctl bundle build`` into the
 lab's bundle directory, and the lab tests' and drills' scratch bundles (``sign_bundle``).
 A bank's signing key lives on its own signing station (docs/bundle-signing.md), never here.
+
+The evidence key, a separate one (``<cache>/lab-evidence/``, the same layout): the controller's
+own key that signs each rollout's evidence pack (docs/evidence.md), named in the generated inventory
+(``atlas_evidence_signing_key``, ``atlas_evidence_gnupg_home``). It is never the bundle's key: a pack
+records which key signed the bundle, and an auditor must be able to tell the two apart.
 """
 
 from __future__ import annotations
@@ -20,72 +25,88 @@ from atlasctl.errors import EnvironmentProblem
 from atlasctl.paths import cache_dir
 
 UID = "atlas-serving lab bundle signing (lab only, not for production) <lab-signing@atlas-serving.invalid>"
+EVIDENCE_UID = "atlas-serving lab evidence signing (lab only, not for production) <lab-evidence@atlas-serving.invalid>"
+BUNDLE, EVIDENCE = "bundle", "evidence"
+_DIRS = {BUNDLE: "lab-signing", EVIDENCE: "lab-evidence"}
+_UIDS = {BUNDLE: UID, EVIDENCE: EVIDENCE_UID}
 
 
-def signing_dir() -> Path:
-    return cache_dir() / "lab-signing"
+def signing_dir(purpose: str = BUNDLE) -> Path:
+    return cache_dir() / _DIRS[purpose]
 
 
-def homedir() -> Path:
-    return signing_dir() / "gnupg"
+def homedir(purpose: str = BUNDLE) -> Path:
+    return signing_dir(purpose) / "gnupg"
 
 
-def keyring() -> Path:
-    return signing_dir() / "trusted.gpg"
+def keyring(purpose: str = BUNDLE) -> Path:
+    return signing_dir(purpose) / "trusted.gpg"
 
 
-def _gpg(*args: str, text: bool = True) -> subprocess.CompletedProcess:
+def _gpg(purpose: str, *args: str, text: bool = True) -> subprocess.CompletedProcess:
     gpg = shutil.which("gpg")
     if not gpg:
         raise EnvironmentProblem("gpg is not installed", fix="apt-get install gnupg gpgv (make host-deps)")
     env = {k: v for k, v in os.environ.items() if not k.startswith("GNUPG")}
-    return subprocess.run([gpg, "--homedir", str(homedir()), "--no-options", "--batch", "--no-tty", *args],
+    return subprocess.run([gpg, "--homedir", str(homedir(purpose)), "--no-options", "--batch", "--no-tty", *args],
                           env=env, capture_output=True, text=text, check=False, timeout=120)
 
 
-def _stop_agent() -> None:
+def _stop_agent(purpose: str = BUNDLE) -> None:
     gpgconf = shutil.which("gpgconf")
     if gpgconf:
-        subprocess.run([gpgconf, "--homedir", str(homedir()), "--kill", "gpg-agent"],
+        subprocess.run([gpgconf, "--homedir", str(homedir(purpose)), "--kill", "gpg-agent"],
                        capture_output=True, check=False, timeout=30)
 
 
-def _secret_fingerprint() -> str:
-    listing = _gpg("--with-colons", "--list-secret-keys")
+def _secret_fingerprint(purpose: str) -> str:
+    listing = _gpg(purpose, "--with-colons", "--list-secret-keys")
     for line in listing.stdout.splitlines():
         if line.startswith("fpr:"):
             return line.split(":")[9]
     return ""
 
 
-def ensure_key() -> str:
+def ensure_key(purpose: str = BUNDLE) -> str:
     """The lab key's fingerprint; the key and its exported keyring are created once per machine."""
-    home = homedir()
+    home = homedir(purpose)
     home.mkdir(parents=True, exist_ok=True)
-    os.chmod(signing_dir(), 0o700)
+    os.chmod(signing_dir(purpose), 0o700)
     os.chmod(home, 0o700)
-    fingerprint = _secret_fingerprint()
+    fingerprint = _secret_fingerprint(purpose)
     if not fingerprint:
-        made = _gpg("--passphrase", "", "--quick-gen-key", UID, "ed25519", "sign", "never")
-        _stop_agent()
-        fingerprint = _secret_fingerprint()
+        made = _gpg(purpose, "--passphrase", "", "--quick-gen-key", _UIDS[purpose], "ed25519", "sign", "never")
+        _stop_agent(purpose)
+        fingerprint = _secret_fingerprint(purpose)
         if not fingerprint:
-            raise EnvironmentProblem(f"gpg could not create the lab signing key in {home}: "
-                                     f"{made.stderr.strip()[-400:]}", fix=f"remove {signing_dir()} and run again")
-    if not keyring().is_file():
-        exported = _gpg("--export", fingerprint, text=False)
+            raise EnvironmentProblem(f"gpg could not create the lab {purpose} signing key in {home}: "
+                                     f"{made.stderr.strip()[-400:]}",
+                                     fix=f"remove {signing_dir(purpose)} and run again")
+    if not keyring(purpose).is_file():
+        exported = _gpg(purpose, "--export", fingerprint, text=False)
         if exported.returncode != 0 or not exported.stdout:
-            raise EnvironmentProblem(f"gpg could not export the lab signing key {fingerprint} from {home}",
-                                     fix=f"remove {signing_dir()} and run again")
-        tmp = keyring().with_name(".trusted.gpg.tmp")
+            raise EnvironmentProblem(f"gpg could not export the lab {purpose} signing key {fingerprint} from {home}",
+                                     fix=f"remove {signing_dir(purpose)} and run again")
+        tmp = keyring(purpose).with_name(".trusted.gpg.tmp")
         tmp.write_bytes(exported.stdout)
-        tmp.replace(keyring())
+        tmp.replace(keyring(purpose))
     return fingerprint
 
 
 def trust_vars() -> dict[str, object]:
-    """Group vars of the lab's generated inventory: the lab key pinned."""
+    """Group vars of the lab's generated inventory: the lab's bundle key pinned."""
     return {"atlas_bundle_trusted_fingerprints": [ensure_key()], "atlas_bundle_keyring": str(keyring())}
+
+
+def evidence_vars() -> dict[str, object]:
+    """Group vars of the lab's generated inventory: the lab controller's evidence key, which signs every
+    rollout's evidence pack (its public part: ``keyring(EVIDENCE)``, for ``atlasctl evidence verify --keyring``)."""
+    return {"atlas_evidence_signing_key": ensure_key(EVIDENCE), "atlas_evidence_gnupg_home": str(homedir(EVIDENCE))}
+
+
+def inventory_vars() -> dict[str, object]:
+    """Every group var the lab's generated inventory carries for its keys: the bundle's, the evidence's."""
+    return {**trust_vars(), **evidence_vars()}
 
 
 def sign_bundle(root: Path) -> Path:

@@ -78,6 +78,12 @@ def _summary(report: dict) -> str:
         lines.append(f"  resume after fixing: atlasctl rollout -i {report['inventory']} --release "
                      f"{report['release']} --resume")
     lines.append(f"  report: {report['report']}")
+    pack = report.get("evidence") or {}
+    if pack.get("dir"):
+        signed = f"signed by {pack.get('key')}" if pack.get("signed") else "UNSIGNED"
+        lines.append(f"  evidence: {pack['dir']} ({signed}; atlasctl evidence verify {pack['dir']})")
+    elif pack.get("note"):
+        lines.append(f"  evidence: {pack['note']}")
     return "\n".join(lines)
 
 

@@ -3,6 +3,10 @@
 ``rollout_plan``  inventory groups + wave data (+ serving_instances) -> ordered waves
                   [{name, hosts, serial, units, batches}]
 ``release_id_problem``  atlas_release_id -> '' or why it cannot name a release (plugin_utils/release_id.py)
+``rollout_evidence_nodes``  hostvars + the plan (+ hosts that dropped out of the play) -> each planned
+                  node's part of the evidence record, picked by name, secrets withheld
+                  (module_utils/evidence.py, docs/evidence.md)
+``rollout_evidence_dir``  inventory source + start time + release + root -> where the run's evidence pack goes
 
 A wave is data: ``{name, hosts: <group or list of hosts>, serial: <batch size>}``.
 Without waves: the ``canary`` group first, then every ``branch_*`` group in
@@ -19,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.atlas.serving.plugins.module_utils import serving_instance
+from ansible_collections.atlas.serving.plugins.module_utils import evidence, serving_instance
 from ansible_collections.atlas.serving.plugins.plugin_utils import release_id
 
 MAX_WAVES = 16
@@ -127,6 +131,15 @@ def release_id_problem(value: Any) -> str:
     return release_id.problem(value)
 
 
+def rollout_evidence_nodes(hostvars: Any, plan: list, dropped: list | None = None) -> list[dict]:
+    return evidence.nodes(hostvars, plan, dropped)
+
+
+def rollout_evidence_dir(inventory: str, started_at: str, release: str, root: str) -> str:
+    return evidence.pack_dir(root, inventory, started_at, release)
+
+
 class FilterModule:
     def filters(self):
-        return {"rollout_plan": rollout_plan, "release_id_problem": release_id_problem}
+        return {"rollout_plan": rollout_plan, "release_id_problem": release_id_problem,
+                "rollout_evidence_nodes": rollout_evidence_nodes, "rollout_evidence_dir": rollout_evidence_dir}

@@ -217,3 +217,23 @@ def check_trusted_sha256(actual: str, expected: str, path: str) -> str:
                 "it was replaced after verification. Nothing from it was used; check who writes the bundle share, "
                 "copy the signed bundle again and rerun.")
     return ""
+
+
+def sign_detached(data_path: str, signature_path: str, key: str, homedir: str,
+                  where: str = "signing key") -> str:
+    """Write ``signature_path``, an armored detached signature of ``data_path`` by ``key`` (a full fingerprint)
+    from the secret keys in ``homedir``; returns the fingerprint gpg reports it signed with. Signing uses that
+    homedir (its key, its agent; the key must sign unattended); verification never does (verify_manifest)."""
+    pinned = normalize_fingerprints([key], where)[0]
+    if not homedir or not os.path.isdir(homedir):
+        raise SignatureError("config", f"the gpg home {homedir or '(not set)'} of the {where} {pinned} does not exist")
+    argv = [gpg_binary(), "--homedir", homedir, "--batch", "--no-tty", "--yes", "--status-fd", "1",
+            "--local-user", pinned, "--armor", "--detach-sign", "--output", signature_path, data_path]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GNUPG")}
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=120)
+    created = parse_status(proc.stdout).get("SIG_CREATED")
+    if proc.returncode != 0 or not created:
+        raise SignatureError("sign", f"gpg could not sign {data_path} with the {where} {pinned} from {homedir}: "
+                             f"{proc.stderr.strip()[-300:] or 'no signature made'} (the key must be in that home "
+                             "and sign unattended: no passphrase, or one its agent holds)")
+    return created[0][-1].upper() if created[0] else pinned
