@@ -49,10 +49,9 @@ options:
     default: false
 attributes:
   check_mode:
-    support: full
     details: In check mode nothing is written.
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - atlas.serving.module
 """
 
 EXAMPLES = r"""
