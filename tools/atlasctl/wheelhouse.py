@@ -301,7 +301,7 @@ def build_wheel(build: Build, vendor_dir: str, cache: Path) -> Path:
         return done[0]
     sdist = fetch_sdist(build, vendor_dir, cache)
     with tempfile.TemporaryDirectory(prefix="atlas-sdist-") as tmp:
-        src = _unpack(sdist, Path(tmp) / "src")
+        src = unpack_sdist(sdist, Path(tmp) / "src")
         if build.pyproject:
             chosen = src / build.pyproject
             if not chosen.is_file():
@@ -323,7 +323,8 @@ def build_wheel(build: Build, vendor_dir: str, cache: Path) -> Path:
     return kept / wheel.name
 
 
-def _unpack(sdist: Path, dest: Path) -> Path:
+def unpack_sdist(sdist: Path, dest: Path) -> Path:
+    """The sdist unpacked under ``dest``: its one top directory (with pyproject.toml or setup.py)."""
     dest.mkdir(parents=True)
     if sdist.name.endswith(".zip"):
         import zipfile
