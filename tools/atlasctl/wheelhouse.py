@@ -510,6 +510,7 @@ def gate(pipset: PipSet, target: Target, pins: dict[str, str], canns: Iterable[s
                          f"{pins[canonical(engine)]}", fix=f"pin {engine}=={version} in its requirements")
     plan = {"engine": engine, "engine_version": version, "python": target.python,
             "torch": pins.get("torch", "").split("+")[0], "torch_npu": pins.get("torch-npu", ""),
+            "triton_ascend": pins.get("triton-ascend", ""),
             "vllm": pins.get("vllm", "").split("+")[0] if engine != "vllm" else ""}
     verdicts = [compat.evaluate({**plan, "cann": c}, table) for c in canns] or [compat.evaluate_pins(plan, table)]
     if not any(v["ok"] for v in verdicts):
