@@ -231,3 +231,25 @@ def test_a_package_built_here_wins_over_the_same_release_on_the_index(links, tmp
     with pytest.raises(UsageError, match=r"eng==2\.0 is not what its build makes \(eng-1\.0-py3-none-any\.whl\)"):
         wheelhouse.build_set(_set(links, build=build, vendor_dir=str(tmp_path), requirements=["eng==2.0"]),
                              tmp_path / "out2", tmp_path / "cache")
+
+
+def test_the_example_banks_current_line_names_the_wheels_the_index_does_not_carry(tmp_path):
+    """vllm-ascend 0.23.0.post1 (sdist only on the index), triton-ascend 3.2.2 and arctic-inference 0.1.1 come from
+    Huawei's mirror: the build refuses the set, naming each and where it comes from, until the vendor directory
+    holds its aarch64 wheel; the set is judged against the CANN 9.1.0 the bundle carries."""
+    import dataclasses
+
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).resolve().parents[2] / "inventory/example-bank/bundle.yml").read_text())
+    entry = next(e for e in spec["pip"] if e["set"] == "vllm-ascend-0.23.0.post1")
+    assert "Ascend-cann-toolkit_9.1.0_linux-aarch64.run" in spec["huawei"]
+    pipset = dataclasses.replace(wheelhouse.parse_entry(entry), vendor_dir=str(tmp_path))
+    [target] = pipset.targets
+    assert (target.arch, target.python, target.glibc) == ("aarch64", "3.11", 34)
+    for name, version in (("vllm-ascend", "0.23.0.post1"), ("triton-ascend", "3.2.2"), ("arctic-inference", "0.1.1")):
+        with pytest.raises(UsageError, match=rf"vendor package {name} {version} is not in vendor_dir .*"
+                                             r"mirrors\.huaweicloud\.com/ascend/repos/pypi"):
+            wheelhouse.check_vendor(pipset, target)
+        _wheel(tmp_path, name, version, "cp311-cp311-manylinux_2_34_aarch64")
+    wheelhouse.check_vendor(pipset, target)
