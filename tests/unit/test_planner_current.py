@@ -136,9 +136,20 @@ def test_mtp_bytes_from_the_headers_count_only_when_the_mtp_layer_runs():
         memplan.plan_model(config, "vllm", {**flags, "--speculative-config": "mtp"}, 8, HBM_64G)
 
 
+def test_qwen3_32b_bf16_on_sglang_0_5_16_tp2():
+    # SGLang's own minimum for the BF16 weights: TP 2. Per layer on one NPU, bf16: q, o 41,943,040 B each, k,v
+    # (8 KV heads / 2) 10,485,760, MLP 393,216,000, norms 20,480, q/k norms 512 = 487,608,832; x 64 + embedding
+    # and lm_head 777,912,320 each + norm 10,240 = 32,762,800,128 B = 30.51 GiB. KV: 64 x 2 x 4 x 128 x 2.
+    plan = _plan("sglang-0.5.16-qwen3-32b-8x64g")
+    assert (plan["engine"], plan["tp"], plan["scheme"]) == ("sglang", 2, "bf16")
+    assert plan["weights_per_npu_bytes"] == 32_762_800_128
+    assert plan["kv_bytes_per_token"] == 131_072
+    assert plan["fits"] and plan["seqs_at_max_len"] == 4
+
+
 def test_every_current_line_profile_plans_to_a_verdict():
-    names = [n for n in planner.profile_names() if n.startswith("vllm-ascend-0.23.0.post1-")]
-    assert len(names) == 7
+    names = [n for n in planner.profile_names() if n.startswith(("vllm-ascend-0.23.0.post1-", "sglang-0.5.16-"))]
+    assert len(names) == 8
     for name in names:
         row = planner.plan_profile(name)
         assert not row.skipped and row.plan["fits"] is True, (name, row.plan.get("message"))
