@@ -248,10 +248,10 @@ def test_the_example_banks_current_line_names_the_wheels_the_index_does_not_carr
     [target] = pipset.targets
     assert (target.arch, target.python, target.glibc) == ("aarch64", "3.11", 34)
     assert pipset.builds == ()  # vLLM 0.23's empty build is not platform-neutral: built on an aarch64 host
-    for name, version, source in (("vllm-ascend", "0.23.0.post1", r"mirrors\.huaweicloud\.com/ascend/repos/pypi"),
-                                  ("triton-ascend", "3.2.2", r"mirrors\.huaweicloud\.com/ascend/repos/pypi"),
-                                  ("arctic-inference", "0.1.1", r"mirrors\.huaweicloud\.com/ascend/repos/pypi"),
-                                  ("vllm", r"0\.23\.0\+empty", r"built on an aarch64 host .* VLLM_TARGET_DEVICE=empty")):
+    huawei = r"mirrors\.huaweicloud\.com/ascend/repos/pypi"
+    aarch64_build = r"built on an aarch64 host .* VLLM_TARGET_DEVICE"
+    for name, version, source in (("vllm-ascend", "0.23.0.post1", huawei), ("triton-ascend", "3.2.2", huawei),
+                                  ("arctic-inference", "0.1.1", huawei), ("vllm", r"0\.23\.0\+empty", aarch64_build)):
         with pytest.raises(UsageError, match=rf"vendor package {name} {version} is not in vendor_dir .*{source}"):
             wheelhouse.check_vendor(pipset, target)
         tag = "py3-none-any" if name == "vllm" else "cp311-cp311-manylinux_2_34_aarch64"
