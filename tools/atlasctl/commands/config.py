@@ -145,6 +145,7 @@ def _read_env_file(path: Path) -> dict[str, str]:
 def run_lint(args: argparse.Namespace) -> int:
     lint = module_utils("engine_lint")
     results: dict[str, list[dict]] = {}
+    releases: set[str] = set()
     if args.argv_file:
         if not args.release:
             raise UsageError("--argv-file needs --release", fix="e.g. --release vllm-ascend-0.11.0")
@@ -153,6 +154,7 @@ def run_lint(args: argparse.Namespace) -> int:
         env = _read_env_file(args.env_file) if args.env_file else {}
         try:
             results[str(args.argv_file)] = lint.lint(argv, env, args.release)
+            releases.add(args.release)
         except lint.LintError as exc:
             raise UsageError(f"--release {args.release}: {exc}", fix="pass one of " + ", ".join(
                 lint.known_releases(lint.schema_dir_default()))) from None
@@ -160,6 +162,7 @@ def run_lint(args: argparse.Namespace) -> int:
         dirs = profile_dirs(args.inventory)
         for name in args.profiles or planner.profile_names(dirs):
             results[name] = planner.lint_profile(name, dirs)
+            releases.add(str(planner.load_profile(name, dirs).get("engine_release")))
         if args.inventory and not args.profiles:
             for instance, host in planner.instance_ranks(args.inventory):
                 rank = planner.rank_of(args.inventory, host, dirs)
@@ -172,6 +175,10 @@ def run_lint(args: argparse.Namespace) -> int:
             print(f"{name}: {'ok' if not findings else f'{len(findings)} finding(s)'}")
             for f in findings:
                 print(f"  {f['kind']}: {f['message']}")
+    for release in sorted(releases):  # a release with a schema and no verified ranges says so
+        note = lint.ranges_note(release)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
     return exitcodes.FAILED if any(results.values()) else exitcodes.OK
 
 

@@ -7,6 +7,12 @@ real flags and the lab's stand-in must accept exactly the real command line. Thi
 ``{"engine", "version", "source": {"dist", "file", "sha256"}, "launch", "flags": [...], "env": [...],
 "metrics": [...]}``
 
+Flags come from ``ServerArgs.add_cli_args``: its ``add_argument`` calls and, from SGLang releases that declare
+their arguments as annotated dataclass fields (``field: A[T, "help" | Arg(...)] = default``, registered by
+``add_cli_args_from_dataclass``, ``sglang/srt/arg_groups/arg_utils.py``), those fields, read the way that
+function reads them. :func:`server_args_ranges` reads the bounds ``ServerArgs``'s checks state
+(:mod:`atlasctl.engine_schema.ranges`).
+
 Each flag: ``options`` (all spellings), ``dest``, ``type`` (``str``/``int``/``float``/``bool``/``json``/
 ``json_list``/``nullable_str``/``null``), ``action``, ``nargs``, ``const``, ``choices`` with
 ``choices_source`` (``literal``, ``constant:<NAME>`` or ``runtime:<expression>`` when the choices are only
@@ -15,7 +21,8 @@ with ``default_expr`` when it is not a literal, ``required`` and ``help``.
 
 ``env`` lists the ``SGLANG_*`` variables the release reads (``envs`` fields of ``sglang/srt/environ.py``,
 ``os.environ``/``os.getenv``/``get_bool_env_var``/``get_int_env_var`` reads); ``metrics`` lists the
-``sglang:*`` Prometheus families of ``sglang/srt/metrics/collector.py``.
+``sglang:*`` Prometheus families of ``sglang/srt/metrics/collector.py`` (``srt/observability/metrics_collector.py``
+in later releases).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from atlasctl.collection import collections_dir
+from atlasctl.engine_schema import ranges
 from atlasctl.errors import AtlasError, EnvironmentProblem
 
 ENGINE = "sglang"
@@ -292,7 +300,140 @@ def _flags(source: str, package_root: Path) -> list[dict[str, Any]]:
     cls = _find_class(module, "ServerArgs")
     func = _add_cli_args(cls)
     resolver = _Resolver(package_root, module, _field_defaults(cls), _local_assignments(func))
-    return [_flag(call, resolver) for call in _add_argument_calls(func)]
+    annotated = _annotated_flags(cls, resolver) if _uses_dataclass_args(func) else []
+    return annotated + [_flag(call, resolver) for call in _add_argument_calls(func)]
+
+
+def _uses_dataclass_args(func: ast.FunctionDef) -> bool:
+    return any(isinstance(node, ast.Call) and ast.unparse(node.func).endswith("add_cli_args_from_dataclass")
+               for node in ast.walk(func))
+
+
+_ANNOTATED = {"A", "Annotated"}
+_ACTION_BOOL = {"store_true", "store_false", "BooleanOptionalAction"}
+
+
+def _annotated_flags(cls: ast.ClassDef, resolver: _Resolver) -> list[dict[str, Any]]:
+    """The flags ``add_cli_args_from_dataclass`` registers for the ``A[T, "help" | Arg(...)]`` fields of ``cls``."""
+    flags: dict[str, dict[str, Any] | None] = {}
+    for stmt in cls.body:
+        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+            continue
+        found = _annotated_meta(stmt.annotation)
+        # A field declared twice is one dataclass field: the last declaration, in the first one's place.
+        if found is None or _meta_value(found[1], "no_cli", resolver) is True:
+            flags[stmt.target.id] = None
+            continue
+        flags[stmt.target.id] = _annotated_flag(stmt, *found, resolver)
+    return [flag for flag in flags.values() if flag is not None]
+
+
+def _annotated_meta(annotation: ast.expr) -> tuple[ast.expr, dict[str, ast.expr]] | None:
+    """(inner type, Arg keywords) of ``A[T, "help"]`` / ``A[T, Arg(...)]``; None for other annotations."""
+    if not (isinstance(annotation, ast.Subscript) and ast.unparse(annotation.value).split(".")[-1] in _ANNOTATED):
+        return None
+    items = list(annotation.slice.elts) if isinstance(annotation.slice, ast.Tuple) else [annotation.slice]
+    for item in items[1:]:
+        if isinstance(item, ast.Call) and ast.unparse(item.func).split(".")[-1] == "Arg":
+            return items[0], {k.arg: k.value for k in item.keywords if k.arg}
+        if isinstance(item, ast.Constant | ast.JoinedStr | ast.BinOp):
+            return items[0], {"help": item}
+    return None
+
+
+def _meta_value(meta: dict[str, ast.expr], key: str, resolver: _Resolver) -> Any:
+    if key not in meta:
+        return None
+    try:
+        return resolver.value(meta[key])
+    except _Unresolved:
+        return None
+
+
+def _unwrap_optional(node: ast.expr) -> tuple[ast.expr, bool]:
+    """``Optional[X]``, ``X | None``, ``Union[X, None]`` -> (X, True); anything else -> (node, False)."""
+    if isinstance(node, ast.Subscript) and ast.unparse(node.value).split(".")[-1] == "Optional":
+        return node.slice, True
+    members = None
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        members = [node.left, node.right]
+    elif isinstance(node, ast.Subscript) and ast.unparse(node.value).split(".")[-1] == "Union":
+        members = list(node.slice.elts) if isinstance(node.slice, ast.Tuple) else [node.slice]
+    if members is not None:
+        rest = [m for m in members if ast.unparse(m) != "None"]
+        if len(rest) == 1 and len(rest) < len(members):
+            return rest[0], True
+    return node, False
+
+
+def _head(node: ast.expr) -> str:
+    return ast.unparse(node.value if isinstance(node, ast.Subscript) else node).split(".")[-1]
+
+
+def _scalar_type(node: ast.expr) -> str:
+    return {"str": "str", "int": "int", "float": "float"}.get(_head(node), "str")
+
+
+def _annotated_flag(stmt: ast.AnnAssign, inner: ast.expr, meta: dict[str, ast.expr], resolver: _Resolver
+                    ) -> dict[str, Any]:
+    name = stmt.target.id  # type: ignore[union-attr]
+    cli = _meta_value(meta, "cli_name", resolver) or "--" + name.replace("_", "-")
+    options = [cli, *(_meta_value(meta, "aliases", resolver) or [])]
+    default = _default({"default": stmt.value} if stmt.value is not None else {}, "store", resolver)
+    flag: dict[str, Any] = {"options": options, "dest": name, "type": "str", "action": "store", "nargs": None,
+                            "required": False}
+    typ, optional = _unwrap_optional(inner)
+    parser = meta.get("type_parser")
+    action = meta.get("action")
+    if action is not None:
+        text = action.value if isinstance(action, ast.Constant) else ast.unparse(action).split(".")[-1]
+        flag["action"] = text if text in _ACTION_BOOL else f"custom:{ast.unparse(action)}"
+        if text in _ACTION_BOOL:
+            flag["type"] = "bool"
+        if text == "BooleanOptionalAction":
+            flag["options"] = options + [f"--no-{o[2:]}" for o in options if o.startswith("--")]
+        extra = _meta_value(meta, "action_kwargs", resolver) or {}
+        if isinstance(extra, dict) and extra.get("nargs"):
+            flag["nargs"] = extra["nargs"]
+    elif _head(typ) == "Literal":
+        items = list(typ.slice.elts) if isinstance(typ.slice, ast.Tuple) else [typ.slice]  # type: ignore[attr-defined]
+        values = [resolver.value(i) for i in items]
+        flag["type"] = _TYPE_NAMES.get(ast.unparse(parser).split(".")[-1], f"custom:{ast.unparse(parser)}") \
+            if parser is not None else {int: "int", float: "float"}.get(type(values[0]) if values else str, "str")
+        meta = {"choices": ast.List(elts=items, ctx=ast.Load()), **meta}
+    elif _head(typ) in {"List", "list"} and parser is None:
+        elem = typ.slice if isinstance(typ, ast.Subscript) else None
+        flag["type"] = _scalar_type(elem) if elem is not None else "str"
+        flag["nargs"] = _meta_value(meta, "nargs", resolver) or "+"
+    elif _head(typ) == "bool":
+        flag["type"], flag["action"] = "bool", "store_true"
+    else:
+        flag["type"] = (_TYPE_NAMES.get(ast.unparse(parser).split(".")[-1], f"custom:{ast.unparse(parser)}")
+                        if parser is not None else _scalar_type(typ))
+        flag["nargs"] = _meta_value(meta, "nargs", resolver)
+        required = _meta_value(meta, "required", resolver)
+        flag["required"] = required is True or (required is None and stmt.value is None)
+    if optional and flag["type"] == "str" and parser is None:
+        flag["nullable"] = True
+    if "const" in meta:
+        flag["const"] = _meta_value(meta, "const", resolver)
+    flag.update(_choices(meta.get("choices"), resolver))
+    flag.update(default)
+    flag["help"] = _help(meta.get("help"), resolver)
+    return flag
+
+
+def server_args_ranges(source_file: Path, flags: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The range entries of the numeric ``flags`` that ``ServerArgs``'s checks bound (``check_server_args`` and
+    the other check methods: an unconditional assert or raise on a plain comparison with a number)."""
+    source = Path(source_file).read_text(encoding="utf-8")
+    cls = _find_class(ast.parse(source), "ServerArgs")
+    numeric = {f["dest"]: f for f in flags if f.get("type") in ("int", "float")}
+    out = []
+    for dest, entries in ranges.checks_of_class(cls, source, SERVER_ARGS_FILE, set(numeric)).items():
+        long = next(o for o in numeric[dest]["options"] if o.startswith("--"))
+        out.extend({"flag": long, "dest": dest, **entry} for entry in entries)
+    return out
 
 
 def _env_from_envs_class(path: Path) -> dict[str, dict[str, Any]]:
@@ -354,8 +495,10 @@ def _env(package_root: Path) -> list[dict[str, Any]]:
 
 
 def _metrics(package_root: Path) -> list[dict[str, Any]]:
-    path = package_root / "sglang/srt/metrics/collector.py"
-    if not path.is_file():
+    # The collector moved from srt/metrics/ to srt/observability/ (metrics_collector.py) in later releases.
+    path = next((p for p in (package_root / "sglang/srt/metrics/collector.py",
+                             package_root / "sglang/srt/observability/metrics_collector.py") if p.is_file()), None)
+    if path is None:
         return []
     metrics: dict[str, dict[str, Any]] = {}
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -416,6 +559,12 @@ def _download(version: str, dest: Path) -> Path:
 def refresh_sglang_schema(version: str, out: Path) -> Path:
     """Download ``sglang==version`` (wheel, no dependencies) into a temporary directory, extract its schema
     and write it to ``out``. Returns ``out``."""
+    return refresh_sglang(version, out)[0]
+
+
+def refresh_sglang(version: str, out: Path) -> tuple[Path, list[dict[str, Any]], str]:
+    """As :func:`refresh_sglang_schema`; also the value ranges of the release (:func:`server_args_ranges`) and
+    the wheel they were read in (``sglang==V (file, sha256 H)``)."""
     out = Path(out)
     with tempfile.TemporaryDirectory(prefix="sglang-schema-") as tmp:
         wheel = _download(version, Path(tmp))
@@ -423,9 +572,11 @@ def refresh_sglang_schema(version: str, out: Path) -> Path:
             members = [n for n in zf.namelist() if n.startswith("sglang/") and n.endswith(".py")]
             zf.extractall(tmp, members=members)
         schema = extract_sglang_schema(Path(tmp) / SERVER_ARGS_FILE, version)
+        found = server_args_ranges(Path(tmp) / SERVER_ARGS_FILE, schema["flags"])
+        dist = f"sglang=={version} ({wheel.name}, sha256 {hashlib.sha256(wheel.read_bytes()).hexdigest()})"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(schema, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    return out
+    return out, found, dist
 
 
 def main(argv: list[str] | None = None) -> int:

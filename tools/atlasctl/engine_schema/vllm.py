@@ -7,6 +7,12 @@ No import of vLLM (it needs torch). The flags come from every ``add_argument`` c
 dataclass, the way vLLM's ``_compute_kwargs`` does: a dataclass -> JSON, ``bool`` -> ``--x/--no-x``,
 ``Literal`` -> choices (``"None"`` added when optional), list/tuple -> ``nargs='+'``, then int, float,
 dict -> JSON, str. Fields of FrontendArgs (and its bases) become ``--field-name`` flags.
+
+:func:`field_ranges` reads the bounds a flag's config field states (:mod:`atlasctl.engine_schema.ranges`):
+the ``Field(gt=, ge=, lt=, le=)`` of its pydantic dataclass and the unconditional checks of its validators,
+each with its file and line.
+:func:`extract_additional_config` lists the top-level ``--additional-config`` keys a platform plugin
+(vllm-ascend) reads.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from atlasctl.engine_schema import ranges
 from atlasctl.errors import AtlasError
 
 HELP_MAX = 160
@@ -41,6 +48,8 @@ class PackageIndex:
     root: Path
     assigns: dict[str, ast.expr] = field(default_factory=dict)
     classes: dict[str, ast.ClassDef] = field(default_factory=dict)
+    files: dict[str, Path] = field(default_factory=dict)  # class name -> the file that defines it
+    sources: dict[Path, str] = field(default_factory=dict)
 
     @classmethod
     def build(cls, root: Path, subdirs: tuple[str, ...]) -> PackageIndex:
@@ -49,13 +58,17 @@ class PackageIndex:
             base = root / sub
             paths = [base] if base.is_file() else sorted(base.rglob("*.py")) if base.is_dir() else []
             for path in paths:
-                index.add(ast.parse(path.read_text(encoding="utf-8")))
+                text = path.read_text(encoding="utf-8")
+                index.sources[path] = text
+                index.add(ast.parse(text), path)
         return index
 
-    def add(self, module: ast.Module) -> None:
+    def add(self, module: ast.Module, path: Path | None = None) -> None:
         for stmt in module.body:
             if isinstance(stmt, ast.ClassDef):
                 self.classes.setdefault(stmt.name, stmt)
+                if path is not None:
+                    self.files.setdefault(stmt.name, path)
             elif isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
                 self.assigns.setdefault(stmt.targets[0].id, stmt.value)
             elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
@@ -267,7 +280,7 @@ def _spread(call: ast.Call, sources: dict[str, str], index: PackageIndex) -> dic
             continue
         stmt = index.fields(cls.split(".")[-1]).get(key.value)
         if stmt is not None:
-            return kwargs_from_field(key.value, stmt, index)
+            return {**kwargs_from_field(key.value, stmt, index), "field": (cls.split(".")[-1], key.value)}
         return {"type": "str", "unresolved": f"{cls}.{key.value}"}
     return {}
 
@@ -316,7 +329,7 @@ def _flag_entry(options: list[str], spec: dict[str, Any], help_text: str) -> dic
         "default": spec.get("default"),
         "help": help_text or spec.get("help", ""),
     }
-    for extra in ("default_expr", "choices_expr", "unresolved"):
+    for extra in ("default_expr", "choices_expr", "unresolved", "field"):
         if extra in spec:
             entry[extra] = spec[extra]
     return entry
@@ -349,7 +362,7 @@ def _loop_flags(frontend: list[str], index: PackageIndex) -> list[dict[str, Any]
     flags = []
     for cls in frontend:
         for name, stmt in index.fields(cls).items():
-            spec = kwargs_from_field(name, stmt, index)
+            spec = {**kwargs_from_field(name, stmt, index), "field": (cls, name)}
             flags.append(_flag_entry([f"--{name.replace('_', '-')}"], spec, ""))
     return flags
 
@@ -375,12 +388,18 @@ def serve_parser_files(root: Path) -> list[Path]:
     return files
 
 
-def extract_flags(root: Path) -> tuple[list[dict[str, Any]], list[Path]]:
-    """All ``vllm serve`` flags of the unpacked wheel at ``root`` (merged by long option, sorted)."""
+def package_index(root: Path) -> PackageIndex:
+    """The modules of an unpacked vLLM that its ``vllm serve`` flags refer to."""
+    return PackageIndex.build(root, ("vllm/config", "vllm/engine/arg_utils.py", "vllm/attention",
+                                     "vllm/entrypoints/openai/cli_args.py", "vllm/entrypoints/launchers",
+                                     "vllm/logger.py", "vllm/utils"))
+
+
+def extract_flags(root: Path, index: PackageIndex | None = None) -> tuple[list[dict[str, Any]], list[Path]]:
+    """All ``vllm serve`` flags of the unpacked wheel at ``root`` (merged by long option, sorted). A flag
+    built from a config dataclass field carries ``field``: (class, field name), for :func:`field_ranges`."""
     files = serve_parser_files(root)
-    index = PackageIndex.build(root, ("vllm/config", "vllm/engine/arg_utils.py", "vllm/attention",
-                                      "vllm/entrypoints/openai/cli_args.py", "vllm/entrypoints/launchers",
-                                      "vllm/logger.py", "vllm/utils"))
+    index = index or package_index(root)
     frontend = [n for n in index.classes if n.endswith("FrontendArgs") and "Batch" not in n]
     merged: dict[str, dict[str, Any]] = {}
     wanted = {"add_cli_args", "make_arg_parser", "subparser_init"}
@@ -413,3 +432,87 @@ def extract_env(root: Path, package: str, table: str) -> list[dict[str, Any]]:
             if rel not in entry["read_by"] and len(entry["read_by"]) < 3:
                 entry["read_by"].append(rel)
     return [found[n] for n in sorted(found)]
+
+
+# --- value ranges and --additional-config keys ------------------------------------------------------------
+
+def field_ranges(index: PackageIndex, cls_name: str, name: str, extra_classes: tuple[str, ...] = ()
+                 ) -> list[dict[str, Any]]:
+    """The bounds the source states for field ``name`` of config class ``cls_name`` (and its bases; checks
+    also in ``extra_classes``, e.g. EngineArgs): one entry per statement, {bounds, source file:line, text}."""
+    entries: list[dict[str, Any]] = []
+    seen: set[str] = set()
+
+    def visit(name_of_class: str, declared: bool) -> None:
+        cls = index.classes.get(name_of_class)
+        if cls is None or name_of_class in seen:
+            return
+        seen.add(name_of_class)
+        path = index.files.get(name_of_class)
+        source = index.sources.get(path, "") if path else ""
+        where = path.relative_to(index.root).as_posix() if path else name_of_class
+        if declared:
+            for stmt in cls.body:
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.target.id == name:
+                    bounds = ranges.declared_bounds(stmt)
+                    if bounds:
+                        entries.append({**bounds, "source": f"{where}:{stmt.lineno}",
+                                        "text": ranges.line_text(source, stmt)})
+        entries.extend(ranges.checks_of_class(cls, source, where, {name}).get(name, []))
+        for base in cls.bases:
+            visit(ast.unparse(base).split(".")[-1], declared)
+
+    visit(cls_name, True)
+    for extra in extra_classes:
+        visit(extra, False)
+    return entries
+
+
+def flag_ranges(flags: list[dict[str, Any]], index: PackageIndex) -> list[dict[str, Any]]:
+    """The range entries of ``flags`` (from :func:`extract_flags`) whose numeric config field states bounds."""
+    out = []
+    for flag in flags:
+        if "field" not in flag or flag.get("type") not in ("int", "float"):
+            continue
+        cls_name, name = flag["field"]
+        long = next(o for o in flag["options"] if o.startswith("--"))
+        for entry in field_ranges(index, cls_name, name, ("EngineArgs", "AsyncEngineArgs")):
+            out.append({"flag": long, "dest": flag["dest"], **entry})
+    return out
+
+
+def extract_additional_config(root: Path, package: str) -> list[dict[str, Any]]:
+    """Top-level keys of vLLM's ``--additional-config`` that ``package`` reads: ``<...>additional_config.get("k")``,
+    ``<...>additional_config["k"]``, ``"k" in <...>additional_config`` and a call passing the dict and then the
+    key (``self._get_config_value(additional_config, "k", ...)``); ``read_by`` names up to three files."""
+    found: dict[str, dict[str, Any]] = {}
+
+    def is_dict(node: ast.expr) -> bool:
+        return ast.unparse(node).split(".")[-1] == "additional_config"
+
+    def add(key: Any, rel: str) -> None:
+        if isinstance(key, str) and key:
+            entry = found.setdefault(key, {"name": key, "read_by": []})
+            if rel not in entry["read_by"] and len(entry["read_by"]) < 3:
+                entry["read_by"].append(rel)
+
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                    and is_dict(node.func.value) and node.args and isinstance(node.args[0], ast.Constant):
+                add(node.args[0].value, rel)
+            elif isinstance(node, ast.Subscript) and is_dict(node.value) and isinstance(node.slice, ast.Constant):
+                add(node.slice.value, rel)
+            elif isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.In) \
+                    and is_dict(node.comparators[0]) and isinstance(node.left, ast.Constant):
+                add(node.left.value, rel)
+            elif isinstance(node, ast.Call):
+                for first, second in zip(node.args, node.args[1:], strict=False):
+                    if is_dict(first) and isinstance(second, ast.Constant):
+                        add(second.value, rel)
+    return [found[k] for k in sorted(found)]

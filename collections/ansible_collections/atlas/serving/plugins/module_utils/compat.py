@@ -7,7 +7,9 @@ The table is data (``data/compat.yml`` of this collection, plus an inventory's e
 and atlasctl, which have PyYAML); this module only checks a table and judges a plan against it.
 
 A plan is a dict with any of: ``cann``, ``engine``, ``engine_version``, ``python``,
-``torch``, ``torch_npu``, ``vllm``, ``driver`` (empty values are not checked).
+``torch``, ``torch_npu``, ``triton_ascend``, ``vllm``, ``driver`` (empty values are not checked).
+The drivers a CANN runs on are a window per CANN (``cann_driver``: ``min_driver``/``max_driver``,
+``25.2.X`` for a whole HDK line): :func:`driver_window`, :func:`check_driver`, :func:`common_drivers`.
 ``evaluate`` returns a verdict dict: ``ok``, ``problems`` (one sentence each, naming what
 the chosen engine needs), ``fixes``, ``row`` (the matching table row or None), ``lab``.
 
@@ -73,6 +75,17 @@ def check_table(table, extra=False):
         for clause in _clauses(row.get("python") or ""):
             if clause is None:
                 raise CompatTableError(f"{where}: python {row.get('python')!r} is not a range like >=3.9,<3.12")
+    for index, row in enumerate(table.get("cann_driver") or []):
+        where = f"compatibility table cann_driver[{index}] (CANN {row.get('cann')})"
+        for key in ("driver", "min_driver", "max_driver"):
+            if row.get(key) is not None and _driver_bound(row[key]) is None:
+                raise CompatTableError(f"{where}: {key} {row[key]!r} is not an HDK version like 25.5.0, 26.0.RC1 "
+                                       "or 25.2.X")
+        if (row.get("min_driver") is None) != (row.get("max_driver") is None):
+            raise CompatTableError(f"{where}: a driver window needs both min_driver and max_driver")
+        if row.get("min_driver") is not None and _driver_bound(row["min_driver"])[0] > _driver_bound(
+                row["max_driver"])[1]:
+            raise CompatTableError(f"{where}: min_driver {row['min_driver']} is above max_driver {row['max_driver']}")
     return table
 
 
@@ -199,7 +212,8 @@ def _check_pins(plan, row, needs, problems, fixes):
     if plan.get("python") and row.get("python") and not python_satisfies(plan["python"], row["python"]):
         problems.append(f"{needs}: Python {plan['python']} is outside {row['python']}")
         fixes.append(f"use a Python in {row['python']} for the engine's environment")
-    for key, label in (("torch", "torch"), ("torch_npu", "torch-npu"), ("vllm", "vLLM")):
+    for key, label in (("torch", "torch"), ("torch_npu", "torch-npu"), ("triton_ascend", "triton-ascend"),
+                       ("vllm", "vLLM")):
         want = row.get(key)
         if plan.get(key) and want and not fnmatch.fnmatchcase(plan[key], str(want)):
             problems.append(f"{plan['engine']} {plan['engine_version']} is built for {label} {want}, "
@@ -223,16 +237,77 @@ def _check_torch_npu(plan, row, table, problems, fixes):
 def paired_driver(table, cann):
     """The driver (HDK) released with ``cann``, or None when the table has no pair."""
     for entry in table["cann_driver"]:
-        if _same_release(entry["cann"], cann):
+        if _same_release(entry["cann"], cann) and entry.get("driver"):
             return str(entry["driver"])
     return None
 
 
+def driver_key(version):
+    """Sort key of an HDK version (``25.5.0``, ``26.0.RC1``; npu-smi prints ``24.1.rc1``), or None."""
+    return cann_key(str(version or "").strip().upper().replace("-", "."))
+
+
+def _driver_bound(text):
+    """(lowest key, highest key) a window end stands for: ``25.2.X`` the whole 25.2 line, else the version and
+    its patches (``26.1.0`` covers ``26.1.0.1``)."""
+    text = str(text).strip().upper()
+    if text.endswith(".X"):
+        line = _NUM.findall(text[:-2])
+        if len(line) != 2:
+            return None
+        major, minor = int(line[0]), int(line[1])
+        return (major, minor, 0, 0), (major, minor, 1, 1 << 30)
+    key = driver_key(text)
+    return None if key is None else (key, key + (1 << 30,))
+
+
+def driver_window(table, cann):
+    """{cann, min, max, paired, source, note} of the drivers ``cann`` runs on, or None when the table has no
+    window for it (``paired`` may still be known: :func:`paired_driver`)."""
+    for entry in table["cann_driver"]:
+        if _same_release(entry["cann"], cann) and entry.get("min_driver") is not None:
+            return {"cann": str(entry["cann"]), "min": str(entry["min_driver"]), "max": str(entry["max_driver"]),
+                    "paired": str(entry["driver"]) if entry.get("driver") else None,
+                    "source": entry.get("source"), "note": entry.get("note", "")}
+    return None
+
+
+def driver_in_window(table, cann, driver):
+    """True/False: whether ``driver`` is in ``cann``'s window; None when no window is known or the driver
+    is not a version."""
+    window, key = driver_window(table, cann), driver_key(driver)
+    if window is None or key is None:
+        return None
+    return _driver_bound(window["min"])[0] <= key <= _driver_bound(window["max"])[1]
+
+
+def common_drivers(table, canns):
+    """The window (min, max) every CANN of ``canns`` runs on, as texts of the table, or None when one has no
+    known window or they share no driver: a driver in it can be installed first while either CANN serves."""
+    windows = [driver_window(table, c) for c in canns]
+    if not windows or any(w is None for w in windows):
+        return None
+    low = max((w["min"] for w in windows), key=lambda t: _driver_bound(t)[0])
+    high = min((w["max"] for w in windows), key=lambda t: _driver_bound(t)[1])
+    return (low, high) if _driver_bound(low)[0] <= _driver_bound(high)[1] else None
+
+
 def check_driver(table, cann, driver):
-    """None when the node's driver is the one paired with ``cann`` (or no pair is known),
-    else a sentence naming both."""
+    """None when the node's driver runs ``cann`` (in its window, or the pair when only the pair is known, or
+    nothing is known), else a sentence naming both, the window and its source."""
+    if not driver:
+        return None
+    window = driver_window(table, cann)
+    if window is not None:
+        inside = driver_in_window(table, cann, driver)
+        if inside is not False:
+            return None
+        url = ((table.get("sources") or {}).get(window["source"]) or {}).get("url", window["source"])
+        paired = f", released with {window['paired']}" if window["paired"] else ""
+        return (f"driver {driver} is outside the drivers CANN {cann} runs on ({window['min']} to {window['max']}"
+                f"{paired}; {url}): upgrade the driver into that window (firmware first) before CANN")
     want = paired_driver(table, cann)
-    if want is None or not driver:
+    if want is None:
         return None
     have, need = str(driver).lower(), want.lower()
     if have == need or have.startswith(need + "."):

@@ -9,13 +9,15 @@ Standard library only (runs in filters, modules and atlasctl). Data, not code, s
 ``schemas/fictions.json``     the seed article's fictional or invalid settings with the real alternative
 ``schemas/ranges.json``       value ranges the engine itself enforces, with the pinned source's file:line
 
-Unknown flags and unknown environment variables are errors; so is a value the rendered one-argument-per-line
-``.args`` file cannot carry (a control character such as a newline adds lines, a leading ``#`` makes the
-launcher skip it); so is a control character in an environment value (the environment file holds one
-variable per line). An API key in the argv or the environment (``--api-key``, ``VLLM_API_KEY``,
-``SGLANG_API_KEY``) is an error naming ``serving_api_keys``: the serving role hands the keys to the engine in
-its ``--config`` file, never on a command line or in the environment file (README.md, "API keys";
-docs/engine-facts.md). Secret values never appear in a message.
+Unknown flags and unknown environment variables are errors (the releases of the engine that have the flag are
+named, and its replacement where ``fictions.json`` records one); so is a top-level ``--additional-config`` key
+the release's platform plugin does not read (the schema's ``additional_config`` list, vllm-ascend); so is a
+value the rendered one-argument-per-line ``.args`` file cannot carry (a control character such as a newline
+adds lines, a leading ``#`` makes the launcher skip it); so is a control character in an environment value (the
+environment file holds one variable per line). An API key in the argv or the environment (``--api-key``,
+``VLLM_API_KEY``, ``SGLANG_API_KEY``) is an error naming ``serving_api_keys``: the serving role hands the keys
+to the engine in its ``--config`` file, never on a command line or in the environment file (README.md, "API
+keys"; docs/engine-facts.md). Secret values never appear in a message.
 """
 
 from __future__ import annotations
@@ -74,28 +76,48 @@ def load(release, schema_dir=None):
 
 
 def load_ranges(release, schema_dir=None):
-    """{dest: range entry} of ``release`` from ``schemas/ranges.json`` (empty when none is verified)."""
+    """{dest: [range entry]} of ``release`` from ``schemas/ranges.json`` (empty when none is verified)."""
     path = os.path.join(schema_dir or schema_dir_default(), "ranges.json")
     if not os.path.exists(path):
         return {}
     entries = _read_json(path).get("releases", {}).get(str(release), {}).get("ranges", [])
-    return {entry["dest"]: entry for entry in entries}
+    found = {}
+    for entry in entries:
+        found.setdefault(entry["dest"], []).append(entry)
+    return found
+
+
+def has_ranges(release, schema_dir=None):
+    """Whether ``schemas/ranges.json`` holds the verified value ranges of ``release`` (an entry, even empty)."""
+    path = os.path.join(schema_dir or schema_dir_default(), "ranges.json")
+    return os.path.exists(path) and str(release) in _read_json(path).get("releases", {})
+
+
+def ranges_note(release, schema_dir=None):
+    """A sentence for a release with a schema and no verified ranges, else ``""``."""
+    if has_ranges(release, schema_dir):
+        return ""
+    return (f"{release} has no verified value ranges (schemas/ranges.json): its values are checked for type and "
+            "choices only; run `atlasctl config schema refresh` for the release to read them from its source")
 
 
 _BOUNDS = (("gt", ">", lambda v, b: v > b), ("ge", ">=", lambda v, b: v >= b),
            ("lt", "<", lambda v, b: v < b), ("le", "<=", lambda v, b: v <= b))
 
 
-def _range_error(flag_name, value, entry, release):
+def _range_error(flag_name, value, entries, release):
+    """The first of ``entries`` (one flag's ranges) that ``value`` breaks, as a message; None when it keeps them all."""
     try:
         number = float(str(value).replace("_", ""))
     except ValueError:
         return None
-    if all(test(number, entry[key]) for key, _sign, test in _BOUNDS if key in entry) and not math.isnan(number):
-        return None
-    bounds = " and ".join(f"value {sign} {entry[key]:g}" for key, sign, _test in _BOUNDS if key in entry)
-    return (f"`{flag_name} {value}` is out of range for {release}: the engine requires {bounds} "
-            f"({entry['source']})")
+    for entry in entries if isinstance(entries, list) else [entries]:
+        if all(test(number, entry[key]) for key, _sign, test in _BOUNDS if key in entry) and not math.isnan(number):
+            continue
+        bounds = " and ".join(f"value {sign} {entry[key]:g}" for key, sign, _test in _BOUNDS if key in entry)
+        return (f"`{flag_name} {value}` is out of range for {release}: the engine requires {bounds} "
+                f"({entry['source']})")
+    return None
 
 
 def _control_character(text):
@@ -219,10 +241,10 @@ def _type_ok(kind, value, nullable):
     return True
 
 
-def lint_flags(argv, schema, fictions, release, ranges=None):
+def lint_flags(argv, schema, fictions, release, ranges=None, schema_dir=None):
     engine = schema.get("engine", "")
     table = _flag_table(schema)
-    ranges = load_ranges(release) if ranges is None else ranges
+    ranges = load_ranges(release, schema_dir) if ranges is None else ranges
     findings = _line_safety(argv)
     unsafe = {f["subject"] for f in findings}
     for name, values in split_argv(argv):
@@ -239,13 +261,50 @@ def lint_flags(argv, schema, fictions, release, ranges=None):
             continue
         spec = table.get(lookup)
         if spec is None:
-            close = difflib.get_close_matches(lookup, list(table), n=3, cutoff=0.75)
-            hint = "; did you mean {}?".format(" or ".join(f"`{c}`" for c in close)) if close else ""
-            findings.append(_finding("flag", name, f"`{name}` is not a {release} flag{hint}"))
+            findings.append(_finding("flag", name, _unknown_flag(name, lookup, table, release, engine, schema_dir)))
             continue
         for message in _check_value(lookup, spec, values, release, engine, fictions, ranges.get(spec.get("dest"))):
             findings.append(_finding("value", name, message))
+        if lookup == "--additional-config" and "additional_config" in schema:
+            findings.extend(_finding("value", name, m) for m in _additional_config(values, schema, release))
     return findings
+
+
+def _unknown_flag(name, lookup, table, release, engine, schema_dir):
+    """The message for a flag ``release`` lacks: the releases of the same engine that have it, else close names."""
+    having = [r for r in _engine_releases(engine, schema_dir) if r != release and lookup in flag_options(r, schema_dir)]
+    if having:
+        return (f"`{name}` is not a {release} flag (only {', '.join(having)} of this engine has it): drop it, or "
+                "pin a release that has it")
+    close = difflib.get_close_matches(lookup, list(table), n=3, cutoff=0.75)
+    hint = "; did you mean {}?".format(" or ".join(f"`{c}`" for c in close)) if close else ""
+    return f"`{name}` is not a {release} flag{hint}"
+
+
+def _engine_releases(engine, schema_dir):
+    prefix = {"vllm": ("vllm-",), "sglang": ("sglang-",)}.get(engine, ())
+    return [r for r in known_releases(schema_dir or schema_dir_default()) if r.startswith(prefix)]
+
+
+def _additional_config(values, schema, release):
+    """Findings for the top-level keys of an ``--additional-config`` JSON object that the release's platform
+    plugin does not read (its schema's ``additional_config`` list)."""
+    known = [entry["name"] for entry in schema.get("additional_config", [])]
+    out = []
+    for value in values:
+        try:
+            data = json.loads(value)
+        except ValueError:
+            continue  # the type check reports it
+        if not isinstance(data, dict):
+            out.append(f"`--additional-config` must be a JSON object of {release}'s keys, got {type(data).__name__}")
+            continue
+        for key in sorted(data):
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=2, cutoff=0.75)
+                hint = "; did you mean {}?".format(" or ".join(f"`{c}`" for c in close)) if close else ""
+                out.append(f"`--additional-config` key `{key}` is not read by {release}{hint}")
+    return out
 
 
 def _env_table(schema, platform):
@@ -298,5 +357,5 @@ def lint(argv, env, release, schema_dir=None):
     keys = [_finding("secret", name, f"`{name}` puts the API key in the engine's environment file: remove it and "
                      + _KEYS_FIX) for name in sorted(env) if name in SECRET_ENV]
     rest = {name: value for name, value in env.items() if name not in SECRET_ENV}
-    return lint_flags(argv, schema, fictions, release, ranges) + keys + lint_env(rest, schema, platform, fictions,
-                                                                                 release)
+    return (lint_flags(argv, schema, fictions, release, ranges, schema_dir) + keys
+            + lint_env(rest, schema, platform, fictions, release))

