@@ -82,7 +82,7 @@ def whole(value, what, low=1, high=DIM_MAX, fix=""):
             number = None
     elif isinstance(value, float):
         number = int(value) if math.isfinite(value) and value == int(value) else None
-    elif type(value) is not int:
+    elif not isinstance(value, int) or isinstance(value, bool):
         number = None
     if number is None or not low <= number <= high:
         kind = f"a positive whole number (at most {high})" if low == 1 else f"a whole number from {low} to {high}"
@@ -405,7 +405,8 @@ def normalise_layout(layout):
     out = {"tp": 1, "pp": 1, "dp": 1, "expert_parallel": False, "dp_attention": False, "nodes": 1,
            "npus_per_node": None, "engine": "vllm", "mtp_layers": 0,
            **{k: v for k, v in layout.items() if v is not None}}
-    if type(out["mtp_layers"]) is not int or out["mtp_layers"] < 0:
+    mtp = out["mtp_layers"]
+    if not isinstance(mtp, int) or isinstance(mtp, bool) or mtp < 0:
         raise PlanError(f"layout mtp_layers {out['mtp_layers']!r} is not a whole number >= 0")
     for key in ("tp", "pp", "dp", "nodes"):
         if not _is_int(out[key]) or out[key] < 1:

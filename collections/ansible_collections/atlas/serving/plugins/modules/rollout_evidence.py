@@ -21,8 +21,6 @@ description:
   - C(atlasctl evidence verify DIR) checks a pack; docs/evidence.md says how to check one with gpgv and
     sha256sum alone.
 version_added: 0.1.0
-author:
-  - atlas.serving contributors
 options:
   dir:
     description: The pack's directory (its parents are created).
@@ -96,7 +94,7 @@ def main():
         argument_spec={
             "dir": {"type": "path", "required": True},
             "record": {"type": "dict", "required": True},
-            "signing_key": {"type": "str", "default": ""},
+            "signing_key": {"type": "str", "default": "", "no_log": False},
             "gnupg_home": {"type": "path", "default": ""},
             "strict": {"type": "bool", "default": False},
         },

@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import math
 
-import bcrypt
 from ansible_collections.atlas.serving.plugins.module_utils import npu_network, serving_instance
 
 JOBS = {"engine": "atlas-engine", "npu": "atlas-npu-exporter", "node": "atlas-node"}
@@ -200,6 +199,11 @@ def web_password_hash(password, seed):
     if not isinstance(password, str) or not password.strip():
         raise MonitoringError(f"{seed}: the password is empty: put one line of at least 16 characters in the file "
                               "monitoring_scrape_password_file / monitoring_api_password_file names")
+    try:
+        import bcrypt  # the controller's closure has it (paramiko's dependency); only this function needs it
+    except ImportError:
+        raise MonitoringError("the Python package bcrypt is not installed on the controller: install the controller "
+                              "from its kit (requirements-controller.txt pins it)") from None
     bits = int.from_bytes(hashlib.sha256(f"atlas-web-password:{seed}".encode()).digest()[:16], "big") << 4
     salt = "".join(_BCRYPT_ALPHABET[(bits >> (6 * (21 - i))) & 63] for i in range(22))
     return bcrypt.hashpw(password.strip().encode(), f"$2b${WEB_PASSWORD_COST:02d}${salt}".encode()).decode()

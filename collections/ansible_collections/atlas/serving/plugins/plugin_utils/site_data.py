@@ -88,8 +88,8 @@ def _read_yaml(path, what):
     except yaml.YAMLError as exc:
         raise SiteDataError(f"{what} {path} is not valid YAML: {exc}") from None
     except ValueError as exc:  # a value PyYAML cannot build: a 5000-digit number, a date such as 2024-13-45
-        raise SiteDataError(f"{what} {path} has a value YAML cannot read: {str(exc).split(';')[0]} (quote it if "
-                            "it is text)") from None
+        reason = str(exc).split(";", maxsplit=1)[0]
+        raise SiteDataError(f"{what} {path} has a value YAML cannot read: {reason} (quote it if it is text)") from None
     except RecursionError:
         raise SiteDataError(f"{what} {path} is nested too deeply to be a configuration file") from None
 
@@ -209,7 +209,7 @@ def _flag_value(value):
 
 
 def _whole(value, low, high=None):
-    return type(value) is int and value >= low and (high is None or value <= high)
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low and (high is None or value <= high)
 
 
 def check_profile(profile, path):
