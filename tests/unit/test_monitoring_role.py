@@ -6,20 +6,24 @@ systemctl is a stand-in that records its calls: no service of this machine is to
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
 import re
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import tls_fixtures
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,9 +107,11 @@ class Stage:
             "FAKE_SYSTEMCTL_LOG": str(self.log),
         }
         # The role's files under tmp_path (extra vars win over role vars), Prometheus on a free port.
+        # Plain HTTP here: test_tls_and_passwords_guard_prometheus runs the role's TLS and password setup.
         self.extra = {"__monitoring_prometheus_dir": str(self.etc),
                       "__monitoring_prometheus_defaults": str(tmp / "default-prometheus"),
-                      "monitoring_prometheus_port": self.port, "monitoring_alertmanagers": ["127.0.0.1:9093"]}
+                      "monitoring_prometheus_port": self.port, "monitoring_alertmanagers": ["127.0.0.1:9093"],
+                      "monitoring_tls": False}
 
     def play(self, *args: str, **extra) -> subprocess.CompletedProcess:
         cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(self.tmp / "inventory.json"), str(self.tmp / "play.yml"),
@@ -265,10 +271,12 @@ def test_the_stage_playbook_in_check_mode_carries_each_node_s_record_to_the_targ
         "vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable, "ansible_become": False,
                  "serving_profile_dirs": [str(REPO / "inventory/lab/profiles")]},
         "children": {"atlas_nodes": {"children": {"branch_east": {"hosts": {"n1": node}}}},
-                     "gateway": {"hosts": {"gw": {"gateway_branch": "east"}}},
-                     "monitoring": {"hosts": {"mon": {}}}}}}
+                     # addresses: the node's firewall admits its gateway and the monitoring host by them
+                     "gateway": {"hosts": {"gw": {"gateway_branch": "east", "ansible_host": "127.0.0.21"}}},
+                     "monitoring": {"hosts": {"mon": {"ansible_host": "127.0.0.30"}}}}}}
     (tmp / "stage.json").write_text(json.dumps(inventory))
-    extra = {"__monitoring_prometheus_dir": str(tmp / "stage-etc"), "__monitoring_prometheus_defaults": str(tmp / "d")}
+    extra = {"__monitoring_prometheus_dir": str(tmp / "stage-etc"), "__monitoring_prometheus_defaults": str(tmp / "d"),
+             "monitoring_tls": False}
     result = subprocess.run(
         [str(ANSIBLE_PLAYBOOK), "-i", str(tmp / "stage.json"), str(REPO / "playbooks/monitoring.yml"), "--check",
          "--diff", "-e", json.dumps(extra)], cwd=tmp, env=stage.env, capture_output=True, text=True, timeout=300)
@@ -277,5 +285,77 @@ def test_the_stage_playbook_in_check_mode_carries_each_node_s_record_to_the_targ
     assert re.search(r"\+- job_name: atlas-engine\n.*\n.*\n\+  - targets:\n\+    - 127\.0\.0\.1:8001\n\+    labels:\n"
                      r"\+      branch: east\n\+      node: n1\n\+      instance: n1\n\+      release: r7\n"
                      r"\+      engine: vllm", config), config
-    assert "+    - gw:9100" in config
+    assert "+    - 127.0.0.21:9100" in config
     assert not (tmp / "stage-etc").exists()
+
+
+def test_tls_and_passwords_guard_prometheus(tmp_path: Path) -> None:
+    """With monitoring_tls (the default) the role writes Prometheus's web configuration (the host's certificate, the
+    API user's bcrypt hash) and the passwords Prometheus scrapes with. A real Prometheus with that file (started
+    before the run, as the package's would be, on the file the role writes: the hash is salted from the host and
+    the user, so it is known ahead) refuses a request without the password or with a wrong one and serves the right
+    one over TLS checked against the CA; the role's own readiness check and reload go through it. A second run
+    changes nothing."""
+    from atlasctl.collection import plugin_utils
+
+    (tmp_path / "stage").mkdir()
+    fresh = Stage(tmp_path / "stage")
+    tls = tls_fixtures.make(tmp_path)
+    for name, text in (("api", "api-password-123456"), ("scrape", "scrape-password-123456")):
+        (tmp_path / name).write_text(text + "\n")
+    web = tmp_path / "web"
+    web.mkdir()
+    hashed = plugin_utils("monitoring").web_password_hash("api-password-123456", "mon/atlas")
+    (web / "prometheus.yml").write_text(yaml.safe_dump({
+        "tls_server_config": {"cert_file": str(tls["cert"]), "key_file": str(tls["key"]), "min_version": "TLS12"},
+        "basic_auth_users": {"atlas": hashed}}))
+    extra = {"monitoring_tls": True, "monitoring_web_dir": str(web), "atlas_tls_ca_file": str(tls["ca"]),
+             "atlas_tls_cert_file": str(tls["cert"]), "atlas_tls_key_file": str(tls["key"]),
+             "monitoring_api_password_file": str(tmp_path / "api"),
+             "monitoring_scrape_password_file": str(tmp_path / "scrape"), "ansible_host": "127.0.0.1"}
+    packaged = tmp_path / "packaged.yml"
+    packaged.write_text("global: {}\n")
+    server = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={packaged}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{fresh.port}", f"--web.config.file={web / 'prometheus.yml'}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        context = ssl.create_default_context(cafile=str(tls["ca"]))
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                             urllib.request.HTTPSHandler(context=context))
+        url = f"https://127.0.0.1:{fresh.port}/api/v1/status/runtimeinfo"
+
+        def status(password: str | None) -> int:
+            headers = {"Authorization": "Basic " + base64.b64encode(f"atlas:{password}".encode()).decode()} \
+                if password else {}
+            try:
+                with opener.open(urllib.request.Request(url, headers=headers), timeout=5) as response:
+                    return response.status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+            except OSError:
+                return 0
+
+        deadline = time.monotonic() + 60
+        while status("api-password-123456") != 200 and time.monotonic() < deadline:
+            assert server.poll() is None, server.stderr.read()[-2000:]
+            time.sleep(0.5)
+        assert changed(fresh.play(**extra)) > 0
+        assert "reload prometheus" in fresh.calls(), "the reload waited for /-/ready over TLS with the password"
+        assert changed(fresh.play(**extra)) == 0, "a converged host changes nothing (the hashes are salted stably)"
+        assert status("api-password-123456") == 200
+        assert status(None) == 401 and status("wrong") == 401
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
+    document = yaml.safe_load((web / "prometheus.yml").read_text())
+    assert document["basic_auth_users"] == {"atlas": hashed}
+    assert "api-password" not in (web / "prometheus.yml").read_text()
+    assert (web / "scrape-password").read_text() == "scrape-password-123456"
+    assert oct((web / "tls.key").stat().st_mode & 0o777) == "0o640"
+    config = yaml.safe_load((fresh.etc / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert jobs["atlas-node"]["scheme"] == "https" and jobs["atlas-node"]["basic_auth"]["username"] == "atlas-scrape"
+    assert jobs["prometheus"]["static_configs"][0]["targets"] == [f"127.0.0.1:{fresh.port}"]
+    assert jobs["atlas-engine"].get("scheme", "http") == "http"  # the node's firewall guards the engines' port
+    assert f"--web.config.file={web}/prometheus.yml" in (fresh.tmp / "default-prometheus").read_text()

@@ -58,7 +58,7 @@ def _gate(tmp: Path, engine_url: str, prometheus_port: int | None,
             "rollout_bench_requests": 4, "rollout_bench_duration_s": 20, "measured_file": str(tmp / "measured.json")}
     groups = {"fleet": {"hosts": {"n1": node}}}
     if prometheus_port is not None:
-        groups["monitoring"] = {"hosts": {"mon": {"ansible_host": "127.0.0.1",
+        groups["monitoring"] = {"hosts": {"mon": {"ansible_host": "127.0.0.1", "monitoring_tls": False,
                                                   "monitoring_prometheus_port": prometheus_port}}}
     (tmp / "inventory.json").write_text(json.dumps({"all": {"children": groups}}))
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),

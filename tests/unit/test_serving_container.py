@@ -104,7 +104,7 @@ def node(tmp_path: Path) -> Node:
 def _expected(node: Node, npus=tuple(range(8)), keys: bool = False, **change) -> list[str]:
     release = node.tmp / "etc/releases/r1"
     model = node.tmp / "models/llama-2-70b-chat-hf/current"
-    engine = ["serve", str(model), "--served-model-name", "llama-2-70b-chat-hf", "--host", "0.0.0.0",
+    engine = ["serve", str(model), "--served-model-name", "llama-2-70b-chat-hf", "--host", "localhost",
               "--port", "8000", "--tensor-parallel-size", "8", "--dtype", "float16", "--max-model-len", "2048",
               "--max-num-seqs", "10", "--enable-chunked-prefill", "--max-num-batched-tokens", "4096",
               "--gpu-memory-utilization", "0.85", "--enable-prefix-caching", "--block-size", "128"]

@@ -129,6 +129,8 @@ class Rank:
     rank: dict[str, Any]
     comm_env: dict[str, Any]
     note: str = ""
+    # the host's backend address (its ansible_host): where its engine listens
+    address: str = ""
 
 
 def _inventory_hostvars(inventory: str | Path) -> dict[str, dict[str, Any]]:
@@ -172,17 +174,19 @@ def rank_of(inventory: str | Path, host: str, dirs: Dirs = (),
     except si.InstanceError as exc:
         raise UsageError(f"inventory {inventory}, host {host}: {exc}",
                          fix="see docs/multinode-serving.md, 'The inventory contract'") from None
+    address = str(mine.get("ansible_host") or "")
     if rank["instance"] is None:
-        return Rank(host, str(name), rank, {})
+        return Rank(host, str(name), rank, {}, address=address)
     interface = mine.get("npu_network_comm_interface")
     if not interface:
         return Rank(host, str(name), rank, {}, note=f"{host}: HCCL_IF_IP and the *_SOCKET_IFNAME variables come "
-                    "from the node's facts on the node (set npu_network_comm_interface to render them here)")
-    address = mine.get("npu_network_comm_address") or mine.get("ansible_host") or host
-    facts = {"interfaces": [interface], interface: {"ipv4": {"address": address}},
-             "default_ipv4": {"interface": interface, "address": address}}
-    env = module_utils("comm_env").render(facts, interface, address, mine.get("npu_network_comm_env") or {})
-    return Rank(host, str(name), rank, si.comm_env_for(profile["engine"], env))
+                    "from the node's facts on the node (set npu_network_comm_interface to render them here)",
+                    address=address)
+    comm = mine.get("npu_network_comm_address") or mine.get("ansible_host") or host
+    facts = {"interfaces": [interface], interface: {"ipv4": {"address": comm}},
+             "default_ipv4": {"interface": interface, "address": comm}}
+    env = module_utils("comm_env").render(facts, interface, comm, mine.get("npu_network_comm_env") or {})
+    return Rank(host, str(name), rank, si.comm_env_for(profile["engine"], env), address=address)
 
 
 @dataclass(frozen=True)
@@ -222,7 +226,7 @@ def resolve(name: str, overrides: dict[str, Any] | None = None, api_key: str = "
         "serving_set_env_scripts": profile.get("cann_set_env", []),
         # the engine listens on the node's backend address (the serving role's default: its ansible_host);
         # rendered without a host of an inventory, on the loopback address
-        "serving_host": (overrides or {}).get("ansible_host") or "127.0.0.1",
+        "serving_host": (overrides or {}).get("ansible_host") or (rank.address if rank else "") or "127.0.0.1",
         **(overrides or {}),
     }
     site = plugin_utils("site_data")
