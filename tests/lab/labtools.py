@@ -122,7 +122,7 @@ def _multiplexed(host: str, words: Sequence[str]) -> list[str] | None:
                 spec = api.require_lab_up().node(host)  # never connect to a lab that is down
             except AtlasError:
                 return None
-            base = ["ssh", *ssh.ssh_options(), "-o", f"ControlPath={socket}"]
+            base = ["ssh", *ssh.ssh_options(bind=spec.harness), "-o", f"ControlPath={socket}"]
             master = subprocess.run(
                 [*base, "-o", "ControlMaster=yes", "-o", "ControlPersist=120", "-o", "ServerAliveInterval=5",
                  "-o", "ServerAliveCountMax=3", "-N", "-f", f"root@{spec.ip}"],  # -f: to the background once in

@@ -192,7 +192,7 @@ def test_doctor_reports_an_unsigned_bundle_as_an_error(keys, tmp_path, monkeypat
         return subprocess.run(["bash", "-c", gather.script(wanted)], capture_output=True, text=True,
                               check=True).stdout
 
-    monkeypatch.setattr("atlasctl.doctor.inventory.fabric_run", run_here)
+    monkeypatch.setattr("atlasctl.doctor.inventory.ssh_run", run_here)
     monkeypatch.chdir(REPO)
     code = cli.main(["doctor", "-i", str(inv), "--json", "--hang-window", "0"])
     doc = json.loads(capsys.readouterr().out)

@@ -79,3 +79,10 @@ def test_nft_ruleset_drops_forwarding_off_the_bridge_and_has_no_nat() -> None:
     assert 'iifname "atlasbr0" counter drop' in text and 'oifname "atlasbr0" counter drop' in text
     assert "hook forward" in text
     assert "nat" not in text.lower() and "masquerade" not in text
+
+
+def test_nft_ruleset_refuses_direct_ssh_from_the_controller_to_nodes_behind_a_jump_host() -> None:
+    text = net.nft_ruleset("atlasbr0", "10.77.0.0/24", "10.77.0.1", ("10.77.0.13", "10.77.0.16"))
+    assert "hook output" in text
+    assert "ip saddr 10.77.0.1 ip daddr { 10.77.0.13, 10.77.0.16 } tcp dport 22 counter reject" in text
+    assert "hook output" not in net.nft_ruleset("atlasbr0", "10.77.0.0/24", "10.77.0.1", ())

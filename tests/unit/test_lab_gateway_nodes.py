@@ -53,8 +53,24 @@ def test_monitoring_node_lands_in_group_monitoring_not_in_atlas_nodes():
     assert mon["ansible_host"] == "10.77.0.12" and "atlas_hardware" not in mon
 
 
-def test_committed_lab_has_its_monitoring_node_last():
+def test_committed_lab_adds_nodes_after_the_others_so_addresses_stay():
     cfg = config.load(ROOT / "inventory/lab/lab.yml")
-    last = cfg.nodes[-1]
-    assert (last.name, last.kind, last.groups) == ("atlas-mon", "monitoring", ("monitoring",))
+    mon, jump = cfg.node("atlas-mon"), cfg.nodes[-1]
+    assert (mon.ip, mon.kind, mon.groups) == ("10.77.0.19", "monitoring", ("monitoring",))
     assert [n.name for n in cfg.nodes if n.kind == "monitoring"] == ["atlas-mon"]
+    assert (jump.name, jump.kind, jump.ip) == ("atlas-jump", "jump", "10.77.0.20")
+    assert {n.name for n in cfg.behind_jump} == {"atlas-n3", "atlas-n4", "atlas-n5", "atlas-gw-west"}
+
+
+def test_a_node_behind_a_jump_host_is_reached_through_it():
+    cfg = _cfg([{"name": "n1", "groups": ["branch_east"], "npu": {"model": "910B3", "count": 8, "hbm_mb": 65536},
+                 "via": "jump"},
+                {"name": "jump", "kind": "jump", "groups": ["lab_jump"]}])
+    hosts = inventory.build(cfg, Path("/k"), Path("/kh"))["all"]["children"]
+    common = hosts["atlas_nodes"]["hosts"]["n1"]["ansible_ssh_common_args"]
+    assert common.startswith("-o UserKnownHostsFile=/kh -o StrictHostKeyChecking=yes -o ProxyCommand=")
+    assert "-W %h:%p root@10.77.0.12" in common and "-i /k" in common
+    assert "ProxyCommand" not in hosts["lab_jump"]["hosts"]["jump"]["ansible_ssh_common_args"]
+    with pytest.raises(config.UsageError, match=r"nodes\[0\]\.via: 'mon' is not a node of kind jump"):
+        _cfg([{"name": "n1", "npu": {"model": "910B3", "count": 8, "hbm_mb": 65536}, "via": "mon"},
+              {"name": "mon", "kind": "monitoring", "groups": ["monitoring"]}])

@@ -2,8 +2,8 @@
 
 One place for running it, walking its groups, reading the inventory's own data (``path_list``:
 serving_profile_dirs, atlas_compat_extra_tables) and turning a host's variables into its SSH settings
-(``Target``): doctor (fabric) and bundle push (rsync over ssh) connect with the same settings and the
-same refusals. Host key checking stays on: an inventory that turns it off is refused, and the
+(``Target``): doctor and the rollout's SLO bench (OpenSSH) and bundle push (rsync over ssh) connect with
+the same settings and the same refusals. Host key checking stays on: an inventory that turns it off is refused, and the
 known_hosts files it names (``-o UserKnownHostsFile=...``), else the user's, are the ones checked.
 """
 

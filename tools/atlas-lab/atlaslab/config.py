@@ -20,13 +20,17 @@ GROUP_RE = re.compile(r"[a-z_][a-z0-9_]*")
 BRIDGE_RE = re.compile(r"[a-zA-Z][a-zA-Z0-9_-]{0,14}")
 VERSION_RE = re.compile(r"[0-9A-Za-z][0-9A-Za-z._-]*")
 CONTROLLER_HOST = 1
+# A second address of the lab host: the lab's own tools (atlas-lab ssh, the tests' node commands) connect from it,
+# so a node behind a jump host (``via``) stays reachable to the lab while the controller address is not.
+HARNESS_HOST = 2
 FIRST_NODE_HOST = 11
 ALL_NODES_GROUP = "atlas_nodes"
 # kind: atlas = a serving node (in atlas_nodes, with NPUs); gateway = a branch load balancer
 # (nginx, no NPU, not in atlas_nodes: site.yml's serving stages never touch it); controller = a bare
 # node that plays a site's air-gapped Ansible controller (no NPU, in no group site.yml targets);
-# monitoring = the site's Prometheus host (no NPU, not in atlas_nodes: group monitoring, stage 9).
-NODE_KINDS = ("atlas", "gateway", "controller", "monitoring")
+# monitoring = the site's Prometheus host (no NPU, not in atlas_nodes: group monitoring, stage 9); jump = an SSH
+# jump host (bastion): the nodes whose ``via`` names it are reached over SSH only through it.
+NODE_KINDS = ("atlas", "gateway", "controller", "monitoring", "jump")
 NPU_MODELS = ("910B1", "910B2", "910B2C", "910B3", "910B4")
 
 
@@ -46,6 +50,10 @@ class NodeSpec:
     npu: NpuSpec | None
     kind: str = "atlas"
     host_vars: tuple[tuple[str, Any], ...] = ()
+    # the jump host SSH goes through (a node of kind jump), '' for a node the controller reaches directly
+    via: str = ""
+    # the lab host's address the lab's own tools connect from (LabConfig.harness_ip; '' before parse sets it)
+    harness: str = ""
 
     @property
     def netns(self) -> str:
@@ -92,6 +100,16 @@ class LabConfig:
     @property
     def inventory_path(self) -> Path:
         return self.path.parent / "hosts.yml"
+
+    @property
+    def harness_ip(self) -> str:
+        """The lab host's second address, which the lab's own tools connect from (HARNESS_HOST)."""
+        return str(ipaddress.ip_address(self.controller_ip) + HARNESS_HOST - CONTROLLER_HOST)
+
+    @property
+    def behind_jump(self) -> tuple[NodeSpec, ...]:
+        """The nodes the controller reaches over SSH only through their jump host."""
+        return tuple(n for n in self.nodes if n.via)
 
 
 def _fail(path: Path, where: str, problem: str, fix: str) -> UsageError:
@@ -152,8 +170,12 @@ def _parse_node(raw: Any, index: int, network: ipaddress.IPv4Network, path: Path
     if not isinstance(extra, dict) or not all(isinstance(k, str) and GROUP_RE.fullmatch(k) for k in extra):
         raise _fail(path, f"{where}.vars", f"{extra!r} is not a mapping of variable names",
                     "use vars: {snake_case_name: value}")
+    via = raw.get("via", "")
+    if not isinstance(via, str) or (via and not NAME_RE.fullmatch(via)):
+        raise _fail(path, f"{where}.via", f"{via!r} is not a node name",
+                    "name the jump host node, e.g. via: atlas-jump")
     return NodeSpec(name=name, index=index, ip=ip, groups=tuple(groups), npu=npu, kind=kind,
-                    host_vars=tuple(sorted(extra.items())))
+                    host_vars=tuple(sorted(extra.items())), via=via)
 
 
 def parse(data: Any, path: Path) -> LabConfig:
@@ -185,6 +207,13 @@ def parse(data: Any, path: Path) -> LabConfig:
         if node.name in seen:
             raise _fail(path, f"nodes[{node.index}].name", f"duplicate name {node.name!r}", "make names unique")
         seen.add(node.name)
+    harness = str(network.network_address + HARNESS_HOST)
+    nodes = tuple(replace(node, harness=harness) for node in nodes)
+    kinds = {node.name: node.kind for node in nodes}
+    for node in nodes:
+        if node.via and kinds.get(node.via) != "jump":
+            raise _fail(path, f"nodes[{node.index}].via", f"{node.via!r} is not a node of kind jump",
+                        "name a node declared with kind: jump")
     return LabConfig(
         path=path,
         lab_name=lab_name,

@@ -17,15 +17,31 @@ HEADER = (
 MARKER = "# atlas-lab-generated"
 
 
+def _strict(known_hosts: Path) -> str:
+    return f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes"
+
+
+def proxy_command(jump_ip: str, private_key: Path, known_hosts: Path) -> str:
+    """The ``-o ProxyCommand=...`` a site writes for a node it reaches only through a jump host: an OpenSSH client
+    to the jump host with the same key and pinned known_hosts, forwarding to the node (``-W``)."""
+    inner = (f"ssh -F none -i {private_key} -o IdentitiesOnly=yes {_strict(known_hosts)} -o BatchMode=yes "
+             f"-W %h:%p root@{jump_ip}")
+    return f'-o ProxyCommand="{inner}"'
+
+
 def host_vars(node: NodeSpec, private_key: Path, known_hosts: Path,
-              site: Callable[[str], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """A node's connection settings, hardware, ``site(name)`` (its certificate: site_secrets.host_vars)
-    and lab.yml's own host vars."""
+              site: Callable[[str], dict[str, Any]] | None = None,
+              jumps: dict[str, str] | None = None) -> dict[str, Any]:
+    """A node's connection settings (through its jump host when lab.yml names one: ``jumps``, name -> address),
+    hardware, ``site(name)`` (its certificate: site_secrets.host_vars) and lab.yml's own host vars."""
+    common = _strict(known_hosts)
+    if node.via:
+        common += " " + proxy_command((jumps or {})[node.via], private_key, known_hosts)
     out: dict[str, Any] = {
         "ansible_host": node.ip,
         "ansible_user": "root",
         "ansible_ssh_private_key_file": str(private_key),
-        "ansible_ssh_common_args": f"-o UserKnownHostsFile={known_hosts} -o StrictHostKeyChecking=yes",
+        "ansible_ssh_common_args": common,
     }
     if node.npu is not None:
         out["atlas_hardware"] = {"npu_model": node.npu.model, "npu_count": node.npu.count,
@@ -42,8 +58,10 @@ def build(cfg: LabConfig, private_key: Path, known_hosts: Path,
     """Serving nodes carry their host vars in atlas_nodes; other kinds (gateways) in their first group.
     ``group_vars`` go to group all (the lab's bundle and evidence signing keys: lab/signing.py inventory_vars; the
     lab CA: site_secrets.group_vars); ``site``: each host's own (site_secrets.host_vars)."""
+    jumps = {n.name: n.ip for n in cfg.nodes if n.kind == "jump"}
     children: dict[str, Any] = {
-        ALL_NODES_GROUP: {"hosts": {n.name: host_vars(n, private_key, known_hosts, site) for n in cfg.serving_nodes}}
+        ALL_NODES_GROUP: {"hosts": {n.name: host_vars(n, private_key, known_hosts, site, jumps)
+                                    for n in cfg.serving_nodes}}
     }
     for group, members in cfg.groups.items():
         children[group] = {"hosts": {name: None for name in members}}
@@ -52,7 +70,7 @@ def build(cfg: LabConfig, private_key: Path, known_hosts: Path,
             if not node.groups:
                 children.setdefault(f"lab_{node.kind}", {"hosts": {}})["hosts"][node.name] = None
             first = node.groups[0] if node.groups else f"lab_{node.kind}"
-            children[first]["hosts"][node.name] = host_vars(node, private_key, known_hosts, site)
+            children[first]["hosts"][node.name] = host_vars(node, private_key, known_hosts, site, jumps)
     top: dict[str, Any] = {"vars": dict(group_vars)} if group_vars else {}
     return {"all": {**top, "children": children}}
 

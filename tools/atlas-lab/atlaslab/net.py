@@ -28,8 +28,14 @@ SAFETY_FIX = (
 )
 
 
-def nft_ruleset(bridge: str, subnet: str) -> str:
-    """The lab's own nftables table: nothing is forwarded between the lab bridge and any other interface."""
+def nft_ruleset(bridge: str, subnet: str, controller_ip: str = "", behind_jump: tuple[str, ...] = ()) -> str:
+    """The lab's own nftables table: nothing is forwarded between the lab bridge and any other interface; SSH from
+    the controller address to a node behind a jump host is refused (only the jump host reaches it)."""
+    jump = (f"""
+    chain output {{
+        type filter hook output priority -10; policy accept;
+        ip saddr {controller_ip} ip daddr {{ {", ".join(behind_jump)} }} tcp dport 22 counter reject with tcp reset
+    }}""" if controller_ip and behind_jump else "")
     return f"""\
 table {NFT_FAMILY} {NFT_TABLE}
 delete table {NFT_FAMILY} {NFT_TABLE}
@@ -47,7 +53,7 @@ table {NFT_FAMILY} {NFT_TABLE} {{
         type filter hook input priority -10; policy accept;
         iifname "{bridge}" ip daddr != {subnet} counter drop
         iifname "{bridge}" meta nfproto ipv6 counter drop
-    }}
+    }}{jump}
 }}
 """
 
@@ -67,7 +73,8 @@ def ensure_safety(cfg: LabConfig) -> None:
         ["ip", "route", "replace", "blackhole", cfg.subnet, "metric", str(BLACKHOLE_METRIC)],
         fix=SAFETY_FIX,
     )
-    run(["nft", "-f", "-"], input_text=nft_ruleset(cfg.bridge, cfg.subnet), fix=SAFETY_FIX)
+    run(["nft", "-f", "-"], input_text=nft_ruleset(cfg.bridge, cfg.subnet, cfg.controller_ip,
+                                                   tuple(n.ip for n in cfg.behind_jump)), fix=SAFETY_FIX)
     if not (blackhole_present(cfg.subnet) and nft_present()):
         raise EnvironmentProblem(
             f"lab network safety could not be verified (blackhole {cfg.subnet} metric {BLACKHOLE_METRIC}, "
@@ -84,6 +91,7 @@ def ensure_bridge(cfg: LabConfig) -> None:
     if not link_exists(cfg.bridge):
         run(["ip", "link", "add", cfg.bridge, "type", "bridge"])
     run(["ip", "addr", "replace", f"{cfg.controller_ip}/{cfg.prefixlen}", "dev", cfg.bridge])
+    run(["ip", "addr", "replace", f"{cfg.harness_ip}/{cfg.prefixlen}", "dev", cfg.bridge])
     run(["ip", "link", "set", cfg.bridge, "up"])
 
 

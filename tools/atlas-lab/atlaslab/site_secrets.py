@@ -140,9 +140,10 @@ def ensure(cfg: LabConfig) -> None:
 
 def group_vars(cfg: LabConfig) -> dict[str, str]:
     """What every host of the lab's inventory gets: the CA, where the secrets are, and the lab host's own
-    address (the machine the lab runs on: its tests and drills act as a controller and as clients)."""
+    addresses (the machine the lab runs on: its tests and drills act as a controller and as clients; the lab's
+    own tools connect from the harness address)."""
     return {"atlas_tls_ca_file": str(ca_file()), "atlas_lab_secrets_dir": str(secrets_dir()),
-            "atlas_lab_host": cfg.controller_ip,
+            "atlas_lab_host": cfg.controller_ip, "atlas_lab_harness": cfg.harness_ip,
             "monitoring_scrape_password_file": str(secrets_dir() / "monitoring-scrape-password"),
             "monitoring_api_password_file": str(secrets_dir() / "monitoring-api-password")}
 

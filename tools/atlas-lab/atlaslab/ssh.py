@@ -1,4 +1,7 @@
-"""SSH to lab nodes with the lab's key and pinned known_hosts (host key checking stays on)."""
+"""SSH to lab nodes with the lab's key and pinned known_hosts (host key checking stays on).
+
+The lab's own connections leave from the lab host's harness address (LabConfig.harness_ip), which reaches every
+node, also those the controller address reaches only through their jump host (lab.yml ``via``)."""
 
 from __future__ import annotations
 
@@ -9,8 +12,8 @@ from atlaslab import paths
 from atlaslab.config import NodeSpec
 
 
-def ssh_options(connect_timeout: int = 5) -> list[str]:
-    return [
+def ssh_options(connect_timeout: int = 5, bind: str = "") -> list[str]:
+    return [*(["-o", f"BindAddress={bind}"] if bind else []),
         "-F", "none",
         "-i", str(paths.private_key()),
         "-o", "IdentitiesOnly=yes",
@@ -23,7 +26,7 @@ def ssh_options(connect_timeout: int = 5) -> list[str]:
 
 
 def ssh_argv(node: NodeSpec, command: Sequence[str] = (), *, tty: bool = False, connect_timeout: int = 5) -> list[str]:
-    argv = ["ssh", *ssh_options(connect_timeout)]
+    argv = ["ssh", *ssh_options(connect_timeout, node.harness)]
     if tty:
         argv.append("-t")
     argv.append(f"root@{node.ip}")

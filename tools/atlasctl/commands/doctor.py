@@ -25,7 +25,7 @@ from atlasctl.planner import default_vars
 from atlasctl.runner import resolve_inventory
 from atlasctl.site_data import compat_tables
 
-# The whole gather of a host must fit its SSH command's timeout (atlasctl.doctor.inventory.fabric_run, 90 s).
+# The whole gather of a host must fit its SSH command's timeout (atlasctl.doctor.inventory.ssh_run, 90 s).
 MAX_HANG_WINDOW_S = 60.0
 # Hosts diagnosed at once: a thread and an SSH connection each (a few file descriptors; the soft limit is
 # often 1024).
@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     ctx = checks.default_context(compat_tables(inv, listing))
     hostvars = shared.hostvars(listing)
     extra = [f for t in targets for f in checks.check_bundle_trust(t.name, hostvars.get(t.name) or {})]
-    evidence, unreachable, seconds = gather.gather_all(targets, inventory.fabric_run, workers=args.workers,
+    evidence, unreachable, seconds = gather.gather_all(targets, inventory.ssh_run, workers=args.workers,
                                                        hang_window_s=args.hang_window)
     unusable = {f.host for f in extra if f.severity == checks.ERROR}  # no key pinned: said once, not per check
     for name, ev in sorted(evidence.items()):  # the checks that judge a node's evidence with its inventory vars
