@@ -274,9 +274,9 @@ def hash_file(
     this thread runs sha256: both release the GIL on large buffers, so one file keeps two
     cores busy and the slower md5 no longer serialises behind sha256.
 
-    ``direct``: read with O_DIRECT (None: for files of at least ``DIRECT_MIN_SIZE``);
-    ``buf`` is then not used (O_DIRECT needs page-aligned buffers): ``direct_buffers``
-    (from ``direct_buffers()``) are, or fresh ones for this file.
+    ``direct``: read with O_DIRECT (None: for files of at least ``DIRECT_MIN_SIZE``) into
+    ``direct_buffers`` (from ``direct_buffers()``: O_DIRECT needs page-aligned buffers), or
+    fresh ones for this file; ``buf`` then holds only what is read buffered after O_DIRECT stops.
     """
     md5, sha = _new_md5(), hashlib.sha256()
     size = 0
