@@ -74,8 +74,9 @@ for item in manifest.json manifest.json.asc controller suite; do
 done
 
 # 2 and 3. The signature (gpgv; nothing of the kit runs before it), then the collection's own verifier
-# (module_utils/checksums.py and manifest.py, standard library only: the code `atlasctl bundle verify` and the
-# nodes run), its bytes checked against the verified manifest first; the bytes checked are the bytes run.
+# (module_utils/checksums.py with fast_read.py and manifest.py, standard library only: the code `atlasctl bundle
+# verify` and the nodes run), its bytes checked against the verified manifest first; the bytes checked are the
+# bytes run.
 # -I: nothing from the working directory or the environment is imported.
 python3 -I - "$work" "$bundle" "$keyring" "$fingerprints" <<'PY'
 import base64, hashlib, json, os, re, subprocess, sys, types
@@ -186,7 +187,7 @@ try:
     listed = {f["path"]: f["sha256"] for f in files}
 except (ValueError, KeyError, TypeError) as exc:
     refuse(f"{share}/manifest.json is missing or unreadable ({exc})")
-for name in ("signature", "manifest", "checksums"):  # each imports only the ones before it
+for name in ("signature", "manifest", "fast_read", "checksums"):  # each imports only the ones before it
     rel = f"{VERIFIER}/{name}.py"
     try:
         fd = os.open(os.path.join(root, rel), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))

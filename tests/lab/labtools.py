@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import functools
 import json
 import os
@@ -183,23 +182,19 @@ def lab_hosts() -> dict[str, dict]:
 
 
 
-LAB_LOCK = Path("/var/lib/atlas-lab.lock")
 # Seconds the last lab_lock() waited for another run's lab (reports tell waiting from working).
 LOCK_WAIT = {"seconds": 0.0}
 
 
 @contextlib.contextmanager
 def lab_lock():
-    """Only one lab exists on a machine: test modules (and engineers) take turns."""
-    LAB_LOCK.parent.mkdir(parents=True, exist_ok=True)
-    with open(LAB_LOCK, "w") as fh:
-        started = time.monotonic()
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        LOCK_WAIT["seconds"] = time.monotonic() - started
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    """Only one lab exists on a machine: test modules (and engineers) take turns. The lab lock (atlaslab.lock),
+    held for the whole run; the `atlas-lab` commands the tests run are this process's children and run under it."""
+    from atlaslab.lock import hold_lab
+
+    with hold_lab("the lab tests") as hold:
+        LOCK_WAIT["seconds"] = hold.waited
+        yield
 
 
 def release_hdk() -> str:

@@ -1,4 +1,4 @@
-"""One-pass md5+sha256 verification and stamps (module_utils/checksums.py, manifest.py)."""
+"""One-pass md5+sha256 verification and stamps (module_utils/checksums.py, fast_read.py, manifest.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from atlasctl.collection import module_utils
 
 checksums = module_utils("checksums")
+fast_read = module_utils("fast_read")
 manifest = module_utils("manifest")
 
 SHARDS = {
@@ -156,7 +157,7 @@ def test_an_abandoned_direct_read_leaves_no_thread_or_descriptor(tmp_path: Path)
     path = tmp_path / "f"
     path.write_bytes(os.urandom(6 * MIB))
     threads, fds = threading.active_count(), len(os.listdir("/proc/self/fd"))
-    chunks = checksums._direct_chunks(str(path), MIB)
+    chunks = fast_read.direct_chunks(str(path), MIB)
     assert len(next(chunks)) == MIB
     chunks.close()
     assert (threading.active_count(), len(os.listdir("/proc/self/fd"))) == (threads, fds)
@@ -665,7 +666,7 @@ def test_small_files_get_more_readers_once_the_large_files_are_all_taken(tmp_pat
     # The order the files are taken in, recorded as they are taken (what the threads then append to events
     # runs unordered: a reader that took the last large file may append after another appended a small one).
     taken: list[str] = []
-    take, take_lock = checksums._Jobs.take, threading.Lock()
+    take, take_lock = fast_read._Jobs.take, threading.Lock()
 
     def recording_take(jobs):
         with take_lock:
@@ -674,7 +675,7 @@ def test_small_files_get_more_readers_once_the_large_files_are_all_taken(tmp_pat
                 taken.append(key)
             return key, advise
 
-    monkeypatch.setattr(checksums._Jobs, "take", recording_take)
+    monkeypatch.setattr(fast_read._Jobs, "take", recording_take)
     monkeypatch.setattr(checksums, "hash_file", fake_large)
     monkeypatch.setattr(checksums, "hash_small_file", fake_small)
     names = [f"L{i}" for i in range(4)] + [f"s{i}" for i in range(2 * readers)]
@@ -720,9 +721,9 @@ def test_a_reader_thread_failure_is_raised_in_the_caller(tmp_path: Path, monkeyp
     ([1, 1, 1, 1], 1 << 30, "bd", [("a", ["b"]), ("b", ["d"]), ("c", []), ("d", [])]),  # O_DIRECT ones: no advice
 ], ids=["files", "bytes", "direct"])
 def test_the_read_ahead_window_advises_each_buffered_file_once(monkeypatch, files, ahead_bytes, buffered, takes):
-    monkeypatch.setattr(checksums, "READAHEAD_FILES", 2)
-    monkeypatch.setattr(checksums, "READAHEAD_BYTES", ahead_bytes)
+    monkeypatch.setattr(fast_read, "READAHEAD_FILES", 2)
+    monkeypatch.setattr(fast_read, "READAHEAD_BYTES", ahead_bytes)
     keys = "abcde"[: len(files)]
-    jobs = checksums._Jobs(list(keys), dict(zip(keys, files, strict=True)), lambda k: k in buffered, small_from=0)
+    jobs = fast_read._Jobs(list(keys), dict(zip(keys, files, strict=True)), lambda k: k in buffered, small_from=0)
     assert [jobs.take() for _ in takes] == takes
     assert jobs.take() == (None, [])

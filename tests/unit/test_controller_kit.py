@@ -101,7 +101,7 @@ def _kit(root: Path, key=None, wheels: bool = False) -> None:
     (root / "controller/atlas-serving-9.9.9.tar.gz").write_bytes(b"collection")
     (root / "suite/site.yml").write_text("---\n")
     (root / "controller/install.sh").write_bytes(INSTALL.read_bytes())
-    for name in ("signature", "manifest", "checksums"):
+    for name in ("signature", "manifest", "fast_read", "checksums"):
         shutil.copy(MODULE_UTILS / f"{name}.py", root / VERIFIER / f"{name}.py")
     (root / "cann").mkdir()
     (root / "cann/not-the-kit.run").write_bytes(b"the kit's check is controller/ and suite/ only")

@@ -12,15 +12,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import logging
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -28,6 +26,7 @@ from pathlib import Path
 from atlasctl.errors import AtlasError, EnvironmentProblem, UsageError
 from atlaslab import base, config, inventory, net, node, npu, paths, signing, site_secrets, ssh
 from atlaslab.config import LabConfig, NodeSpec
+from atlaslab.lock import hold_lab
 from atlaslab.proc import require_tools, run
 
 log = logging.getLogger(__name__)
@@ -93,19 +92,6 @@ def require_lab_up() -> LabConfig:
     if not lab_is_up():
         raise EnvironmentProblem("the lab is not up", fix="run `atlas-lab up` first")
     return config.load(Path(_read_state()["config"]))
-
-
-@contextlib.contextmanager
-def _locked() -> Iterator[None]:
-    """Serialise up/down/power between concurrent atlasctl runs (one lab per machine)."""
-    paths.lab_dir().mkdir(parents=True, exist_ok=True)
-    with open(paths.lab_dir() / "lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.warning("another atlas-lab command holds %s; waiting", paths.lab_dir() / "lock")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
 
 
 def _require_root() -> None:
@@ -194,7 +180,7 @@ def down() -> list[str]:
     Keeps the base cache, the unpacked base, the blackhole route and the forward-drop table.
     """
     _require_root()
-    with _locked():
+    with hold_lab("atlas-lab down"):
         state = _read_state()
         inv = Path(state["inventory"]) if state.get("inventory") else paths.resolve_config(None).parent / "hosts.yml"
         return _cleanup(state.get("bridge", DEFAULT_BRIDGE), inv)
@@ -241,7 +227,7 @@ def up(config_path: str | os.PathLike[str] | None = None, timeout: float = 120.0
     started = time.monotonic()
     _require_root()
     cfg = config.with_hdk(load_config(config_path), hdk)
-    with _locked():
+    with hold_lab("atlas-lab up"):
         if lab_is_up():
             return _resume(cfg, timeout, started)
         return _fresh_up(cfg, timeout, started)
@@ -322,7 +308,7 @@ def power(name: str, action: str, timeout: float = 120.0) -> NodeStatus:
         raise UsageError(f"power action {action!r} is not valid", fix="use `off` or `on`")
     cfg = require_lab_up()
     spec = cfg.node(name)
-    with _locked():
+    with hold_lab(f"atlas-lab power {name} {action}"):
         if action == "off":
             node.stop(spec.name)
         else:

@@ -1,4 +1,4 @@
-"""`atlas-lab up|down|status|ssh|power|npu|bundle`: the simulated Atlas fleet (systemd-nspawn nodes).
+"""`atlas-lab up|down|status|ssh|power|npu|bundle|hold`: the simulated Atlas fleet (systemd-nspawn nodes).
 
 The lab's own command, apart from the product's `atlasctl`: the product never imports the lab.
 """
@@ -8,13 +8,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 from atlasctl import bundle, exitcodes
 from atlasctl.cli import run
+from atlasctl.errors import UsageError
 from atlasctl.paths import cache_dir
 from atlaslab import api, npu, paths, signing
+from atlaslab.lock import hold_lab
 
 DEFAULT_SPEC = Path("inventory/lab/bundle.yml")
 
@@ -71,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--spec", type=Path, default=DEFAULT_SPEC, help=f"bundle spec (default: {DEFAULT_SPEC})")
     build.add_argument("--out", type=Path, default=None, help="bundle directory (default: the lab's)")
     build.set_defaults(func=_bundle)
+
+    hold = lsub.add_parser("hold", help="hold the lab lock while COMMAND runs (default: a shell); the atlas-lab "
+                           "commands it runs go ahead under that hold, anyone else's wait")
+    hold.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND", help="command to run (optional)")
+    hold.set_defaults(func=_hold)
     return parser
 
 
@@ -148,6 +156,17 @@ def _bundle(args: argparse.Namespace) -> int:
     for kind, files, size in bundle.iter_summary(manifest):
         print(f"  {kind:<8} {files:>5} files {size / 2**20:>10.1f} MiB")
     return exitcodes.OK
+
+
+def _hold(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else list(args.command)
+    command = command or [os.environ.get("SHELL") or "/bin/sh"]
+    with hold_lab("atlas-lab hold " + " ".join(" ".join(command).split())[:200]):
+        try:
+            return subprocess.call(command)
+        except OSError as exc:
+            raise UsageError(f"{command[0]}: cannot run it ({exc.strerror})",
+                             fix="name a command on PATH, or none for a shell") from None
 
 
 def main(argv: list[str] | None = None) -> int:

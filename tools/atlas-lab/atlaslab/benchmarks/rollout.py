@@ -3,7 +3,7 @@
     python -m atlaslab.benchmarks.rollout [--sizes 4,8,16,24] [--json FILE] [--per-branch 4] [--overhead-waves 4]
                                           [--noop-only]   (steps 1, 2 and 4 only: the no-op figure)
 
-One run, holding the machine's lab lock (/var/lib/atlas-lab.lock) from start to end:
+One run, holding the lab lock (atlaslab.lock: its `atlas-lab` commands run under that hold) from start to end:
   1. brings any lab down, writes inventory/scale/lab.yml (generated here: SGLang stand-in serving
      nodes, ``--per-branch`` per branch, one nginx gateway per branch) and brings that lab up; its
      inventory is inventory/scale/hosts.yml (``lab up`` writes hosts.yml next to the fleet file),
@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import fcntl
 import hashlib
 import json
 import os
@@ -48,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +56,8 @@ import yaml
 from atlasctl import exitcodes
 from atlasctl.errors import AtlasError
 from atlasctl.paths import repo_root
+from atlaslab.lock import hold_lab
 
-LAB_LOCK = Path("/var/lib/atlas-lab.lock")
 SCALE_DIR = Path("inventory/scale")
 FLEET_FILE = SCALE_DIR / "lab.yml"
 BUNDLE_SPEC = Path("inventory/lab/bundle.yml")
@@ -451,22 +450,6 @@ def log(msg: str) -> None:
     print(f"[rollout-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-@contextlib.contextmanager
-def lab_lock(path: Path = LAB_LOCK) -> Iterator[None]:
-    """The machine's one lab: the lab tests and engineers take this lock too."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log(f"{path} is held (another session's lab); waiting for it")
-            fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def _env() -> dict[str, str]:
     venv_bin = str(Path(sys.executable).parent)
     return {**os.environ, "ANSIBLE_CONFIG": str(repo_root() / "ansible.cfg"), "PYTHONUNBUFFERED": "1",
@@ -659,7 +642,7 @@ def bench(sizes: list[int], per_branch: int, k: int, logdir: Path, keep: bool = 
     os.environ["PATH"] = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
     raw: dict[str, Any] = {"k": k, "extra": extra, "sized": {}}
     sized: dict[int, dict] = {}
-    with lab_lock():
+    with hold_lab("make bench-rollout"):
         log("lab lock held; bringing any lab down")
         lab(["down"], logdir, "lab-down-before", timeout=600)
         try:

@@ -4,21 +4,16 @@
 
 * Each file is read once, into reused buffers; md5 and sha256 are fed the same bytes.
 * Files are hashed in parallel threads (hashlib releases the GIL on buffers >= 2 KiB).
-* A file of at least ``DIRECT_MIN_SIZE`` is read with O_DIRECT, alone or beside others, by
-  ``DIRECT_READERS`` prefetch threads (reads in flight) while the current buffer is hashed: the
-  storage writes straight into the buffer, so the kernel neither fills the page cache nor
-  copies the data. Measured on the project's 2-core machine, a cold buffered read costs
-  0.7 CPU-s/GB of kernel time and an O_DIRECT one 0.1, against 2.9 for md5+sha256: the
-  buffered read alone would take a fifth of the hashing's CPU (docs/performance.md and
-  DESIGN.md, "Fast paths"). Where O_DIRECT is refused (tmpfs, some overlay and network filesystems:
-  EINVAL) or a read ends short of the block size, the rest of the file is read buffered.
-  Files between one buffer and ``DIRECT_MIN_SIZE`` are read buffered, advised to the kernel
-  (WILLNEED) a window ahead of the readers.
-* A file of at most one buffer is read in one O_DIRECT read into a page-aligned buffer of its
-  reader (``hash_small_file``) and hashed in that thread: no md5 lane, no future per file, one
-  open, one fstat, one read, one stat after. Once the large files are all taken, more readers
-  join (``SMALL_READERS_PER_WORKER``): a cold small file is a round trip to the storage, and
-  its reader hashes nothing meanwhile.
+* The portable reader is here: a file read sequentially through the page cache with one reused
+  buffer, on any filesystem. Wherever the kernel and the filesystem allow it, the fast path
+  (fast_read.py) reads instead: a file of at least ``DIRECT_MIN_SIZE`` with O_DIRECT, alone or
+  beside others, by ``DIRECT_READERS`` prefetch threads while the current buffer is hashed (where
+  O_DIRECT is refused or a read ends short of the block size, the rest of the file is read here,
+  buffered); a file of at most one buffer in one O_DIRECT read into a page-aligned buffer of its
+  reader (``hash_small_file``), hashed in that thread; files between one buffer and
+  ``DIRECT_MIN_SIZE`` buffered, advised to the kernel (WILLNEED) a window ahead of the readers.
+  Once the large files are all taken, more readers join (``SMALL_READERS_PER_WORKER``): a cold
+  small file is a round trip to the storage, and its reader hashes nothing meanwhile.
   Memory is at most ``(2 x workers - 1) x (2 + DIRECT_READERS x DIRECT_BUFFERS_PER_READER) x bufsize``
   plus ``workers x bufsize`` for the extra small-file readers, whatever the file sizes; the
   buffers are kept per thread from file to file (a small file touches only its own pages).
@@ -30,19 +25,16 @@
   A file whose ctime is within ``racy margin`` of the moment its read began is not stamped
   (an edit in the same timestamp tick could otherwise go unseen, as with racy-git).
 
-Standard library only: this file is shipped to managed nodes by Ansible.
+Standard library only: this file and the two it imports (manifest.py, fast_read.py) are shipped to
+managed nodes by Ansible.
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
-import itertools
 import json
 import mmap
 import os
-import queue
 import stat
 import tempfile
 import threading
@@ -52,19 +44,34 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 # Ansible ships module_utils under ansible_collections; atlasctl puts <repo>/collections on sys.path.
+# Names, not the modules: the controller kit's install.sh loads these files by full name, without their packages.
+from ansible_collections.atlas.serving.plugins.module_utils.fast_read import (
+    DIRECT_BUFFERS_PER_READER,
+    DIRECT_MIN_SIZE,
+    DIRECT_READERS,
+    HAVE_DIRECT,
+    SMALL_READERS_PER_WORKER,
+    aligned,
+    direct_buffers,
+    direct_chunks,
+    drop_direct,
+    first_read,
+    open_once,
+    read_all,
+)
 from ansible_collections.atlas.serving.plugins.module_utils.manifest import ALGORITHMS, Expected
 
+__all__ = [
+    "COARSE_RACY_MARGIN_NS", "DEFAULT_BUFSIZE", "DIRECT_BUFFERS_PER_READER", "DIRECT_MIN_SIZE", "DIRECT_READERS",
+    "HIDDEN_OUTSIDE", "LINKS", "NOT_REGULAR", "NOT_VOUCHED", "PROBLEMS", "RACY_MARGIN_NS", "REFUSED_HARDLINK",
+    "REFUSED_LINK", "SMALL_READERS_PER_WORKER", "STAMP_FILE_NAME", "STAMP_FORMAT", "STATUS_ERROR", "STATUS_EXTRA",
+    "STATUS_MISMATCH", "STATUS_MISSING", "STATUS_OK", "Digests", "FileResult", "FileStat", "Progress", "Report",
+    "VerifyError", "atomic_write_text", "default_stamps_path", "default_workers", "digest_tree", "direct_buffers",
+    "foreign_links", "hash_file", "hash_many", "hash_small_file", "is_racy", "list_files", "load_stamps",
+    "make_stamp", "save_stamps", "scan_tree", "stamp_vouches", "verify_tree",
+]
+
 DEFAULT_BUFSIZE = 4 << 20
-# O_DIRECT for files of at least this size (smaller ones: a buffered read costs little and
-# a direct one a round trip to the storage per file); buffers in flight per file.
-DIRECT_MIN_SIZE = 8 << 20
-DIRECT_READERS = 2  # O_DIRECT reads in flight per file: one alone leaves the device idle between requests
-DIRECT_BUFFERS_PER_READER = 2  # one being read into while the other is hashed
-# Files read through the page cache are advised to the kernel (WILLNEED) this far ahead of the readers.
-READAHEAD_FILES = 32
-READAHEAD_BYTES = 32 << 20
-# Readers of small files per hashing worker: a cold small file is a round trip to the storage.
-SMALL_READERS_PER_WORKER = 2
 STAMP_FILE_NAME = ".atlas-verified.json"
 STAMP_FORMAT = 1
 RACY_MARGIN_NS = 100_000_000  # > one kernel tick: coarse timestamps lag the real clock by <= 1 jiffy
@@ -237,7 +244,7 @@ class Report:
         }
 
 
-# --- hashing ---------------------------------------------------------------------------------
+# --- hashing: the portable reader ------------------------------------------------------------
 
 
 def default_workers(n_files: int | None = None) -> int:
@@ -267,12 +274,11 @@ def hash_file(
     this thread runs sha256: both release the GIL on large buffers, so one file keeps two
     cores busy and the slower md5 no longer serialises behind sha256.
 
-    ``direct``: read with O_DIRECT (None: for files of at least ``DIRECT_MIN_SIZE``);
-    ``buf`` is then not used (O_DIRECT needs page-aligned buffers): ``direct_buffers``
-    (from ``direct_buffers()``) are, or fresh ones for this file.
+    ``direct``: read with O_DIRECT (None: for files of at least ``DIRECT_MIN_SIZE``) into
+    ``direct_buffers`` (from ``direct_buffers()``: O_DIRECT needs page-aligned buffers), or
+    fresh ones for this file; ``buf`` then holds only what is read buffered after O_DIRECT stops.
     """
-    md5 = hashlib.md5(usedforsecurity=False) if _md5_accepts_flag() else hashlib.md5()
-    sha = hashlib.sha256()
+    md5, sha = _new_md5(), hashlib.sha256()
     size = 0
     with open(path, "rb", buffering=0) as handle:
         length = os.fstat(handle.fileno()).st_size
@@ -280,22 +286,37 @@ def hash_file(
             direct = length >= DIRECT_MIN_SIZE
         if length <= bufsize:  # one buffer: a hand-off to the lane would cost more than it saves
             md5_lane = None
-        chunks = _direct_chunks(path, bufsize, direct_buffers) if direct and _HAVE_DIRECT else None
-        if chunks is None:
-            chunks = _buffered_chunks(handle, bufsize, buf)
-        for chunk in chunks:
-            if md5_lane is not None:
-                pending = md5_lane.submit(md5.update, chunk)
-                sha.update(chunk)
-                pending.result()
-            else:
-                md5.update(chunk)
-                sha.update(chunk)
-            n = len(chunk)
-            size += n
+        for chunk in _chunks(handle, path, bufsize, buf, direct, direct_buffers):
+            _update(md5, sha, chunk, md5_lane)
+            size += len(chunk)
             if on_bytes is not None:
-                on_bytes(n)
+                on_bytes(len(chunk))
     return Digests(size=size, md5=md5.hexdigest(), sha256=sha.hexdigest())
+
+
+def _update(md5, sha, chunk: memoryview, md5_lane: ThreadPoolExecutor | None) -> None:
+    if md5_lane is None:
+        md5.update(chunk)
+        sha.update(chunk)
+        return
+    pending = md5_lane.submit(md5.update, chunk)
+    sha.update(chunk)
+    pending.result()
+
+
+def _chunks(handle, path: str, bufsize: int, buf: bytearray | None, direct: bool,
+            buffers: list[mmap.mmap] | None):
+    """The chunks of an open file: with O_DIRECT (fast_read.direct_chunks) where asked and the filesystem
+    allows it, the rest through the page cache."""
+    fast = direct_chunks(path, bufsize, buffers) if direct else None
+    if fast is None:
+        return _buffered_chunks(handle, bufsize, buf)
+    return _direct_then_buffered(fast, handle, bufsize, buf)
+
+
+def _direct_then_buffered(fast, handle, bufsize: int, buf: bytearray | None):
+    rest = yield from fast  # where O_DIRECT stopped: every byte from there is read once, buffered
+    yield from _buffered_chunks(handle, bufsize, buf, offset=rest)
 
 
 def _buffered_chunks(handle, bufsize: int, buf: bytearray | None = None, offset: int = 0):
@@ -310,112 +331,6 @@ def _buffered_chunks(handle, bufsize: int, buf: bytearray | None = None, offset:
         if not n:
             return
         yield view[:n]
-
-
-_HAVE_DIRECT = hasattr(os, "O_DIRECT") and hasattr(os, "preadv")
-_DONE = object()
-
-
-def direct_buffers(bufsize: int) -> list[mmap.mmap]:
-    """The page-aligned buffers one O_DIRECT read uses; a thread that reads many files keeps
-    one set (fresh anonymous memory costs a page fault and a page of zeros per 4 KiB)."""
-    size = max(mmap.PAGESIZE, bufsize - bufsize % mmap.PAGESIZE)
-    return [mmap.mmap(-1, size) for _buffer in range(DIRECT_READERS * DIRECT_BUFFERS_PER_READER)]
-
-
-def _direct_chunks(path: str, bufsize: int, buffers: list[mmap.mmap] | None = None):
-    """Chunks of ``path`` read with O_DIRECT, the next ones read ahead by a prefetch thread.
-
-    Yields memoryviews into ``buffers`` (``direct_buffers(bufsize)``; fresh ones, freed at
-    the end, when None); ``DIRECT_READERS`` reads are in flight; a buffer is read into
-    again only after the consumer has asked for the chunk after it. Where O_DIRECT is
-    refused, or a read ends off the block grid (the file's end, or a filesystem that returns
-    less), the remainder is read buffered from that offset: every byte is yielded once.
-    Returns None (nothing yielded) when the file cannot be opened with O_DIRECT at all.
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    return _direct_gen(fd, path, bufsize, buffers)
-
-
-def _direct_gen(fd: int, path: str, bufsize: int, buffers: list[mmap.mmap] | None):
-    bufsize = max(mmap.PAGESIZE, bufsize - bufsize % mmap.PAGESIZE)
-    owned = buffers is None
-    if buffers is None:
-        buffers = direct_buffers(bufsize)
-    elif len(buffers) != DIRECT_READERS * DIRECT_BUFFERS_PER_READER or any(len(b) != bufsize for b in buffers):
-        raise ValueError(f"O_DIRECT buffers: got {len(buffers)} of {sorted({len(b) for b in buffers})} bytes; "
-                         f"pass direct_buffers({bufsize})")  # fmt: skip
-    try:
-        end = os.fstat(fd).st_size
-    except OSError:
-        end = 0
-    # Reader k reads chunks k, k + R, k + 2R, ... into buffers of its own, so R reads are in flight
-    # while the consumer hashes; chunk i is taken from reader i % R, in order.
-    lanes = [(queue.Queue(), queue.Queue()) for _reader in range(DIRECT_READERS)]
-    for i, b in enumerate(buffers):
-        lanes[i % DIRECT_READERS][0].put(b)
-    stop = threading.Event()
-
-    def prefetch(k: int) -> None:
-        free, full = lanes[k]
-        offset = k * bufsize
-        try:
-            while not stop.is_set():
-                if offset >= end:  # past the size at open: what is there (normally nothing) is read buffered
-                    full.put(("fallback", offset, None))
-                    return
-                b = free.get()
-                if b is _DONE:
-                    return
-                try:
-                    n = os.preadv(fd, [b], offset)
-                except OSError as exc:
-                    full.put(("fallback", offset, exc))
-                    return
-                full.put(("data", b, n))
-                if n < bufsize:  # the end, or a short read off the block grid: the consumer goes on buffered
-                    return
-                offset += DIRECT_READERS * bufsize
-        except BaseException as exc:  # noqa: BLE001 (handed to the consumer)
-            full.put(("error", 0, exc))
-
-    readers = [threading.Thread(target=prefetch, args=(k,), name=f"verify-prefetch-{k}", daemon=True)
-               for k in range(DIRECT_READERS)]  # fmt: skip
-    for reader in readers:
-        reader.start()
-    offset = 0
-    try:
-        for i in itertools.count():
-            free, full = lanes[i % DIRECT_READERS]
-            kind, a, b = full.get()
-            if kind == "data":
-                if b:
-                    yield memoryview(a)[:b]
-                offset += b
-                if b == bufsize:
-                    free.put(a)
-                    continue
-                a = offset  # a short read: the rest from here, buffered
-            elif kind != "fallback":
-                raise b
-            with open(path, "rb", buffering=0) as handle:
-                yield from _buffered_chunks(handle, bufsize, offset=a)
-            return
-    finally:
-        stop.set()
-        for free, _filled in lanes:
-            free.put(_DONE)
-        for reader in readers:
-            reader.join()
-        os.close(fd)
-        for m in buffers if owned else ():
-            try:
-                m.close()
-            except BufferError:  # a view the consumer still holds: freed with it
-                pass
 
 
 def _advise_sequential(fd: int) -> None:
@@ -439,6 +354,45 @@ def _md5_accepts_flag() -> bool:
         except TypeError:
             _MD5_FLAG = False
     return _MD5_FLAG
+
+
+def _new_md5():
+    return hashlib.md5(usedforsecurity=False) if _md5_accepts_flag() else hashlib.md5()
+
+
+def hash_small_file(path: str, buf: mmap.mmap | bytearray, direct: bool = False) -> tuple[Digests, FileStat]:
+    """md5 and sha256 of a file expected to fit in ``buf``, and the fstat of the file read.
+
+    One open, one fstat (of the file being read: the caller's ``before``), one read into
+    ``buf``, hashed in this thread: with many small files the per-file costs limit, not the
+    hashing. ``direct``: that read is an O_DIRECT one (``buf`` page-aligned: an mmap) of a
+    block more than fstat's size, so a short read proves the end: the storage writes into
+    ``buf``, and the kernel neither fills the page cache nor copies (0.5 CPU-s/GB less than a
+    cold buffered read of 4-256 KiB files). Where O_DIRECT is refused, the read is buffered.
+    When the read does not end where fstat said the file ends (it grew, shrank, or does not
+    fit in ``buf``), the rest is read on through the page cache to the file's end, so every
+    byte there is hashed once; the caller's stat after the read then tells a changed file.
+    """
+    md5, sha = _new_md5(), hashlib.sha256()
+    view = memoryview(buf)
+    fd, direct = open_once(path, direct)
+    try:
+        st = os.fstat(fd)
+        n, asked = first_read(fd, view, st.st_size, direct)
+        _update(md5, sha, view[:n], None)
+        size = n
+        if n != st.st_size or n == asked:  # not at the end fstat saw: read on, buffered, to the end
+            if direct:
+                drop_direct(fd)
+            while n := os.preadv(fd, [view], size):
+                _update(md5, sha, view[:n], None)
+                size += n
+    finally:
+        os.close(fd)
+    return Digests(size=size, md5=md5.hexdigest(), sha256=sha.hexdigest()), FileStat.of(st)
+
+
+# --- many files: one reader per file, on the fast path's pool ---------------------------------
 
 
 @dataclass(frozen=True)
@@ -465,193 +419,6 @@ class _ByteCounter:
             self._progress(done, self.total)
 
 
-def _read_one(
-    path: str, bufsize: int, counter: _ByteCounter, local: threading.local, lanes: list | None = None,
-    direct: bool | None = None,
-) -> _ReadOutcome:
-    buf = _thread_buffer(local, bufsize)
-    lane = None
-    if lanes is not None:
-        lane = getattr(local, "lane", None)
-        if lane is None:
-            lane = local.lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-md5")
-            lanes.append(lane)
-    if direct is not False and _HAVE_DIRECT and getattr(local, "direct", None) is None:
-        local.direct = direct_buffers(bufsize)
-    started = time.time_ns()
-    try:
-        before = FileStat.of(os.stat(path))
-        digests = hash_file(path, bufsize, counter.add, buf, lane, direct, getattr(local, "direct", None))
-        after = FileStat.of(os.stat(path))
-    except OSError as exc:
-        return _ReadOutcome(None, None, None, started, error=f"cannot read: {exc.strerror or exc}")
-    return _ReadOutcome(digests, before, after, started)
-
-
-def _thread_buffer(local: threading.local, bufsize: int) -> bytearray:
-    buf = getattr(local, "buf", None)
-    if buf is None or len(buf) != bufsize:
-        buf = local.buf = bytearray(bufsize)
-    return buf
-
-
-def hash_small_file(path: str, buf: mmap.mmap | bytearray, direct: bool = False) -> tuple[Digests, FileStat]:
-    """md5 and sha256 of a file expected to fit in ``buf``, and the fstat of the file read.
-
-    One open, one fstat (of the file being read: the caller's ``before``), one read into
-    ``buf``, hashed in this thread: with many small files the per-file costs limit, not the
-    hashing. ``direct``: that read is an O_DIRECT one (``buf`` page-aligned: an mmap) of a
-    block more than fstat's size, so a short read proves the end: the storage writes into
-    ``buf``, and the kernel neither fills the page cache nor copies (0.5 CPU-s/GB less than a
-    cold buffered read of 4-256 KiB files). Where O_DIRECT is refused, the read is buffered.
-    When the read does not end where fstat said the file ends (it grew, shrank, or does not
-    fit in ``buf``), the rest is read on through the page cache to the file's end, so every
-    byte there is hashed once; the caller's stat after the read then tells a changed file.
-    """
-    md5 = hashlib.md5(usedforsecurity=False) if _md5_accepts_flag() else hashlib.md5()
-    sha = hashlib.sha256()
-    view = memoryview(buf)
-    fd = _open_direct(path) if direct else None
-    if fd is None:
-        fd = os.open(path, _O_RDONLY)
-        direct = False
-    try:
-        st = os.fstat(fd)
-        n, asked = _first_read(fd, view, st.st_size, direct)
-        md5.update(view[:n])
-        sha.update(view[:n])
-        size = n
-        if n != st.st_size or n == asked:  # not at the end fstat saw: read on, buffered, to the end
-            if direct:
-                _drop_direct(fd)
-            while n := os.preadv(fd, [view], size):
-                md5.update(view[:n])
-                sha.update(view[:n])
-                size += n
-    finally:
-        os.close(fd)
-    return Digests(size=size, md5=md5.hexdigest(), sha256=sha.hexdigest()), FileStat.of(st)
-
-
-_O_RDONLY = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
-_DIRECT_ALIGN = 4096  # O_DIRECT lengths: a multiple of the logical block size (512 or 4096)
-
-
-def _open_direct(path: str) -> int | None:
-    if not _HAVE_DIRECT:
-        return None
-    try:
-        return os.open(path, _O_RDONLY | os.O_DIRECT)
-    except OSError as exc:
-        if exc.errno == errno.EINVAL:  # this filesystem refuses O_DIRECT: read buffered
-            return None
-        raise
-
-
-def _drop_direct(fd: int) -> None:
-    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-
-
-def _first_read(fd: int, view: memoryview, expected: int, direct: bool) -> tuple[int, int]:
-    """(bytes read, bytes asked) of the first read from offset 0."""
-    if direct:
-        asked = min(len(view), (expected // _DIRECT_ALIGN + 1) * _DIRECT_ALIGN)
-        try:
-            return os.preadv(fd, [view[:asked]], 0), asked
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:  # EINVAL: alignment refused here; anything else is the file's
-                raise
-            _drop_direct(fd)
-    return os.preadv(fd, [view], 0), len(view)
-
-
-def _small_buffer(local: threading.local, bufsize: int) -> mmap.mmap:
-    """This thread's page-aligned buffer for small files, kept from file to file."""
-    buf = getattr(local, "small", None)
-    if buf is None or len(buf) != _aligned(bufsize):
-        buf = local.small = mmap.mmap(-1, _aligned(bufsize))
-    return buf
-
-
-def _aligned(bufsize: int) -> int:
-    return max(mmap.PAGESIZE, bufsize - bufsize % mmap.PAGESIZE)
-
-
-def _read_small(
-    path: str, bufsize: int, counter: _ByteCounter, local: threading.local, direct: bool | None
-) -> _ReadOutcome:
-    started = time.time_ns()
-    try:
-        digests, before = hash_small_file(path, _small_buffer(local, bufsize), direct is not False)
-        after = FileStat.of(os.stat(path))
-    except OSError as exc:
-        return _ReadOutcome(None, None, None, started, error=f"cannot read: {exc.strerror or exc}")
-    counter.add(digests.size)
-    return _ReadOutcome(digests, before, after, started)
-
-
-def _will_need(path: str) -> None:
-    """Ask the kernel to start reading a whole file into the page cache (it returns at once)."""
-    try:
-        fd = os.open(path, _O_RDONLY)
-    except OSError:
-        return  # its own read reports it
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-class _Jobs:
-    """The files a pool of readers takes in order (large ones first), with a read-ahead window.
-
-    Taking a file hands back the files that have just come within ``READAHEAD_FILES`` files
-    and ``READAHEAD_BYTES`` bytes of it, among those read through the page cache: the taker
-    advises them (POSIX_FADV_WILLNEED), so the storage reads them while this one is hashed.
-    ``small_from``: the index of the first small file; ``small_open`` is set once it is taken
-    (or at once when there are no large files), for the readers that read small files only."""
-
-    def __init__(self, keys: list[str], sizes: dict[str, int], buffered: Callable[[str], bool], small_from: int):
-        self.keys = keys
-        self.sizes = [sizes.get(k, 0) if _HAVE_WILLNEED and buffered(k) else -1 for k in keys]
-        self.small_from = small_from
-        self.small_open = threading.Event()
-        if small_from == 0:
-            self.small_open.set()
-        self.taken = 0
-        self.advised = 0
-        self.ahead = 0  # bytes advised and not taken yet
-        self.lock = threading.Lock()
-
-    def take(self) -> tuple[str | None, list[str]]:
-        with self.lock:
-            i = self.taken
-            if i >= len(self.keys):
-                self.small_open.set()
-                return None, []
-            self.taken = i + 1
-            if i == self.small_from:
-                self.small_open.set()
-            if i < self.advised:
-                self.ahead -= max(0, self.sizes[i])
-            else:
-                self.advised = i + 1  # being read now: no advice
-            new = []
-            while (self.advised < len(self.keys) and self.advised - i <= READAHEAD_FILES
-                   and self.ahead < READAHEAD_BYTES):  # fmt: skip
-                j = self.advised
-                self.advised += 1
-                if self.sizes[j] >= 0:
-                    self.ahead += self.sizes[j]
-                    new.append(self.keys[j])
-            return self.keys[i], new
-
-
-_HAVE_WILLNEED = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_WILLNEED")
-
-
 def hash_many(
     paths: dict[str, str],
     workers: int | None = None,
@@ -660,90 +427,81 @@ def hash_many(
     sizes: dict[str, int] | None = None,
     direct: bool | None = None,
 ) -> dict[str, _ReadOutcome]:
-    """Hash {key: path} in parallel, largest first, by a pool of ``workers`` reader threads.
+    """Hash {key: path} in parallel, largest first, by a pool of ``workers`` reader threads
+    (fast_read.read_all: the order, the tail, the extra readers of small files, the read-ahead).
 
     * A file of more than one buffer (by ``sizes``) is read by ``hash_file`` with an md5 lane
       of its reader's own, so one file keeps up to two cores hashing (md5 on one, sha256 on
       part of the other).
     * A file of at most one buffer is read in one read by ``hash_small_file`` (O_DIRECT unless
-      ``direct`` is False) and hashed in its reader thread: no lane, no future per file. Once
-      the large files are all taken, ``SMALL_READERS_PER_WORKER - 1`` more readers per worker
-      join in: one cold small file is a round trip to the storage, during which its reader
-      hashes nothing, so more reads must be in flight than there are cores.
-    * Files read through the page cache are advised to the kernel a window ahead of the
-      readers (``_Jobs``).
-    * The tail: ``n_large % workers`` of the smallest large files do not wait for a free
-      reader, they start at once beside the others, so equal shards end together (3 on 2
-      workers are read at once, 6 in pairs) rather than with one hashed alone at md5's rate.
-      Small files come after the large ones, spread over every reader.
+      ``direct`` is False) and hashed in its reader thread: no lane, no future per file.
     """
     sizes = sizes or {}
     order = sorted(paths, key=lambda k: -sizes.get(k, 0))
     counter = _ByteCounter(sum(sizes.get(k, 0) for k in order), progress)
-    nworkers = workers or default_workers(len(order))
     local = threading.local()
     lanes: list[ThreadPoolExecutor] = []
     results: dict[str, _ReadOutcome] = {}
 
-    def small(k: str) -> bool:
-        return 0 <= sizes.get(k, bufsize + 1) <= bufsize
-
-    def buffered(k: str) -> bool:
-        if small(k):
-            return direct is False or not _HAVE_DIRECT
-        return direct is not True and sizes.get(k, DIRECT_MIN_SIZE) < DIRECT_MIN_SIZE
-
-    def read(k: str) -> None:
-        if small(k):
+    def read(k: str, small: bool) -> None:
+        if small:
             results[k] = _read_small(paths[k], bufsize, counter, local, direct)
         else:
             results[k] = _read_one(paths[k], bufsize, counter, local, lanes, direct)
 
-    large = [k for k in order if not small(k)]
-    extra = large[len(large) - len(large) % nworkers:] if nworkers > 1 and len(order) > 1 else []
-    started_apart = set(extra)
-    keys = [k for k in order if k not in started_apart]
-    jobs = _Jobs(keys, sizes, buffered, len(large) - len(extra))
-    failures: list[BaseException] = []
-
-    def work(small_only: bool = False) -> None:
-        if small_only:
-            jobs.small_open.wait()
-        while not failures:
-            k, advise = jobs.take()
-            for rel in advise:
-                _will_need(paths[rel])
-            if k is None:
-                return
-            read(k)
-
-    def guarded(fn: Callable, *args) -> None:
-        try:
-            fn(*args)
-        except BaseException as exc:  # noqa: BLE001 (raised again in the caller's thread)
-            failures.append(exc)
-
-    helpers = min(len(keys) - jobs.small_from, (SMALL_READERS_PER_WORKER - 1) * nworkers)
     try:
-        if len(order) <= 1 or nworkers <= 1 and helpers <= 0:
-            work()
-        else:
-            threads = [threading.Thread(target=guarded, args=(read, k), name=f"verify-tail-{i}", daemon=True)
-                       for i, k in enumerate(extra)]  # fmt: skip
-            threads += [threading.Thread(target=guarded, args=(work,), name=f"verify-{i}", daemon=True)
-                        for i in range(nworkers)]  # fmt: skip
-            threads += [threading.Thread(target=guarded, args=(work, True), name=f"verify-small-{i}", daemon=True)
-                        for i in range(max(0, helpers))]  # fmt: skip
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+        read_all(paths, order, sizes, bufsize, workers or default_workers(len(order)), direct, read)
     finally:
         for lane in lanes:
             lane.shutdown(wait=True)
-    if failures:
-        raise failures[0]
     return {k: results[k] for k in order}
+
+
+def _read_one(
+    path: str, bufsize: int, counter: _ByteCounter, local: threading.local, lanes: list | None = None,
+    direct: bool | None = None,
+) -> _ReadOutcome:
+    """A large file by ``hash_file``, with this reader thread's buffers and md5 lane (made on its first file)."""
+    buf = getattr(local, "buf", None)
+    if buf is None or len(buf) != bufsize:
+        buf = local.buf = bytearray(bufsize)
+    lane = None
+    if lanes is not None:
+        lane = getattr(local, "lane", None)
+        if lane is None:
+            lane = local.lane = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify-md5")
+            lanes.append(lane)
+    if direct is not False and HAVE_DIRECT and getattr(local, "direct", None) is None:
+        local.direct = direct_buffers(bufsize)
+    started = time.time_ns()
+    try:
+        before = FileStat.of(os.stat(path))
+        digests = hash_file(path, bufsize, counter.add, buf, lane, direct, getattr(local, "direct", None))
+        after = FileStat.of(os.stat(path))
+    except OSError as exc:
+        return _unreadable(started, exc)
+    return _ReadOutcome(digests, before, after, started)
+
+
+def _read_small(
+    path: str, bufsize: int, counter: _ByteCounter, local: threading.local, direct: bool | None
+) -> _ReadOutcome:
+    """A file of at most one buffer by ``hash_small_file``, into this reader thread's page-aligned buffer."""
+    buf = getattr(local, "small", None)
+    if buf is None or len(buf) != aligned(bufsize):
+        buf = local.small = mmap.mmap(-1, aligned(bufsize))
+    started = time.time_ns()
+    try:
+        digests, before = hash_small_file(path, buf, direct is not False)
+        after = FileStat.of(os.stat(path))
+    except OSError as exc:
+        return _unreadable(started, exc)
+    counter.add(digests.size)
+    return _ReadOutcome(digests, before, after, started)
+
+
+def _unreadable(started_ns: int, exc: OSError) -> _ReadOutcome:
+    return _ReadOutcome(None, None, None, started_ns, error=f"cannot read: {exc.strerror or exc}")
 
 
 # --- tree listing ----------------------------------------------------------------------------
@@ -1042,117 +800,156 @@ def verify_tree(
         raise VerifyError(f"links must be one of {', '.join(LINKS)}, not {links!r}")
     t0 = time.perf_counter()
     root = _check_root(root)
-    files, odd = scan_tree(root)
-    regular: set[str] | None = None
-    foreign: list[str] = []
-    if links == "refuse":
-        foreign = foreign_links(root, files, linked_from)
-        regular = set(files) - set(foreign)
+    tree = _Listing.of(root, links, linked_from)
     warnings: list[str] = []
     old_stamps: dict[str, dict] = {}
     if stamps_path:
         old_stamps, warning = load_stamps(stamps_path, root)
-        if warning:
-            warnings.append(warning)
+        warnings += [warning] if warning else []
+    ignore_set = _ignored(root, ignore, stamps_path)
+    plan = _Plan(tree.refused(expected, ignore_set))
+    plan.look(root, expected, tree.regular, old_stamps, full)
+    if not read:
+        plan.unread(expected)
+        write_stamps = False
+    bytes_read = plan.read(expected, hash_many(plan.to_read, workers, bufsize, progress, plan.sizes, direct))
+    results = plan.results
+    for rel in tree.present(ignore_set):
+        if rel not in expected:
+            results[rel] = _not_read(rel, None, STATUS_EXTRA, f"not in {listed_in} (unexpected extra file)")
+    if links == "follow":
+        for rel in _outside(root, set(results), tree.files, lambda: foreign_links(root, tree.files, linked_from)):
+            results[rel] = _hide(results[rel])
+    stamps_changed = bool(stamps_path) and plan.new_stamps != old_stamps
+    stamps_written = stamps_changed and write_stamps and _write_stamps(stamps_path, root, plan.new_stamps, warnings)
+    return Report(root=root, results=tuple(results[k] for k in sorted(results)), allow_extra=allow_extra,
+                  bytes_read=bytes_read, bytes_skipped=plan.bytes_skipped, seconds=time.perf_counter() - t0,
+                  workers=workers or default_workers(len(plan.to_read)), stamps_path=stamps_path,
+                  stamps_changed=stamps_changed, stamps_written=stamps_written, warnings=tuple(warnings))
 
+
+@dataclass(frozen=True)
+class _Listing:
+    """What is under a root: regular files, anything else (``odd``), and with links refused, the hard links to a
+    file outside it (``foreign``) and the files that count (``regular``; None: links followed, all of them)."""
+
+    root: str
+    files: list[str]
+    odd: list[str]
+    foreign: list[str]
+    regular: set[str] | None
+
+    @classmethod
+    def of(cls, root: str, links: str, linked_from: tuple[str, ...] | list[str]) -> _Listing:
+        files, odd = scan_tree(root)
+        if links != "refuse":
+            return cls(root, files, odd, [], None)
+        foreign = foreign_links(root, files, linked_from)
+        return cls(root, files, odd, foreign, set(files) - set(foreign))
+
+    def refused(self, expected: dict[str, Expected], ignore: set[str]) -> dict[str, FileResult]:
+        """Links refused (none when followed): each an error, never read."""
+        results = {}
+        for rel in self.odd if self.regular is not None else ():
+            results[rel] = _not_read(rel, expected.get(rel), STATUS_ERROR, REFUSED_LINK)
+        for rel in self.foreign:
+            if rel not in ignore:
+                results[rel] = _not_read(rel, expected.get(rel), STATUS_ERROR, REFUSED_HARDLINK)
+        return results
+
+    def present(self, ignore: set[str]) -> list[str]:
+        """The files there, as the expectation must list them (``ignore`` and stamp temporaries left out)."""
+        if self.regular is None:
+            return _present(self.root, self.files, self.odd, ignore)
+        return sorted(rel for rel in self.regular if rel not in ignore and not _is_stamp_temp(rel))
+
+
+def _not_read(rel: str, exp: Expected | None, status: str, message: str) -> FileResult:
+    return FileResult(rel, status, None, exp.as_dict() if exp else None, None, (), message)
+
+
+def _ignored(root: str, ignore: set[str] | frozenset[str], stamps_path: str | None) -> set[str]:
+    """``ignore`` and the stamp file, where it is under root."""
     ignore_set = set(ignore)
     if stamps_path:
-        stamp_rel = os.path.relpath(os.path.realpath(stamps_path), root).replace(os.sep, "/")
-        ignore_set.add(stamp_rel)
-    results: dict[str, FileResult] = {}
-    new_stamps: dict[str, dict] = {}
-    to_read: dict[str, str] = {}
-    sizes: dict[str, int] = {}
-    bytes_skipped = 0
+        ignore_set.add(os.path.relpath(os.path.realpath(stamps_path), root).replace(os.sep, "/"))
+    return ignore_set
 
-    for rel in odd if links == "refuse" else ():
-        exp = expected.get(rel)
-        results[rel] = FileResult(rel, STATUS_ERROR, None, exp.as_dict() if exp else None, None, (), REFUSED_LINK)
-    for rel in foreign:
-        if rel not in ignore_set:
-            exp = expected.get(rel)
-            results[rel] = FileResult(rel, STATUS_ERROR, None, exp.as_dict() if exp else None, None, (),
-                                      REFUSED_HARDLINK)
-    for rel, exp in sorted(expected.items()):
-        path = os.path.join(root, rel)
-        if rel in results:
-            continue
-        if regular is not None and rel not in regular:  # under a refused link, or not there at all
-            results[rel] = FileResult(rel, STATUS_MISSING, None, exp.as_dict(), None, (), "missing")
-            continue
-        try:
-            raw = os.stat(path)
-        except FileNotFoundError:
-            results[rel] = FileResult(rel, STATUS_MISSING, None, exp.as_dict(), None, (), "missing")
-            continue
-        except OSError as exc:
-            results[rel] = FileResult(
-                rel, STATUS_ERROR, None, exp.as_dict(), None, (), f"cannot stat: {exc.strerror}"
-            )
-            continue
-        if not stat.S_ISREG(raw.st_mode):  # what os.path.isfile says, from the same stat
-            results[rel] = FileResult(rel, STATUS_ERROR, None, exp.as_dict(), None, (), NOT_REGULAR)
-            continue
-        st = FileStat.of(raw)
-        stamp = old_stamps.get(rel)
-        if not full and stamp_vouches(stamp, st, exp):
-            actual = {"size": st.size, "md5": stamp["md5"], "sha256": stamp["sha256"]}
-            results[rel] = FileResult(rel, STATUS_OK, "stamp", exp.as_dict(), actual)
-            new_stamps[rel] = stamp
-            bytes_skipped += st.size
-            continue
-        to_read[rel] = path
-        sizes[rel] = st.size
 
-    if not read:
-        for rel in to_read:
-            results[rel] = FileResult(rel, STATUS_ERROR, None, expected[rel].as_dict(), None, (), NOT_VOUCHED)
-        to_read = {}
-        write_stamps = False
-    outcomes = hash_many(to_read, workers, bufsize, progress, sizes, direct)
-    bytes_read = 0
-    for rel, outcome in outcomes.items():
-        result = _result_from_read(rel, expected[rel], outcome)
-        results[rel] = result
-        if outcome.digests is not None:
-            bytes_read += outcome.digests.size
-        if result.status == STATUS_OK and outcome.after is not None and outcome.digests is not None:
-            if not is_racy(outcome.after, outcome.started_ns):
-                new_stamps[rel] = make_stamp(outcome.after, outcome.digests)
+class _Plan:
+    """verify_tree's results as they come: those known without reading, then the files read."""
 
-    present = _present(root, files, odd, ignore_set) if regular is None else sorted(
-        rel for rel in regular if rel not in ignore_set and not _is_stamp_temp(rel))
-    for rel in present:
-        if rel not in expected:
-            results[rel] = FileResult(
-                rel, STATUS_EXTRA, None, None, None, (), f"not in {listed_in} (unexpected extra file)"
-            )
-    if links == "follow":
-        for rel in _outside(root, set(results), files, lambda: foreign_links(root, files, linked_from)):
-            results[rel] = _hide(results[rel])
+    def __init__(self, results: dict[str, FileResult]):
+        self.results = results
+        self.new_stamps: dict[str, dict] = {}
+        self.to_read: dict[str, str] = {}
+        self.sizes: dict[str, int] = {}
+        self.bytes_skipped = 0
 
-    stamps_changed = bool(stamps_path) and new_stamps != old_stamps
-    stamps_written = False
-    if stamps_changed and write_stamps and stamps_path:
-        try:
-            save_stamps(stamps_path, root, new_stamps)
-            stamps_written = True
-        except OSError as exc:
-            warnings.append(
-                f"{stamps_path}: cannot write stamps ({exc.strerror}); the next run will read "
-                "every file again. Set a writable stamp path outside the model directory."
-            )
+    def look(self, root: str, expected: dict[str, Expected], regular: set[str] | None, old_stamps: dict[str, dict],
+             full: bool) -> None:
+        """Each expected file not decided yet: missing, not a regular file, vouched for by its stamp, or to read."""
+        for rel, exp in sorted(expected.items()):
+            if rel in self.results:
+                continue
+            path = os.path.join(root, rel)
+            found = _stat_expected(rel, exp, path, regular)
+            if isinstance(found, FileResult):
+                self.results[rel] = found
+                continue
+            st = FileStat.of(found)
+            stamp = old_stamps.get(rel)
+            if not full and stamp_vouches(stamp, st, exp):
+                actual = {"size": st.size, "md5": stamp["md5"], "sha256": stamp["sha256"]}
+                self.results[rel] = FileResult(rel, STATUS_OK, "stamp", exp.as_dict(), actual)
+                self.new_stamps[rel] = stamp
+                self.bytes_skipped += st.size
+            else:
+                self.to_read[rel] = path
+                self.sizes[rel] = st.size
 
-    return Report(
-        root=root,
-        results=tuple(results[k] for k in sorted(results)),
-        allow_extra=allow_extra,
-        bytes_read=bytes_read,
-        bytes_skipped=bytes_skipped,
-        seconds=time.perf_counter() - t0,
-        workers=workers or default_workers(len(to_read)),
-        stamps_path=stamps_path,
-        stamps_changed=stamps_changed,
-        stamps_written=stamps_written,
-        warnings=tuple(warnings),
-    )
+    def unread(self, expected: dict[str, Expected]) -> None:
+        """Read nothing: each file to read is one no stamp vouches for."""
+        for rel in self.to_read:
+            self.results[rel] = _not_read(rel, expected[rel], STATUS_ERROR, NOT_VOUCHED)
+        self.to_read = {}
+
+    def read(self, expected: dict[str, Expected], outcomes: dict[str, _ReadOutcome]) -> int:
+        """The files read, compared and stamped (unless changed too recently: is_racy); the bytes read."""
+        bytes_read = 0
+        for rel, outcome in outcomes.items():
+            result = self.results[rel] = _result_from_read(rel, expected[rel], outcome)
+            if outcome.digests is not None:
+                bytes_read += outcome.digests.size
+            if result.status == STATUS_OK and outcome.after is not None and outcome.digests is not None:
+                if not is_racy(outcome.after, outcome.started_ns):
+                    self.new_stamps[rel] = make_stamp(outcome.after, outcome.digests)
+        return bytes_read
+
+
+def _stat_expected(rel: str, exp: Expected, path: str, regular: set[str] | None) -> os.stat_result | FileResult:
+    """The stat of an expected file, or its result when it cannot be read: missing, or not a regular file."""
+    if regular is not None and rel not in regular:  # under a refused link, or not there at all
+        return _not_read(rel, exp, STATUS_MISSING, "missing")
+    try:
+        raw = os.stat(path)
+    except FileNotFoundError:
+        return _not_read(rel, exp, STATUS_MISSING, "missing")
+    except OSError as exc:
+        return _not_read(rel, exp, STATUS_ERROR, f"cannot stat: {exc.strerror}")
+    if not stat.S_ISREG(raw.st_mode):  # what os.path.isfile says, from the same stat
+        return _not_read(rel, exp, STATUS_ERROR, NOT_REGULAR)
+    return raw
+
+
+def _write_stamps(stamps_path: str, root: str, stamps: dict[str, dict], warnings: list[str]) -> bool:
+    """Save the stamps; False, with a warning, where they cannot be written."""
+    try:
+        save_stamps(stamps_path, root, stamps)
+    except OSError as exc:
+        warnings.append(
+            f"{stamps_path}: cannot write stamps ({exc.strerror}); the next run will read "
+            "every file again. Set a writable stamp path outside the model directory."
+        )
+        return False
+    return True
