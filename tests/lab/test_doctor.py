@@ -242,11 +242,14 @@ def test_changed_host_key_makes_the_host_unreachable(converged, tmp_path):
     address = lab_hosts()[NODE]["ansible_host"]
     (tmp_path / "known_hosts").write_text(f"{address} {kind} {blob}\n")
     hostvars = dict(lab_hosts()[NODE])
-    hostvars["ansible_ssh_common_args"] = f"-o UserKnownHostsFile={tmp_path / 'known_hosts'} " \
-                                          "-o StrictHostKeyChecking=yes"
+    # the node's own known_hosts replaced; its way there (the jump host's ProxyCommand, its known_hosts) kept
+    common = hostvars["ansible_ssh_common_args"]
+    known = common.split("UserKnownHostsFile=", 1)[1].split()[0]
+    hostvars["ansible_ssh_common_args"] = common.replace(f"UserKnownHostsFile={known}",
+                                                         f"UserKnownHostsFile={tmp_path / 'known_hosts'}", 1)
     inv = tmp_path / "hosts.yml"
     inv.write_text(yaml.safe_dump({"all": {"children": {"atlas_nodes": {"hosts": {NODE: hostvars}}}}}))
     proc = atlasctl("doctor", "-i", str(inv), check=False, timeout=120)
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert f"{NODE}: UNREACHABLE" in proc.stdout and "does not match" in proc.stdout
+    assert f"{NODE}: UNREACHABLE" in proc.stdout and "Host key verification failed" in proc.stdout, proc.stdout
     assert f"unreachable: {NODE}" in proc.stdout

@@ -53,6 +53,26 @@ def test_ssh_uses_strict_host_key_checking(fleet, tmp_path: Path) -> None:
     assert proc.returncode == 255 and "Host key verification failed" in proc.stderr
 
 
+def test_branch_west_is_reached_over_ssh_only_through_its_jump_host(fleet) -> None:
+    """From the controller address, SSH to a node behind the jump host is refused; through the inventory's
+    ProxyCommand (the jump host) it works, as every tool connects (docs/lab.md, "The jump host")."""
+    behind = [n for n in fleet.nodes if n.via]
+    assert behind and all(n.via == "atlas-jump" for n in behind)
+    west = behind[0]
+    direct = [a.replace(f"BindAddress={west.harness}", f"BindAddress={fleet.controller_ip}")
+              for a in api.ssh_argv(west.name, ["true"])]
+    assert f"BindAddress={fleet.controller_ip}" in direct
+    refused = subprocess.run(direct, capture_output=True, text=True, timeout=30, check=False)
+    assert refused.returncode == 255 and "refused" in refused.stderr.lower(), refused.stderr
+    from atlasctl import inventory
+
+    target = inventory.targets(ROOT / "inventory/lab", limit=west.name, group="all")[0]
+    assert "ProxyCommand=" in " ".join(target.ssh_argv())
+    through = subprocess.run([*target.ssh_argv(), "-o", f"BindAddress={fleet.controller_ip}", target.remote,
+                              "hostname"], capture_output=True, text=True, timeout=60, check=False)
+    assert through.returncode == 0 and through.stdout.strip() == west.name, through.stderr
+
+
 def test_nodes_have_their_own_identity_and_no_default_route(fleet) -> None:
     a, b = fleet.nodes[0], fleet.nodes[1]
     facts = {}
@@ -128,22 +148,3 @@ def test_down_removes_everything_but_keeps_the_blackhole(fleet) -> None:
     assert proc.returncode == 3 and "not up" in proc.stderr
     assert "already down" in lab("down").stdout
 
-
-def test_branch_west_is_reached_over_ssh_only_through_its_jump_host(fleet) -> None:
-    """From the controller address, SSH to a node behind the jump host is refused; through the inventory's
-    ProxyCommand (the jump host) it works, as every tool connects (docs/lab.md, "The jump host")."""
-    behind = [n for n in fleet.nodes if n.via]
-    assert behind and all(n.via == "atlas-jump" for n in behind)
-    west = behind[0]
-    direct = [a for a in api.ssh_argv(west.name, ["true"]) if not a.startswith("BindAddress=")]
-    direct = [a for i, a in enumerate(direct) if not (a == "-o" and direct[i + 1].startswith("BindAddress="))]
-    refused = subprocess.run([*direct[:1], "-o", f"BindAddress={fleet.controller_ip}", *direct[1:]],
-                             capture_output=True, text=True, timeout=30, check=False)
-    assert refused.returncode == 255 and "refused" in refused.stderr.lower(), refused.stderr
-    from atlasctl import inventory
-
-    target = inventory.targets(ROOT / "inventory/lab", limit=west.name, group="all")[0]
-    assert "ProxyCommand=" in " ".join(target.ssh_argv())
-    through = subprocess.run([*target.ssh_argv(), "-o", f"BindAddress={fleet.controller_ip}", target.remote,
-                              "hostname"], capture_output=True, text=True, timeout=60, check=False)
-    assert through.returncode == 0 and through.stdout.strip() == west.name, through.stderr

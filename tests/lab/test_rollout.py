@@ -9,14 +9,13 @@ the drill table's `node-lost` row (tests/drills/drill_table.py), which `.ci/run`
 from __future__ import annotations
 
 import json
-import secrets
 import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from labtools import ATLASCTL, ENV, ROOT, SERVING, Load, atlasctl, grep_tree, lab, layout, model_service
+from labtools import ATLASCTL, ENV, ROOT, SERVING, Load, atlasctl, grep_tree, lab, lab_api_key, layout, model_service
 from labtools import releases as _releases
 from labtools import rollout as _rollout
 
@@ -28,7 +27,6 @@ CANARY = "atlas-n3"
 LENIENT_SLO = 'rollout_slo={"e2el_ms": 60000}'
 # An API key in the usual place (a --vars file, as serving_api_key), given to the rollout of the running release:
 # in its hostvars, its health probe and its SLO load, never in its evidence pack.
-API_KEY = "atlas-evidence-" + secrets.token_hex(16)
 REPORTS: list[dict] = []  # this module's rollouts, whose evidence packs the last test checks
 
 
@@ -113,7 +111,8 @@ def test_rollout_of_the_running_release_restarts_nothing(converged, tmp_path):
     assert _releases() == dict.fromkeys(SERVING, release)
     pids = _pids()
     keyed = tmp_path / "release.yml"
-    keyed.write_text(f"serving_api_key: {API_KEY}\n")  # not applied: a converged node is not reconfigured
+    keyed.write_text(f"serving_api_key: {lab_api_key()}\n")  # the lab's own key, from a vars file (0600): the
+    keyed.chmod(0o600)                                         # evidence test looks for it in every pack
     with Load() as load:
         rc, report = _rollout("--release", release, "-e", LENIENT_SLO, "--vars", str(keyed))
     REPORTS.append(report)
@@ -136,7 +135,7 @@ def test_each_rollout_left_a_signed_evidence_pack_without_the_api_key(converged,
         assert pack.parent == Path(report["report"]).parent, "the pack lies beside its report"
         proc = atlasctl("evidence", "verify", str(pack), "-i", "inventory/lab", check=False, timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert grep_tree(pack, API_KEY.encode()) == [], "the API key is in an evidence pack"
+        assert grep_tree(pack, lab_api_key().encode()) == [], "the API key is in an evidence pack"
         record = json.loads((pack / "evidence.json").read_text())
         assert record["release"] == report["release"] and record["complete"], record["status"]
         assert record["signature"]["key"] == signing.ensure_key(signing.EVIDENCE) != signing.ensure_key()
