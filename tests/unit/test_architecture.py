@@ -43,7 +43,7 @@ def test_the_check_sees_an_import(tmp_path, monkeypatch):
 
 
 # The dependency rule of DESIGN.md ("The parts and the dependency rule") for what import-linter cannot
-# load: the collection's plugins, and atlasctl's way into the collection.
+# load: the collection's plugins.
 COLLECTION = ROOT / "collections" / "ansible_collections" / "atlas" / "serving" / "plugins"
 OWN_UTILS = "ansible_collections.atlas.serving.plugins.module_utils"
 PLUGIN_UTILS = "ansible_collections.atlas.serving.plugins.plugin_utils"
@@ -90,10 +90,3 @@ def test_the_plugin_check_sees_a_foreign_import(tmp_path):
     (tmp_path / "module_utils").mkdir()
     (tmp_path / "module_utils" / "x.py").write_text("import os\nimport yaml\nfrom atlasctl import paths\n")
     assert foreign_imports("module_utils", tmp_path) == ["x.py:2: yaml", "x.py:3: atlasctl"]
-
-
-def test_atlasctl_imports_the_collection_only_through_atlasctl_collection():
-    static = [f"{path.relative_to(ROOT)}:{line}: {name}"
-              for path in sorted((ROOT / "tools" / "atlasctl").rglob("*.py"))
-              for line, name in imported(path) if name.split(".")[0] == "ansible_collections"]
-    assert static == []
