@@ -12,11 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from atlasctl.collection import module_utils
-
-checksums = module_utils("checksums")
-manifest = module_utils("manifest")
+from ansible_collections.atlas.serving.plugins.module_utils import checksums, manifest
 
 SHARDS = {
     "model-00001-of-00003.safetensors": 3_000_017,
