@@ -92,10 +92,14 @@ host-deps: ## the Debian packages the lab and the tests need (apt-get; root)
 
 venv: $(VENV)/.installed ## the virtualenv .venv: requirements.txt, atlasctl and atlas-lab (editable)
 
+# atlas_serving_collection.pth puts the checkout's collections/ on the venv's Python path, as the wheel does with
+# its own copy (setup.py): atlasctl, atlas-lab and the tests import the collection's code by its package name.
 $(VENV)/.installed: requirements.txt pyproject.toml tools/atlas-lab/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e . -e tools/atlas-lab
+	$(PY) -c 'import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], sys.argv[1]).write_text(sys.argv[2] + "\n")' \
+	  atlas_serving_collection.pth $(CURDIR)/collections
 	touch $@
 
 lab-up: host-deps venv ## bring the lab up (atlas-lab up)

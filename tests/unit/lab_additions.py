@@ -8,13 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-
-from atlasctl.collection import plugin_utils
+from ansible_collections.atlas.serving.plugins.plugin_utils import site_data as _site
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "inventory/lab"
 LAB_VARS = yaml.safe_load((LAB / "group_vars/all.yml").read_text())
-_site = plugin_utils("site_data")
 PROFILE_DIRS = [Path(p) for p in _site.resolve_paths(LAB_VARS["serving_profile_dirs"], "serving_profile_dirs",
                                                      str(LAB))]
 COMPAT_TABLES = [Path(p) for p in _site.resolve_paths(LAB_VARS["atlas_compat_extra_tables"],

@@ -54,6 +54,6 @@ def rules() -> list[dict]:
 
 def recorded() -> set[str]:
     """The series the shipped rules record, and the SLO thresholds the monitoring stage generates."""
-    from atlasctl.collection import plugin_utils
+    from ansible_collections.atlas.serving.plugins.plugin_utils import monitoring
 
-    return {r["record"] for r in rules() if "record" in r} | set(plugin_utils("monitoring").SLO_RECORDS.values())
+    return {r["record"] for r in rules() if "record" in r} | set(monitoring.SLO_RECORDS.values())

@@ -1,99 +1,73 @@
-"""The product never imports the lab: no module of atlasctl (nor of the collection) names atlaslab.
-
-`make lint` runs the same contract with import-linter (pyproject.toml, [tool.importlinter]); this test
-reads the sources so it also covers the collection's plugins, which import-linter cannot load, and
-checks the rest of DESIGN.md's dependency rule there (what modules, filters and module_utils import).
-"""
+"""The architecture contract is import-linter's: DESIGN.md's dependency rule over atlasctl, atlaslab and the
+collection, as contracts in pyproject.toml ([tool.importlinter]), checked by `make lint` (lint-imports). These
+tests show that the contract type the collection's rules use (tests/import_contracts.py, ``imports_only``) finds
+a foreign import, and that no plugin directory of the collection is left without a contract."""
 
 from __future__ import annotations
 
-import ast
+import json
+import os
+import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = (ROOT / "tools" / "atlasctl", ROOT / "collections")
-
-
-def lab_imports() -> list[str]:
-    found = []
-    for top in PRODUCT:
-        for path in sorted(top.rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                    [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-                found += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names
-                          if n.split(".")[0] in ("atlaslab",)]
-    return found
-
-
-def test_the_product_never_imports_the_lab():
-    assert lab_imports() == []
-
-
-def test_the_check_sees_an_import(tmp_path, monkeypatch):
-    bad = tmp_path / "tools" / "atlasctl" / "x.py"
-    bad.parent.mkdir(parents=True)
-    bad.write_text("from atlaslab import api\n")
-    monkeypatch.setattr(sys.modules[__name__], "PRODUCT", (tmp_path / "tools" / "atlasctl",))
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    assert lab_imports() == ["tools/atlasctl/x.py:1: atlaslab"]
-
-
-# The dependency rule of DESIGN.md ("The parts and the dependency rule") for what import-linter cannot
-# load: the collection's plugins, and atlasctl's way into the collection.
-COLLECTION = ROOT / "collections" / "ansible_collections" / "atlas" / "serving" / "plugins"
-OWN_UTILS = "ansible_collections.atlas.serving.plugins.module_utils"
-PLUGIN_UTILS = "ansible_collections.atlas.serving.plugins.plugin_utils"
-ALLOWED = {
-    "module_utils": (OWN_UTILS,),  # they ship to the nodes: the standard library and each other
-    "modules": (OWN_UTILS, "ansible.module_utils"),
-    "filter": (OWN_UTILS, PLUGIN_UTILS, "ansible", "yaml"),  # run on the controller
-    # controller-side code the filters and atlasctl share; bcrypt (in the controller's pinned closure, a dependency
-    # of paramiko) hashes the monitoring web passwords (plugin_utils/monitoring.py)
-    "plugin_utils": (OWN_UTILS, "ansible", "yaml", "bcrypt"),
+PLUGINS = ROOT / "collections" / "ansible_collections" / "atlas" / "serving" / "plugins"
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+SHOP = {
+    "shop/__init__.py": "",
+    "shop/web.py": "",
+    "shop/utils/__init__.py": "",
+    "shop/utils/a.py": "import json\nimport os.path\n\nfrom shop.utils import b\n",
+    "shop/utils/b.py": "import yaml\nfrom shop import web\n",
 }
 
 
-def imported(path: Path) -> list[tuple[int, str]]:
-    names = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.append((node.lineno, node.module))
-    return names
+def lint_imports(tmp_path: Path, allowed: list[str], source: str = "shop.utils") -> subprocess.CompletedProcess:
+    """lint-imports on the package ``shop`` with one ``imports_only`` contract, as pyproject.toml registers it."""
+    for name, text in SHOP.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "contracts.toml").write_text(f"""\
+[tool.importlinter]
+root_packages = ["shop"]
+include_external_packages = true
+contract_types = ["imports_only: tests.import_contracts.ImportsOnlyContract"]
+
+[[tool.importlinter.contracts]]
+name = "shop.utils imports only what it may"
+type = "imports_only"
+source_modules = ["{source}"]
+allowed_modules = {json.dumps(allowed)}
+""")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+    return subprocess.run([str(LINT_IMPORTS), "--no-cache", "--config", str(tmp_path / "contracts.toml")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 
-def foreign_imports(kind: str, root: Path = COLLECTION) -> list[str]:
-    """Imports of ``plugins/<kind>/*.py`` that are neither the standard library nor allowed for the kind."""
-    allowed = ALLOWED[kind]
-    found = []
-    for path in sorted((root / kind).glob("*.py")):
-        for line, name in imported(path):
-            top = name.split(".")[0]
-            if top in sys.stdlib_module_names or top == "__future__":
-                continue
-            if not any(name == a or name.startswith(a + ".") for a in allowed):
-                found.append(f"{path.name}:{line}: {name}")
-    return found
+def test_imports_only_names_each_import_outside_the_standard_library_and_the_allowed(tmp_path):
+    run = lint_imports(tmp_path, ["shop.utils"])
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "shop.utils.b is not allowed to import yaml (l.1)" in run.stdout
+    assert "shop.utils.b is not allowed to import shop.web (l.2)" in run.stdout
+    assert "shop.utils.a is not allowed" not in run.stdout  # the standard library and its own package
 
 
-@pytest.mark.parametrize("kind", sorted(ALLOWED))
-def test_collection_plugins_import_only_what_the_rule_allows(kind):
-    assert foreign_imports(kind) == []
+def test_imports_only_keeps_a_package_that_imports_what_it_may(tmp_path):
+    run = lint_imports(tmp_path, ["shop.utils", "shop.web", "yaml"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 kept, 0 broken" in run.stdout
 
 
-def test_the_plugin_check_sees_a_foreign_import(tmp_path):
-    (tmp_path / "module_utils").mkdir()
-    (tmp_path / "module_utils" / "x.py").write_text("import os\nimport yaml\nfrom atlasctl import paths\n")
-    assert foreign_imports("module_utils", tmp_path) == ["x.py:2: yaml", "x.py:3: atlasctl"]
+def test_imports_only_refuses_a_source_that_is_not_there(tmp_path):
+    run = lint_imports(tmp_path, [], source="shop.nothing")
+    assert run.returncode != 0 and "shop.nothing" in run.stdout + run.stderr
 
 
-def test_atlasctl_imports_the_collection_only_through_atlasctl_collection():
-    static = [f"{path.relative_to(ROOT)}:{line}: {name}"
-              for path in sorted((ROOT / "tools" / "atlasctl").rglob("*.py"))
-              for line, name in imported(path) if name.split(".")[0] == "ansible_collections"]
-    assert static == []
+def test_every_plugin_directory_of_the_collection_has_a_contract():
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    sources = {source for contract in contracts for source in contract.get("source_modules", [])}
+    kinds = {f"ansible_collections.atlas.serving.plugins.{d.name}" for d in PLUGINS.iterdir()
+             if d.is_dir() and any(d.glob("*.py"))}
+    assert kinds and kinds - sources == set()

@@ -118,13 +118,13 @@ def test_the_lab_spec_keys_come_from_the_lab_package_only():
 
 def test_the_manifest_bytes_are_the_collections_rendering(tmp_path):
     # one writer of the format: module_utils/manifest.py render_manifest (also `atlasctl models manifest`)
-    from atlasctl.collection import module_utils
+    from ansible_collections.atlas.serving.plugins.module_utils import manifest as manifest_format
 
     _tree(tmp_path)
     manifest = bundle.write_manifest(tmp_path, "t")
     text = (tmp_path / "manifest.json").read_text()
-    assert text == module_utils("manifest").render_manifest(manifest["files"], "t", manifest["release"],
-                                                            manifest["built"])
+    assert text == manifest_format.render_manifest(manifest["files"], "t", manifest["release"],
+                                                   manifest["built"])
     # nothing changed: the same bytes, its build time kept (a signature of it stays good)
     assert bundle.write_manifest(tmp_path, "t") == manifest and (tmp_path / "manifest.json").read_text() == text
 
@@ -144,14 +144,9 @@ _GOOD = {"path": "cann/a.run", "size": 1, "sha256": "a" * 64, "md5": "b" * 32}
 def test_bundle_verify_and_the_roles_refuse_the_same_damaged_manifest(tmp_path, doc, words):
     """One reading of a bundle manifest: `atlasctl bundle verify|push` (read_manifest) and the roles' filter
     (manifest_sha256) refuse it with the same words (install.sh: tests/unit/test_controller_kit.py)."""
-    import importlib
-
     from ansible.errors import AnsibleFilterError
+    from ansible_collections.atlas.serving.plugins.filter import serving
 
-    from atlasctl.collection import ensure_on_path
-
-    ensure_on_path()
-    serving = importlib.import_module("ansible_collections.atlas.serving.plugins.filter.serving")
     (tmp_path / "manifest.json").write_text(json.dumps(doc))
     with pytest.raises(UsageError, match=re.escape(words)) as here:
         bundle.read_manifest(tmp_path)

@@ -10,13 +10,11 @@ import json
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import manifest as fmt
 from image_archives import docker_archive, oci_archive
 
 from atlasctl import bundle
-from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
-
-fmt = module_utils("manifest")
 
 
 def _spec(tmp_path: Path, text: str) -> bundle.BundleSpec:

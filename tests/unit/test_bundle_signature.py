@@ -175,9 +175,8 @@ def test_build_signs_with_the_named_key_and_sign_refuses_a_damaged_bundle(pki, t
 
 
 def test_module_utils_verdict_is_the_sha256_of_the_verified_bytes(pki, tmp_path):
-    from atlasctl.collection import module_utils
+    from ansible_collections.atlas.serving.plugins.module_utils import signature as sig
 
-    sig = module_utils("signature")
     keys, _stranger, fpr, keyring = pki
     root = _bundle(tmp_path / "b")
     sign_manifest(root, "pinned@bank", keys.home)
@@ -335,11 +334,10 @@ def test_sign_signs_the_bytes_it_checked(pki, tmp_path, monkeypatch, capsys):
         == exitcodes.OK
     assert swap.reads == 1
     monkeypatch.undo()
-    from atlasctl.collection import module_utils
+    from ansible_collections.atlas.serving.plugins.module_utils import signature as sig
 
     signature = (root / "manifest.json.asc").read_bytes()
-    verdict = module_utils("signature").verify_manifest(root_manifest, signature, keyring=str(keyring),
-                                                        fingerprints=[fpr["pinned"]])
+    verdict = sig.verify_manifest(root_manifest, signature, keyring=str(keyring), fingerprints=[fpr["pinned"]])
     assert verdict.signed and verdict.sha256 in capsys.readouterr().out
 
 

@@ -168,9 +168,6 @@ def test_the_record_filter_judges_as_the_module_utils_do() -> None:
     an older atlasctl built (no release, no build time) cannot be ordered against a record."""
     import base64
 
-    from atlasctl.collection import ensure_on_path
-
-    ensure_on_path()
     from ansible_collections.atlas.serving.plugins.filter.bundle import bundle_record_check
 
     def b64(data: object) -> str:

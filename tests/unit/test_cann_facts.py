@@ -6,11 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import cann
 
-from atlasctl.collection import module_utils
 from atlaslab.doubles import cann_run
-
-cann = module_utils("cann")
 
 TOOLKIT_83 = (
     "package_name=Ascend-cann-toolkit\nversion=8.3.RC1\ninnerversion=V100R001C83RC1B100\n"

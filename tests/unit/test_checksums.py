@@ -12,12 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-from atlasctl.collection import module_utils
-
-checksums = module_utils("checksums")
-fast_read = module_utils("fast_read")
-manifest = module_utils("manifest")
+from ansible_collections.atlas.serving.plugins.module_utils import checksums, fast_read, manifest
 
 SHARDS = {
     "model-00001-of-00003.safetensors": 3_000_017,

@@ -7,10 +7,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from atlasctl.collection import module_utils
-
-manifest = module_utils("manifest")
+from ansible_collections.atlas.serving.plugins.module_utils import manifest
 
 MD5_A = "0cc175b9c0f1b6a831c399e269772661"
 MD5_B = "92eb5ffee6ae2fec3ad71c777531578f"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,19 @@ def test_every_product_subcommand_is_registered():
     with pytest.raises(SystemExit) as exc:
         cli.main(["--help"])
     assert exc.value.code == 0
+
+
+def test_without_the_collection_on_the_path_the_cli_names_it_and_the_fix(tmp_path):
+    """atlasctl imports the atlas.serving collection from the Python path (a .pth file): a Python without it gets
+    the problem and the fix, no traceback."""
+    hidden = ("import sys; from pathlib import Path; "
+              "sys.path[:] = [p for p in sys.path if not (Path(p) / 'ansible_collections').is_dir()]; "
+              "from atlasctl.cli import main; sys.exit(main(['--version']))")
+    run = subprocess.run([sys.executable, "-c", hidden], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == exitcodes.ENVIRONMENT, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr
+    assert run.stderr.startswith("atlasctl: error: ansible_collections is not importable: the atlas.serving "
+                                 "collection is not on the Python path\n  fix: reinstall atlasctl from its wheel")
 
 
 def test_bundle_verify_exit_codes(tmp_path, capsys):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import importlib
 import os
 import re
 import shutil
@@ -13,13 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.atlas.serving.plugins.module_utils import compat
+from ansible_collections.atlas.serving.plugins.plugin_utils import site_data
 from lab_additions import COMPAT_TABLES as LAB_TABLES
-
-from atlasctl.collection import ensure_on_path
-
-ensure_on_path()
-compat = importlib.import_module("ansible_collections.atlas.serving.plugins.module_utils.compat")
-site_data = importlib.import_module("ansible_collections.atlas.serving.plugins.plugin_utils.site_data")
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")

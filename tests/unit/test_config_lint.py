@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.atlas.serving.plugins.module_utils import engine_lint as lint
 from lab_additions import PROFILE_DIRS as LAB_DIRS
 
 from atlasctl import planner
-from atlasctl.collection import module_utils
 
-lint = module_utils("engine_lint")
 SCHEMA_DIR = Path(lint.schema_dir_default())
 REPO = Path(__file__).resolve().parents[2]
 VLLM = "vllm-ascend-0.11.0"

@@ -8,12 +8,8 @@ import json
 
 import pytest
 from ansible.errors import AnsibleFilterError
-
-from atlasctl.collection import ensure_on_path, module_utils
-
-container = module_utils("container")
-ensure_on_path()
-from ansible_collections.atlas.serving.plugins.filter import container as filters  # noqa: E402
+from ansible_collections.atlas.serving.plugins.filter import container as filters
+from ansible_collections.atlas.serving.plugins.module_utils import container
 
 IMAGE = "3f" * 32
 VERSION_DIR = "/var/lib/atlas/models/m/versions/abc123"

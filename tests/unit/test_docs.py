@@ -28,8 +28,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from atlasctl.collection import ensure_on_path
-
 ROOT = Path(__file__).resolve().parents[2]
 COLLECTION = ROOT / "collections" / "ansible_collections" / "atlas" / "serving"
 
@@ -109,7 +107,6 @@ def test_design_states_every_import_linter_contract():
 
 
 def collection_plugins(collection: Path = COLLECTION) -> dict[str, set[str]]:
-    ensure_on_path()
     filters = set()
     for path in sorted((collection / "plugins" / "filter").glob("*.py")):
         module = importlib.import_module(f"ansible_collections.atlas.serving.plugins.filter.{path.stem}")

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import container as CONTAINER
+from ansible_collections.atlas.serving.plugins.module_utils import progress
 from lab_additions import COMPAT_TABLES as LAB_TABLES
 
-from atlasctl.collection import module_utils
 from atlasctl.doctor import checks
 from atlasctl.doctor.model import ERROR, INFO, WARNING, Evidence, Finding, Section, redact
 from atlaslab.doubles import npu_smi as npu_sim
-
-progress = module_utils("progress")
 
 STARTED = 1796021984
 MODEL_DIR = "/var/lib/atlas/models/tiny/versions/abc123"
@@ -445,7 +444,6 @@ def test_bundle_trust_pinned_is_quiet_and_findings_reach_the_report():
 
 # --- a container release (docs/containers.md) ---------------------------------------------------
 
-CONTAINER = module_utils("container")
 IMAGE_ID = "9e" * 32
 CID = "c0" * 32
 

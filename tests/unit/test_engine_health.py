@@ -10,11 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import health
 from engine_double import engines, metrics
 
-from atlasctl.collection import module_utils
-
-health = module_utils("health")
 REPO = Path(__file__).resolve().parents[2]
 ACTIVE = {"ActiveState": "active", "SubState": "running"}
 

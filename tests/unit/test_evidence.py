@@ -16,16 +16,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.atlas.serving.plugins.module_utils import evidence as mu
 
 from atlasctl import cli, evidence, exitcodes, rollout
-from atlasctl.collection import module_utils
 from atlasctl.runner import RunResult
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 pytestmark = pytest.mark.skipif(not shutil.which("gpg"), reason="gpg is not installed (apt-get install gnupg gpgv)")
 
-mu = module_utils("evidence")
 API_KEY = "sk-atlas-evidence-0f3c9d7e2b"  # serving_api_key, in the hostvars and in a failure's message
 ENV_KEY = "vllm-env-key-71d0c2aa95"  # VLLM_API_KEY, in serving_env_extra and in the rendered env file
 VAULT_KEY = "vault-key-5e8812bb40"  # what an inventory's vault_serving_api_key holds

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 import re
 
 import pytest
 from ansible.errors import AnsibleFilterError
-
-from atlasctl.collection import ensure_on_path
-
-ensure_on_path()
-serving = importlib.import_module("ansible_collections.atlas.serving.plugins.filter.serving")
+from ansible_collections.atlas.serving.plugins.filter import serving
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,9 @@ from pathlib import Path
 
 import jinja2
 import pytest
-
-from atlasctl.collection import plugin_utils
+from ansible_collections.atlas.serving.plugins.plugin_utils import firewall as fw
 
 ROOT = Path(__file__).resolve().parents[2]
-fw = plugin_utils("firewall")
 
 HOSTVARS = {
     "n1": {"ansible_host": "10.0.0.11", "group_names": ["atlas_nodes", "branch_east"]},

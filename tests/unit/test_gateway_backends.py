@@ -7,10 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-
-from atlasctl.collection import module_utils
-
-gateway = module_utils("gateway")
+from ansible_collections.atlas.serving.plugins.module_utils import gateway
 
 UP = "# Ansible managed: {node} (up)\nserver {addr}:{port} max_fails=1 fail_timeout=10s;\n"
 DOWN = "# Ansible managed: {node} (down)\nserver {addr}:{port} max_fails=1 fail_timeout=10s down;\n"

@@ -11,11 +11,9 @@ from pathlib import Path
 import jinja2
 import pytest
 import yaml
-
-from atlasctl.collection import plugin_utils
+from ansible_collections.atlas.serving.plugins.plugin_utils import gateway as gw
 
 ROOT = Path(__file__).resolve().parents[2]
-gw = plugin_utils("gateway")
 
 
 def test_the_key_map_accepts_the_branch_s_keys_and_nothing_else():

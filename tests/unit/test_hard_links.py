@@ -10,13 +10,10 @@ import os
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import checksums, manifest, tree_check
 
 from atlasctl import bundle, cli, exitcodes
-from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
-
-checksums = module_utils("checksums")
-tree_check = module_utils("tree_check")
 
 
 def _bundle(root: Path) -> Path:
@@ -59,7 +56,7 @@ def test_hard_links_inside_the_tree_and_from_a_linked_from_root_are_its_own(tmp_
     (target / "cann").mkdir(parents=True)
     (source / "cann" / "x.run").write_bytes(b"weights")
     os.link(source / "cann" / "x.run", target / "cann" / "x.run")
-    expected = {"cann/x.run": module_utils("manifest").Expected("cann/x.run", 7,
+    expected = {"cann/x.run": manifest.Expected("cann/x.run", 7,
                                                                 sha256=hashlib.sha256(b"weights").hexdigest())}
     refused = checksums.verify_tree(str(target), expected, links="refuse")
     assert [r.problem for r in refused.bad] == ["hardlink"]

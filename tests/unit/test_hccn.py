@@ -4,13 +4,11 @@ against the lab's double as a subprocess (tests/unit/test_hccn_tool_double.py's 
 from __future__ import annotations
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import hccn
 from hypothesis import given
 from hypothesis import strategies as st
 from test_hccn_tool_double import FakeNodes
 
-from atlasctl.collection import module_utils
-
-hccn = module_utils("hccn")
 MASK, GW = "255.255.255.0", "10.20.0.1"
 
 # Real outputs, verbatim (docs/npu-network.md, section 2).

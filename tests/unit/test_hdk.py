@@ -10,15 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import hdk
 
 from atlasctl.bundle import BundleSpec, _kind_and_version
-from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
 from atlaslab.doubles import lab_driver
 from atlaslab.doubles.cann_run import CannBuildError
 from atlaslab.doubles.hdk_run import build_hdk_packages, hdk_package_files
 
-hdk = module_utils("hdk")
 DRV, FW = "hdk/drv.run", "hdk/fw.run"
 
 

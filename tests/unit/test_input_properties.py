@@ -13,15 +13,14 @@ import pytest
 import yaml
 
 hypothesis = pytest.importorskip("hypothesis")
+from ansible_collections.atlas.serving.plugins.module_utils import engine_lint as lint  # noqa: E402
+from ansible_collections.atlas.serving.plugins.module_utils import manifest  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from atlasctl.bundle import _KEYS, BundleSpec, plan_build  # noqa: E402
-from atlasctl.collection import module_utils  # noqa: E402
 from atlasctl.errors import UsageError  # noqa: E402
 
-manifest = module_utils("manifest")
-lint = module_utils("engine_lint")
 FAST = settings(max_examples=100, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 HEX = st.text("0123456789abcdefABCDEF", min_size=0, max_size=70)

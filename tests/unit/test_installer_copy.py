@@ -15,11 +15,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import installer_copy
 
 from atlasctl.bundle import write_manifest
-from atlasctl.collection import collections_dir, module_utils
+from atlasctl.paths import suite_root
 
-installer_copy = module_utils("installer_copy")
 CopyError = installer_copy.CopyError
 TOOLKIT, KERNELS = "cann/toolkit_1.0.run", "cann/kernels_1.0.zip"
 
@@ -167,7 +167,8 @@ def test_check_mode_writes_nothing_and_still_refuses(bundle: Path, tmp_path: Pat
 
 
 def test_the_module_copies_and_removes(bundle: Path, tmp_path: Path) -> None:
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections_dir()), ANSIBLE_LOCALHOST_WARNING="False",
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(suite_root() / "collections"),
+               ANSIBLE_LOCALHOST_WARNING="False",
                ANSIBLE_PYTHON_INTERPRETER=sys.executable)
     dest = tmp_path / "work"
 

@@ -47,9 +47,8 @@ def test_api_key_comes_from_vault_variable():
 
 
 def test_example_bank_pins_a_placeholder_that_refuses_until_replaced():
-    from atlasctl.collection import module_utils
+    from ansible_collections.atlas.serving.plugins.module_utils import signature as sig
 
-    sig = module_utils("signature")
     hostvars = _inventory("inventory/example-bank")["_meta"]["hostvars"]["atlas-central-01"]
     assert hostvars["atlas_bundle_trusted_fingerprints"] == [sig.PLACEHOLDER_FINGERPRINT]
     assert hostvars["atlas_bundle_keyring"].startswith("/")
@@ -66,10 +65,9 @@ def test_lab_and_scale_inventories_carry_their_profiles_and_compatibility_rows()
     """Each inventory's own data resolves beside it (relative to its directory), as the roles resolve it:
     the scale lab links the lab's, so the profiles its nodes name are found and its engines are in the table."""
     import yaml
+    from ansible_collections.atlas.serving.plugins.module_utils import compat
+    from ansible_collections.atlas.serving.plugins.plugin_utils import site_data as site
 
-    from atlasctl.collection import module_utils, plugin_utils
-
-    site, compat = plugin_utils("site_data"), module_utils("compat")
     for inventory, groups in (("inventory/lab", ("branch_east", "branch_west")), ("inventory/scale", ("atlas_nodes",))):
         base = ROOT / inventory
         common = yaml.safe_load((base / "group_vars/all.yml").read_text())

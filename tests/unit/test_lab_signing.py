@@ -88,10 +88,10 @@ def test_generated_inventory_pins_the_lab_key_for_all(tmp_path: Path) -> None:
 def test_evidence_key_signs_packs(lab_env: Path, tmp_path: Path) -> None:
     """A second key, in its own home, named in the generated inventory's vars beside the bundle's; a pack it
     signs verifies against its exported keyring, and not against the bundle key."""
-    from atlasctl import evidence
-    from atlasctl.collection import module_utils
+    from ansible_collections.atlas.serving.plugins.module_utils import evidence as mu
 
-    mu = module_utils("evidence")
+    from atlasctl import evidence
+
     bundle_key, evidence_key = signing.ensure_key(), signing.ensure_key(signing.EVIDENCE)
     try:
         assert len(evidence_key) == 40 and evidence_key != bundle_key

@@ -7,10 +7,9 @@ import os
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import model_space as space
+from ansible_collections.atlas.serving.plugins.module_utils.manifest import ManifestError
 
-from atlasctl.collection import module_utils
-
-space = module_utils("model_space")
 MIB = 1024 * 1024
 
 
@@ -88,5 +87,5 @@ def test_the_real_free_space_is_measured(tmp_path: Path) -> None:
 
 def test_a_manifest_without_the_model_is_a_clear_error(tmp_path: Path) -> None:
     m = manifest(tmp_path, {"a": 1})
-    with pytest.raises(module_utils("manifest").ManifestError, match="no files under prefix 'models/other'"):
+    with pytest.raises(ManifestError, match="no files under prefix 'models/other'"):
         space.check(str(m), "other", str(tmp_path / "v"), None, 0)

@@ -11,12 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import checksums
 
 from atlasctl import bundle
 from atlasctl.cli import main as atlasctl_main
-from atlasctl.collection import collections_dir, module_utils
-
-checksums = module_utils("checksums")
+from atlasctl.paths import suite_root
 
 VENV_BIN = Path(sys.executable).parent
 ANSIBLE = VENV_BIN / "ansible"
@@ -33,7 +32,8 @@ def _model(root: Path) -> Path:
 
 
 def _ansible(args: str, *extra: str, check: bool = False) -> tuple[int, dict]:
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections_dir()), ANSIBLE_LOCALHOST_WARNING="False")
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(suite_root() / "collections"),
+               ANSIBLE_LOCALHOST_WARNING="False")
     env["ANSIBLE_PYTHON_INTERPRETER"] = sys.executable
     cmd = [str(ANSIBLE), "localhost", "-o", "-m", "atlas.serving.model_verify", "-a", args, *extra]
     if check:
@@ -213,7 +213,8 @@ def test_bundle_verify_and_the_node_verifier_give_the_same_verdicts(tmp_path: Pa
 def test_files_verifies_only_those_and_refuses_an_unlisted_name(tmp_path: Path) -> None:
     """`files`: one image archive of a bundle's images/ is read; the other listed archives are neither read nor
     reported; a damaged one of them does not matter; a file outside the lists is still an extra file."""
-    tree = module_utils("tree_check")
+    from ansible_collections.atlas.serving.plugins.module_utils import tree_check as tree
+
     root = _model(tmp_path / "m")
     wanted, other = "model-00003-of-00003.safetensors", "model-00001-of-00003.safetensors"
     (root / other).write_bytes(b"damaged")

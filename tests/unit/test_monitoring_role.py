@@ -296,7 +296,7 @@ def test_tls_and_passwords_guard_prometheus(tmp_path: Path) -> None:
     the user, so it is known ahead) refuses a request without the password or with a wrong one and serves the right
     one over TLS checked against the CA; the role's own readiness check and reload go through it. A second run
     changes nothing."""
-    from atlasctl.collection import plugin_utils
+    from ansible_collections.atlas.serving.plugins.plugin_utils import monitoring
 
     (tmp_path / "stage").mkdir()
     fresh = Stage(tmp_path / "stage")
@@ -305,7 +305,7 @@ def test_tls_and_passwords_guard_prometheus(tmp_path: Path) -> None:
         (tmp_path / name).write_text(text + "\n")
     web = tmp_path / "web"
     web.mkdir()
-    hashed = plugin_utils("monitoring").web_password_hash("api-password-123456", "mon/atlas")
+    hashed = monitoring.web_password_hash("api-password-123456", "mon/atlas")
     (web / "prometheus.yml").write_text(yaml.safe_dump({
         "tls_server_config": {"cert_file": str(tls["cert"]), "key_file": str(tls["key"]), "min_version": "TLS12"},
         "basic_auth_users": {"atlas": hashed}}))

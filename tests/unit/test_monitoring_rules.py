@@ -10,11 +10,10 @@ import subprocess
 
 import pytest
 import yaml
+from ansible_collections.atlas.serving.plugins.module_utils import progress
+from ansible_collections.atlas.serving.plugins.plugin_utils import monitoring as mon
 from monitoring_names import ROOT, RULES, exported, promql_names, recorded, rules
 
-from atlasctl.collection import module_utils, plugin_utils
-
-mon = plugin_utils("monitoring")
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool is not installed: `apt-get install prometheus` (make host-deps installs it)")
@@ -107,7 +106,7 @@ def test_the_jobs_the_rules_name_are_the_jobs_the_stage_generates():
 
 def test_the_hang_rules_read_every_counter_and_gauge_of_progress_py():
     """One rule of progress, two implementations (the probe's progress.py, Prometheus's rules): the same names."""
-    engines = module_utils("progress").ENGINES
+    engines = progress.ENGINES
     by_record = {r["record"]: promql_names(r["expr"]) for r in rules() if "record" in r}
     assert by_record["atlas:engine_progress:increase5m"] == {n for e in engines.values() for n in e["progress"]}
     assert by_record["atlas:engine_work:sum"] == {n for e in engines.values() for n in e["work"]}

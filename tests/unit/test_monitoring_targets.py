@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
-
-from atlasctl.collection import ensure_on_path, plugin_utils
+from ansible_collections.atlas.serving.plugins.filter import monitoring as filters
+from ansible_collections.atlas.serving.plugins.plugin_utils import monitoring as mon
 
 ROOT = Path(__file__).resolve().parents[2]
-mon = plugin_utils("monitoring")
-ensure_on_path()
-filters = importlib.import_module("ansible_collections.atlas.serving.plugins.filter.monitoring")
 
 FLEET = ["n1", "n2", "n3", "n4"]
 HOSTVARS = {

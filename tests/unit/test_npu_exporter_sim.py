@@ -16,9 +16,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils.progress import samples
 from monitoring_names import exported
 
-from atlasctl.collection import module_utils
 from atlaslab import config, npu
 from atlaslab.doubles import hccn_tool, npu_exporter, npu_smi
 
@@ -28,7 +28,6 @@ LAB = {
     "nodes": [{"name": "n1", "npu": {"model": "910B4", "count": 4, "hbm_mb": 32768}}],
 }
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-samples = module_utils("progress").samples
 
 
 @pytest.fixture()

@@ -4,11 +4,7 @@
 from __future__ import annotations
 
 import pytest
-
-from atlasctl.collection import module_utils
-
-npu_network = module_utils("npu_network")
-comm_env = module_utils("comm_env")
+from ansible_collections.atlas.serving.plugins.module_utils import comm_env, npu_network
 
 MASK, GW = "255.255.255.0", "10.20.0.1"
 

@@ -11,13 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import npu_procs as procs
+from ansible_collections.atlas.serving.plugins.module_utils import npu_smi
 from test_npu_smi import SECTION_6
 
-from atlasctl.collection import module_utils
 from atlasctl.doctor import gather
 
-procs = module_utils("npu_procs")
-npu_smi = module_utils("npu_smi")
 REPO = Path(__file__).resolve().parents[2]
 ENGINES = "/opt/atlas/engines"
 UNIT = "0::/system.slice/atlas-serving.service\n"

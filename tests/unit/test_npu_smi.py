@@ -9,11 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import npu_smi
 
-from atlasctl.collection import collections_dir, module_utils
+from atlasctl.paths import suite_root
 from atlaslab.doubles import npu_smi as simulator
-
-npu_smi = module_utils("npu_smi")
 
 # docs/ascend-platform.md section 6, verbatim (a real 8 x 910B3 64 GB machine; NPUs 2-7 elided there).
 SECTION_6 = """\
@@ -238,7 +237,8 @@ ANSIBLE = Path(sys.executable).parent / "ansible"
 @pytest.mark.parametrize("loaded", [True, False])
 def test_npu_facts_module(tmp_path: Path, loaded: bool) -> None:
     exe = _install_sim(tmp_path, _sim_state(driver_loaded=loaded))
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections_dir()), ANSIBLE_LOCALHOST_WARNING="False",
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(suite_root() / "collections"),
+               ANSIBLE_LOCALHOST_WARNING="False",
                ANSIBLE_PYTHON_INTERPRETER=sys.executable)  # fmt: skip
     proc = subprocess.run(
         [str(ANSIBLE), "localhost", "-o", "--check", "-m", "atlas.serving.npu_facts", "-a", f"npu_smi_path={exe}"],

@@ -11,11 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import (
+    npu_smi as npu_smi_parser,  # the product's parser reads what the double prints
+)
 
-from atlasctl.collection import module_utils
 from atlaslab.doubles import npu_smi
-
-npu_smi_parser = module_utils("npu_smi")  # the product's parser reads what the double prints
 
 # Verbatim lines of a real `npu-smi info` (8 x 910B3 64 GB), NPUs 0 and 1 and the process section of NPU 0.
 REAL_HEAD = """\

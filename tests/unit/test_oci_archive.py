@@ -4,11 +4,9 @@ takes, and every way an archive is refused (several images, a damaged or missing
 from __future__ import annotations
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import manifest
+from ansible_collections.atlas.serving.plugins.module_utils import oci_archive as archive
 from image_archives import docker_archive, oci_archive
-
-from atlasctl.collection import module_utils
-
-archive = module_utils("oci_archive")
 
 
 @pytest.mark.parametrize("build", [
@@ -20,7 +18,7 @@ archive = module_utils("oci_archive")
 def test_the_id_is_the_config_digest_in_every_format(tmp_path, build):
     path, expected = build(tmp_path)
     assert archive.image_id(str(path)) == expected
-    assert module_utils("manifest").is_image_id(expected)
+    assert manifest.is_image_id(expected)
 
 
 def test_the_lab_builder_s_archive_reads_as_its_config_digest(tmp_path):

@@ -11,10 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import paths
 
-from atlasctl.collection import module_utils
-
-paths = module_utils("paths")
 REPO = Path(__file__).resolve().parents[2]
 ME = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name
 

@@ -10,12 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import memplan
 from lab_additions import PROFILE_DIRS as LAB_DIRS
 
 from atlasctl import planner
-from atlasctl.collection import module_utils
 
-memplan = module_utils("memplan")
 GIB = 1024**3
 LLAMA70B = json.loads((planner.model_data_dir() / "llama-2-70b-chat-hf/config.json").read_text())
 FLAGS_8 = {"--tensor-parallel-size": 8, "--dtype": "float16", "--max-model-len": 2048, "--max-num-seqs": 10,

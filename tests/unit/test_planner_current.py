@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import memplan
 
 from atlasctl import planner
-from atlasctl.collection import module_utils
 
-memplan = module_utils("memplan")
 GIB = 1024**3
 HBM_64G = 65536 * 1024 * 1024
 

@@ -9,15 +9,14 @@ import subprocess
 import sys
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import memplan
 
 from atlasctl import planner
-from atlasctl.collection import module_utils
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-memplan = module_utils("memplan")
 GIB = 1024**3
 DEEPSEEK = planner.model_config("deepseek-v3")
 LLAMA70B = planner.model_config("llama-2-70b-chat-hf")

@@ -10,12 +10,11 @@ import os
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import podman
 from image_archives import oci_archive
 
 from atlasctl import bundle
-from atlasctl.collection import module_utils
 
-podman = module_utils("podman")
 PODMAN = "/usr/bin/podman"
 
 

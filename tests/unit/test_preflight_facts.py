@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import node_facts
 
-from atlasctl.collection import collections_dir, module_utils
+from atlasctl.paths import suite_root
 
-node_facts = module_utils("node_facts")
 ANSIBLE = Path(sys.executable).with_name("ansible")
 
 
@@ -40,7 +40,8 @@ def test_exist_means_any_kind_of_path_links_followed(tmp_path: Path) -> None:
 
 
 def _ansible(module: str, args: dict) -> dict:
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections_dir()), ANSIBLE_LOCALHOST_WARNING="False",
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(suite_root() / "collections"),
+               ANSIBLE_LOCALHOST_WARNING="False",
                ANSIBLE_CALLBACK_RESULT_FORMAT="json", ANSIBLE_LOAD_CALLBACK_PLUGINS="0")
     proc = subprocess.run([str(ANSIBLE), "localhost", "-i", "localhost,", "-c", "local",
                            "-e", f"ansible_python_interpreter={sys.executable}", "-m", module, "-a", json.dumps(args)],

@@ -6,12 +6,9 @@ import json
 import math
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import progress
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from atlasctl.collection import module_utils
-
-progress = module_utils("progress")
 
 # vLLM 0.11.1 as prometheus_client writes it (labels model_name, engine; request_success by finished_reason;
 # _created samples beside counters; histogram buckets): two DP engines, summed per name.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib
 import json
 import os
 import re
@@ -15,7 +14,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from atlasctl.collection import ensure_on_path
 from atlaslab import config, inventory
 from atlaslab.benchmarks import rollout as rb
 
@@ -82,8 +80,8 @@ def test_gateways_and_wave_plans():
 
 
 def test_waves_plan_matches_the_rollout_filter():
-    ensure_on_path()
-    rollout_plan = importlib.import_module("ansible_collections.atlas.serving.plugins.filter.rollout").rollout_plan
+    from ansible_collections.atlas.serving.plugins.filter.rollout import rollout_plan
+
     groups = {"atlas_nodes": [rb.node_name(i) for i in range(1, 9)]}
     plan = rollout_plan(rb.waves_of_one(groups["atlas_nodes"][:4]), groups)
     assert [(w["name"], w["hosts"], w["serial"]) for w in plan] == [

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-
 import pytest
 from ansible.errors import AnsibleFilterError
-
-from atlasctl.collection import ensure_on_path
-
-ensure_on_path()
-rollout = importlib.import_module("ansible_collections.atlas.serving.plugins.filter.rollout")
+from ansible_collections.atlas.serving.plugins.filter import rollout
 
 GROUPS = {"atlas_nodes": ["n1", "n2", "n3", "n4"], "canary": ["n1"], "branch_east": ["n1", "n2"],
           "branch_west": ["n3", "n4"], "gateway": ["gw-east", "gw-west"]}

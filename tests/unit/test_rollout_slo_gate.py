@@ -45,8 +45,9 @@ ANSWERS = {"atlas:engine_ttft_seconds": [({"node": "n1"}, "0.2")],
 def _gate(tmp: Path, engine_url: str, prometheus_port: int | None,
           started: str = f"@{STARTED}") -> tuple[subprocess.CompletedProcess, dict, list]:
     (tmp / "playbooks").mkdir(exist_ok=True)
-    if not (tmp / "tools").exists():
-        (tmp / "tools").symlink_to(REPO / "tools")  # slo.yml runs atlasctl from <playbook_dir>/../tools
+    for part in ("tools", "collections"):  # slo.yml runs atlasctl and its collection from <playbook_dir>/..
+        if not (tmp / part).exists():
+            (tmp / part).symlink_to(REPO / part)
     (tmp / "playbooks/gate.yml").write_text(PLAYBOOK)
     bindir = tmp / "bin"
     bindir.mkdir(exist_ok=True)

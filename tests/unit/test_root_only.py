@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import root_only
 
 from atlasctl import bundle_push
 from atlasctl import inventory as shared
 from atlasctl.bundle import load, write_manifest
-from atlasctl.collection import collections_dir, module_utils
 from atlasctl.errors import UsageError
+from atlasctl.paths import suite_root
 
-root_only = module_utils("root_only")
 NOBODY = 65534
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="judging owners needs files owned by root and by others")
@@ -114,7 +114,8 @@ def test_many_problems_are_counted(tmp_path: Path) -> None:
 
 
 def _module(path: Path, *extra: str) -> tuple[int, dict]:
-    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(collections_dir()), ANSIBLE_LOCALHOST_WARNING="False",
+    env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(suite_root() / "collections"),
+               ANSIBLE_LOCALHOST_WARNING="False",
                ANSIBLE_PYTHON_INTERPRETER=sys.executable)
     proc = subprocess.run([str(Path(sys.executable).with_name("ansible")), "localhost", "-o", "-m",
                            "atlas.serving.root_only", "-a", f"path={path} name=bundle", *extra],

@@ -16,10 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import container
 
-from atlasctl.collection import module_utils
-
-container = module_utils("container")
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 TEMPLATES = REPO / "roles/serving/templates"

@@ -14,14 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import health
+from ansible_collections.atlas.serving.plugins.module_utils import serving_instance as si
 
 from atlasctl import planner
-from atlasctl.collection import ensure_on_path, module_utils
 from atlasctl.errors import UsageError
 
-si = module_utils("serving_instance")
-health = module_utils("health")
-memplan = module_utils("memplan")
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden_instances"
 EXAMPLE = "inventory/example-multinode"
@@ -257,7 +255,6 @@ def test_rank_of_names_the_instance_problem(example_hostvars):
 
 
 def test_the_filters_work_on_ansible_hostvars():
-    ensure_on_path()
     exe = Path(sys.executable).parent / "ansible"
     expr = ("{{ {'rank': serving_instances | atlas.serving.serving_rank(inventory_hostname, hostvars, 'vllm', "
             "'vllm-ascend-0.11.0', 8), 'entries': groups['branch_dc1'] | atlas.serving.serving_entry_nodes("

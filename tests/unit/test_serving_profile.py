@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from atlasctl.collection import plugin_utils
+from ansible_collections.atlas.serving.plugins.plugin_utils import site_data
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
@@ -157,7 +156,6 @@ def test_the_serving_role_fills_placeholders_and_evaluates_nothing_else(tmp_path
     assert '"VLLM_HOST_IP": "192.0.2.7"' in built
 
 
-site_data = plugin_utils("site_data")
 VALUES = {"serving_model_path": "/m", "serving_served_model_name": "tiny", "serving_host": "0.0.0.0",
           "__serving_port": 8000, "ansible_host": None}
 

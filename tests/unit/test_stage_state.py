@@ -16,10 +16,9 @@ from collections import namedtuple
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import checksums, tree_check
+from ansible_collections.atlas.serving.plugins.module_utils import stage_state as state
 
-from atlasctl.collection import module_utils
-
-state = module_utils("stage_state")
 ME = pwd.getpwuid(os.getuid()).pw_name, grp.getgrgid(os.getgid()).gr_name
 
 Pw = namedtuple("Pw", "pw_name pw_gid pw_shell pw_dir")
@@ -291,9 +290,6 @@ def test_a_mirror_equal_to_the_second_is_converged_as_rsync_says(tmp_path: Path)
 
 # --- verified: model_verify would pass from its stamps alone ---------------------------------------------------------
 
-tree_check = module_utils("tree_check")
-
-
 def _verified_tree(tmp_path: Path) -> tuple[Path, dict]:
     root = tmp_path / "model"
     root.mkdir()
@@ -306,7 +302,7 @@ def _verified_tree(tmp_path: Path) -> tuple[Path, dict]:
         (root / f"{alg}sums.txt").write_text("".join(text))
     for path in root.iterdir():
         _touch(path, 1_700_000_000)
-    time.sleep(module_utils("checksums").RACY_MARGIN_NS / 1e9 + 0.05)  # ctime is now: past the racy window
+    time.sleep(checksums.RACY_MARGIN_NS / 1e9 + 0.05)  # ctime is now: past the racy window
     opts = {"checksum_files": [str(root / "md5sums.txt"), str(root / "sha256sums.txt")],
             "stamp_file": str(tmp_path / "stamps.json")}
     report, _ = tree_check.check_tree(str(root), **opts)
@@ -316,7 +312,6 @@ def _verified_tree(tmp_path: Path) -> tuple[Path, dict]:
 
 def test_a_tree_its_stamps_vouch_for_is_converged_and_nothing_is_read(tmp_path: Path, monkeypatch) -> None:
     root, opts = _verified_tree(tmp_path)
-    checksums = module_utils("checksums")
     for reader in ("hash_file", "hash_small_file"):
         monkeypatch.setattr(checksums, reader, lambda *a, **k: pytest.fail("the fast path read a file"))
     assert state.verified_differences(str(root), **opts) == []

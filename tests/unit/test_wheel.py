@@ -46,7 +46,7 @@ def venv(tmp_path_factory, wheel) -> Path:
 
 def _run(venv: Path, *argv: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "ATLAS_SUITE_DIR", "ATLAS_COLLECTIONS_DIR", "VIRTUAL_ENV")}
+           if k not in ("PYTHONPATH", "ATLAS_SUITE_DIR", "VIRTUAL_ENV")}
     return subprocess.run([str(venv / "bin" / argv[0]), *argv[1:]], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
 
@@ -69,6 +69,11 @@ def test_installed_atlasctl_runs_its_own_suite_outside_the_checkout(venv, tmp_pa
     module, suite, checkout = where.stdout.split()
     assert Path(module).is_relative_to(venv) and Path(suite).is_relative_to(venv), where.stdout
     assert checkout == "None"
+    # the collection's code, imported by name from the wheel's copy (its atlas_serving_collection.pth)
+    found = _run(venv, "python", "-c", "from ansible_collections.atlas.serving.plugins.module_utils import checksums;"
+                                       " print(checksums.__file__)", cwd=tmp_path)
+    assert found.returncode == 0, found.stderr
+    assert Path(found.stdout.strip()).is_relative_to(Path(suite) / "collections"), found.stdout
     lab = _run(venv, "python", "-c", "import atlaslab", cwd=tmp_path)
     assert lab.returncode != 0 and "No module named 'atlaslab'" in lab.stderr
     rendered = _run(venv, "atlasctl", "config", "render", PROFILE, cwd=tmp_path)

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
+from ansible_collections.atlas.serving.plugins.module_utils import wheel_hashes
 
-from atlasctl.collection import ensure_on_path, module_utils
 from atlaslab.doubles.wheelhouse import VLLM_SHIM, MetadataShim, build_metadata_wheel
 
-wheel_hashes = module_utils("wheel_hashes")
 LockError = wheel_hashes.LockError
 A, B, C = "a" * 64, "b" * 64, "c" * 64
 
@@ -53,10 +52,8 @@ def test_a_lock_that_cannot_be_installed_with_hashes_is_refused(lock, verified, 
 
 
 def test_the_filter_reads_model_verify_files_and_a_slurp():
-    ensure_on_path()
-    import importlib
+    from ansible_collections.atlas.serving.plugins.filter import engines
 
-    engines = importlib.import_module("ansible_collections.atlas.serving.plugins.filter.engines")
     lock = b"a==1\n"
     files = [{"path": "requirements.lock", "expected": {"sha256": sha256(lock)}},
              {"path": "a-1-py3-none-any.whl", "expected": {"sha256": A}}, {"path": "requirements.txt"}]

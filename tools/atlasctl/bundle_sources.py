@@ -37,8 +37,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from ansible_collections.atlas.serving.plugins.module_utils import checksums
+
 from atlasctl.bundle import PlannedStep
-from atlasctl.collection import module_utils
 from atlasctl.errors import EnvironmentProblem, UsageError
 from atlasctl.inputs import read_text
 from atlasctl.paths import SUITE_ITEMS, copy_items
@@ -48,7 +49,8 @@ def vendor_pins(path: Path, pinned_sha256: str | None = None) -> dict[str, list[
     """What vouches for a vendor package: {algorithm: [(hex, who), ...]} from ``<name>.sha256`` / ``<name>.md5``
     beside it and the sha256 the spec pins. A package with neither a ``.sha256`` side file nor a pinned sha256
     is refused (an md5 alone does not vouch: collisions are cheap)."""
-    fmt = module_utils("manifest")
+    from ansible_collections.atlas.serving.plugins.module_utils import manifest as fmt
+
     pins: dict[str, list[tuple[str, str]]] = {}
     for algo in ("sha256", "md5"):
         side = path.with_name(path.name + f".{algo}")
@@ -74,7 +76,7 @@ def vendor_pins(path: Path, pinned_sha256: str | None = None) -> dict[str, list[
 def check_vendor_pins(copy: Path, source: Path, pins: dict[str, list[tuple[str, str]]]) -> None:
     """``copy`` (the bytes the bundle gets) against every pin of ``source`` (:func:`vendor_pins`): md5 and
     sha256 in one read (module_utils/checksums)."""
-    have = module_utils("checksums").hash_file(str(copy))
+    have = checksums.hash_file(str(copy))
     for algo, entries in pins.items():
         for want, who in entries:
             if getattr(have, algo) != want:
@@ -156,7 +158,9 @@ _RELEASE = re.compile(r"[a-z0-9][a-z0-9.+-]*-[0-9][A-Za-z0-9.+-]*")  # fullmatch
 def check_images(path: Path, entries: list) -> None:
     """The spec's ``images`` entries: the five keys, each a string, a known variant, a CANN release name, an
     engine release named as the schemas name them (``vllm-ascend-0.11.0``), each name once."""
-    fmt, cann = module_utils("manifest"), module_utils("cann")
+    from ansible_collections.atlas.serving.plugins.module_utils import cann
+    from ansible_collections.atlas.serving.plugins.module_utils import manifest as fmt
+
     seen: set[str] = set()
     for index, entry in enumerate(entries):
         where = f"bundle spec {path}: images[{index}]"
@@ -190,7 +194,9 @@ def image_step(entry: dict, source: str = "local-image") -> PlannedStep:
     """``images/<name>.tar``: the archive copied (when its size or mtime differ), after its image id was read,
     so a file that is not one image in a format ``podman load`` reads is refused before it is copied. The lab
     plans its own images with this step (``source``: lab-double)."""
-    archive_fmt, fmt = module_utils("oci_archive"), module_utils("manifest")
+    from ansible_collections.atlas.serving.plugins.module_utils import manifest as fmt
+    from ansible_collections.atlas.serving.plugins.module_utils import oci_archive as archive_fmt
+
     name, src = str(entry["name"]), Path(str(entry["archive"])).expanduser()
     rel = f"{fmt.IMAGE_DIR}/{name}{fmt.IMAGE_SUFFIX}"
 

@@ -9,7 +9,7 @@ import sys
 
 from atlasctl import __version__, exitcodes
 from atlasctl.commands import command_names
-from atlasctl.errors import AtlasError
+from atlasctl.errors import AtlasError, EnvironmentProblem
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,12 +44,23 @@ def run(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
         return exitcodes.INTERRUPTED
 
 
+def _no_collection(exc: ModuleNotFoundError) -> EnvironmentProblem:
+    """The commands import the atlas.serving collection, which a .pth file puts on the Python path (the wheel's,
+    or the one `make venv` writes): without it, one line and the fix instead of a traceback."""
+    if not (exc.name or "").startswith("ansible_collections"):
+        raise exc
+    return EnvironmentProblem(f"{exc.name} is not importable: the atlas.serving collection is not on the Python path",
+                              fix="reinstall atlasctl from its wheel (it carries the collection and puts it on the "
+                                  "path), or in a checkout run `make venv`")
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
-        parser = build_parser()  # the commands load the suite's collection: it may be missing
-    except AtlasError as exc:
-        print(f"atlasctl: error: {exc.render()}", file=sys.stderr)
-        return exc.exit_code
+        parser = build_parser()
+    except (AtlasError, ModuleNotFoundError) as exc:
+        problem = exc if isinstance(exc, AtlasError) else _no_collection(exc)
+        print(f"atlasctl: error: {problem.render()}", file=sys.stderr)
+        return problem.exit_code
     return run(parser, argv)
 
 

@@ -8,27 +8,23 @@ A pack's format and its writing are the collection's (module_utils/evidence.py: 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import re
 import subprocess
 import tempfile
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+from ansible_collections.atlas.serving.plugins.module_utils import evidence as mu
+from ansible_collections.atlas.serving.plugins.module_utils import signature as sig
+
 from atlasctl import inventory as shared
-from atlasctl.collection import ensure_on_path, module_utils
 from atlasctl.errors import EnvironmentProblem, UsageError
 
 SIGNING_KEY_VAR = "atlas_evidence_signing_key"
 GNUPG_HOME_VAR = "atlas_evidence_gnupg_home"
 KEY_FIX = (f"pass --keyring FILE --fingerprint FPR (the controller's evidence key, exported with gpg --export), "
            f"or -i INVENTORY naming {SIGNING_KEY_VAR} and {GNUPG_HOME_VAR}")
-
-
-def _mu() -> ModuleType:
-    return module_utils("evidence")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +49,6 @@ class Verdict:
 
 
 def _is_pack(folder: Path) -> None:
-    mu = _mu()
     if not folder.is_dir():
         raise UsageError(f"evidence pack {folder}: not a directory",
                          fix="pass the .evidence directory beside a rollout's report (artifacts/rollouts/...)")
@@ -86,7 +81,6 @@ def key_from_inventory(inventory: Path) -> tuple[str, str]:
 
 def export_keyring(home: str, fingerprint: str, dest: Path) -> Path:
     """The public key ``fingerprint`` from the gpg home ``home`` into the keyring file ``dest``."""
-    sig = module_utils("signature")
     try:
         argv = [*sig.isolated_gpg(home), "--export", fingerprint]
     except sig.SignatureError as exc:
@@ -120,7 +114,6 @@ def verify(folder: Path, *, keyring: Path | None = None, fingerprint: str = "",
     """Check a pack: every file SHA256SUMS lists is there and matches, nothing else is there, and
     SHA256SUMS.asc is a good signature by the pinned key. Bad input (no such pack, no key to check a
     signed pack against, a keyring that is not a file, a short fingerprint) is a UsageError."""
-    mu, sig = _mu(), module_utils("signature")
     folder = Path(folder)
     _is_pack(folder)
     if bool(keyring) != bool(fingerprint):
@@ -164,7 +157,6 @@ def verify(folder: Path, *, keyring: Path | None = None, fingerprint: str = "",
 
 
 def _listed(folder: Path) -> int:
-    mu = _mu()
     try:
         return len(mu.parse_sums((folder / mu.SUMS).read_text(encoding="utf-8")))
     except (OSError, UnicodeDecodeError, mu.EvidenceError):
@@ -184,7 +176,6 @@ def verify_with_inventory(folder: Path, inventory: Path, allow_unsigned: bool = 
 
 def read(folder: Path) -> dict[str, Any]:
     """The pack's record (evidence.json), as written; not verified."""
-    mu = _mu()
     folder = Path(folder)
     _is_pack(folder)
     try:
@@ -194,9 +185,10 @@ def read(folder: Path) -> dict[str, Any]:
 
 
 def _table_lines(rows: list[dict], columns: list[tuple[str, str]]) -> list[str]:
-    ensure_on_path()
-    return importlib.import_module("ansible_collections.atlas.serving.plugins.filter.serving").table_lines(
-        rows, columns)
+    # here, not at start-up: the filter imports Ansible
+    from ansible_collections.atlas.serving.plugins.filter.serving import table_lines
+
+    return table_lines(rows, columns)
 
 
 NODE_COLUMNS = [("host", "HOST"), ("wave", "WAVE"), ("result", "RESULT"), ("change", "FROM -> TO"),
@@ -306,7 +298,6 @@ def complete(folder: Path, report: dict[str, Any]) -> dict[str, Any]:
     """After ``atlasctl rollout``: the pack's summary for the report. When the playbook ended before its
     last evidence write (a node lost alone in its batch, every node refusing the bundle, an interrupt),
     the pack is finished here from the run's report and signed again with the key its record names."""
-    mu = _mu()
     folder = Path(folder)
     if not (folder / mu.RECORD).is_file():
         return {"dir": None, "signed": False,
@@ -318,7 +309,6 @@ def complete(folder: Path, report: dict[str, Any]) -> dict[str, Any]:
 
 
 def _complete(folder: Path, report: dict[str, Any]) -> dict[str, Any]:
-    mu = _mu()
     record = mu.read_record(str(folder))
     if not record.get("complete"):
         # Only what the playbook could not record: a host lost alone in its batch, the run stopped outside the

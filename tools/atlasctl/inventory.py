@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from atlasctl.collection import plugin_utils
 from atlasctl.errors import EnvironmentProblem, UsageError
 from atlasctl.inputs import compose_yaml, parse_yaml, read_text, shown
 from atlasctl.layout import Layout, default_layout
@@ -156,7 +155,8 @@ def path_list(inventory: Path, document: dict[str, Any], variable: str, *,
     inventory directory, as the roles resolve them: plugin_utils/site_data.py), each once, in order.
     ``same_on_every_host``: hosts naming different lists are an error (atlas_compat_extra_tables: the
     fleet is judged against one table, as preflight's gate does)."""
-    site = plugin_utils("site_data")
+    from ansible_collections.atlas.serving.plugins.plugin_utils import site_data as site
+
     values = {name: hv.get(variable) or [] for name, hv in sorted(hostvars(document).items())}
     if same_on_every_host and len({json.dumps(v, sort_keys=True, default=str) for v in values.values()}) > 1:
         listed = ", ".join(f"{name}: {json.dumps(v, default=str)}" for name, v in values.items())

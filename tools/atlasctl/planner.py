@@ -23,9 +23,9 @@ from typing import Any
 
 import jinja2.sandbox
 import yaml
+from ansible_collections.atlas.serving.plugins.module_utils import comm_env
 
 from atlasctl import layout
-from atlasctl.collection import ensure_on_path, module_utils, plugin_utils
 from atlasctl.errors import UsageError
 from atlasctl.inputs import load_yaml, read_text
 from atlasctl.paths import suite_root
@@ -59,7 +59,8 @@ ENGINE_VENVS = {"vllm-ascend-0.11.0": "vllm-ascend-0.11.0", "vllm-ascend-0.23.0"
 
 
 def _site(call):
-    site = plugin_utils("site_data")
+    from ansible_collections.atlas.serving.plugins.plugin_utils import site_data as site
+
     try:
         return call(site)
     except site.SiteDataError as exc:
@@ -106,10 +107,10 @@ class Rendered:
 
 
 def _filters():
-    ensure_on_path()
-    import importlib
+    # here, not at start-up: the filter imports Ansible
+    from ansible_collections.atlas.serving.plugins.filter import serving
 
-    return importlib.import_module("ansible_collections.atlas.serving.plugins.filter.serving")
+    return serving
 
 
 def _comment(text: str) -> str:
@@ -166,7 +167,8 @@ def rank_of(inventory: str | Path, host: str, dirs: Dirs = (),
         raise UsageError(f"host {host} has no serving_profile in inventory {inventory}",
                          fix="set serving_profile for the host (group_vars)")
     profile = load_profile(str(name), dirs)
-    si = module_utils("serving_instance")
+    from ansible_collections.atlas.serving.plugins.module_utils import serving_instance as si
+
     hardware = mine.get("atlas_hardware") or {}
     npus = hardware.get("npu_count") or (profile.get("hardware") or {}).get("npu_count")
     try:
@@ -185,7 +187,7 @@ def rank_of(inventory: str | Path, host: str, dirs: Dirs = (),
     comm = mine.get("npu_network_comm_address") or mine.get("ansible_host") or host
     facts = {"interfaces": [interface], interface: {"ipv4": {"address": comm}},
              "default_ipv4": {"interface": interface, "address": comm}}
-    env = module_utils("comm_env").render(facts, interface, comm, mine.get("npu_network_comm_env") or {})
+    env = comm_env.render(facts, interface, comm, mine.get("npu_network_comm_env") or {})
     return Rank(host, str(name), rank, si.comm_env_for(profile["engine"], env), address=address)
 
 
@@ -229,7 +231,8 @@ def resolve(name: str, overrides: dict[str, Any] | None = None, api_key: str = "
         "serving_host": (overrides or {}).get("ansible_host") or (rank.address if rank else "") or "127.0.0.1",
         **(overrides or {}),
     }
-    site = plugin_utils("site_data")
+    from ansible_collections.atlas.serving.plugins.plugin_utils import site_data as site
+
     values = {key: variables.get(key) for key in site.PLACEHOLDERS}
     filled = _site(lambda site: site.fill_placeholders(profile, values, str(file)))
     venv = variables["serving_engine_venv"]
@@ -250,7 +253,8 @@ def resolve(name: str, overrides: dict[str, Any] | None = None, api_key: str = "
 def check(resolved: Resolved) -> list[dict[str, str]]:
     """Findings of a resolved profile against its release's schema (module_utils/engine_lint.py, as the serving
     role's lint): what ``config lint`` reports and ``config render`` refuses to write. Empty: all real."""
-    lint = module_utils("engine_lint")
+    from ansible_collections.atlas.serving.plugins.module_utils import engine_lint as lint
+
     try:
         return lint.lint(resolved.argv, resolved.env, resolved.release)
     except lint.LintError as exc:
@@ -320,7 +324,8 @@ def plan_profile(name: str, npu_count: int | None = None, hbm_mb: int | None = N
     count from ``nodes`` (``--nodes``), else the flags (``--nnodes``, DP size / local DP size), else the
     profile's ``hardware.nodes``, else 1. With ``rank`` (:func:`rank_of`): its instance's layout flags and
     node count, as preflight plans it."""
-    memplan = module_utils("memplan")
+    from ansible_collections.atlas.serving.plugins.module_utils import memplan
+
     try:
         return _plan_profile(memplan, name, npu_count, hbm_mb, model_dir, reserve_gib, dirs, nodes, rank)
     except memplan.PlanError as exc:
@@ -361,7 +366,8 @@ def table_row(row: PlanRow) -> dict[str, str]:
     if row.skipped:
         return {"profile": row.profile, "verdict": "n/a: " + row.skipped}
     p = row.plan
-    g = module_utils("memplan").gib
+    from ansible_collections.atlas.serving.plugins.module_utils.memplan import gib as g
+
     verdict = "fits" if p["fits"] and p["full_concurrency"] else (
         f"fits {p['seqs_at_max_len']} < max-num-seqs" if p["fits"] else "REFUSED")
     return {

@@ -29,7 +29,6 @@ from typing import Any
 import yaml
 
 from atlasctl import inventory as inv
-from atlasctl.collection import plugin_utils
 from atlasctl.errors import AtlasError, UsageError
 from atlasctl.paths import suite_root
 
@@ -186,7 +185,8 @@ def access_of(document: dict[str, Any]) -> Access:
     """How to reach the inventory's Prometheus, from an ``ansible-inventory --list`` document (url '' none): a
     host's ``monitoring_prometheus_url`` (group_vars/all), else the first host of group ``monitoring``, with the
     CA and the API user's password file the inventory names."""
-    mon = plugin_utils("monitoring")
+    from ansible_collections.atlas.serving.plugins.plugin_utils import monitoring as mon
+
     hostvars = inv.hostvars(document)
     explicit = next((hv[mon.URL_VAR] for _, hv in sorted(hostvars.items()) if hv.get(mon.URL_VAR)), "")
     group = document.get(mon.MONITORING_GROUP) or {}

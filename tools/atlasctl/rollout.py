@@ -21,8 +21,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from ansible_collections.atlas.serving.plugins.module_utils import evidence as evidence_format
+from ansible_collections.atlas.serving.plugins.plugin_utils import release_id
+
 from atlasctl import evidence, prometheus
-from atlasctl.collection import module_utils, plugin_utils
 from atlasctl.errors import AtlasError, UsageError
 from atlasctl.inputs import shown
 from atlasctl.paths import state_dir
@@ -44,7 +46,7 @@ def rollouts_dir() -> Path:
 
 def inventory_key(inventory: Path) -> str:
     """``<name>-<hash>``: the inventory's folder of rollouts (the playbook names its evidence pack's the same way)."""
-    return module_utils("evidence").inventory_key(str(inventory))
+    return evidence_format.inventory_key(str(inventory))
 
 
 @contextlib.contextmanager
@@ -98,7 +100,7 @@ def parse_state(text: str, path: Path) -> dict[str, Any]:
         raise bad(f"a JSON {type(state).__name__}, not an object")
     if state.get("status") not in ("ok", "failed"):
         raise bad(f"status is {state.get('status')!r}, not 'ok' or 'failed'")
-    if plugin_utils("release_id").problem(state.get("release")):
+    if release_id.problem(state.get("release")):
         raise bad(f"release {state.get('release')!r} is not a release id")
     plan, completed = state.get("plan", []), state.get("completed", [])
     if not isinstance(plan, list):
@@ -274,8 +276,8 @@ def run(inventory: str | Path, release: str, *, extravars: dict | None = None, r
         progress = Progress(out=out)
         started, started_at = time.monotonic(), _now()
         # The report and the run's evidence pack (docs/evidence.md), side by side.
-        stem = module_utils("evidence").run_stem(started_at, release)
-        pack = folder / f"{stem}{module_utils('evidence').SUFFIX}"
+        stem = evidence_format.run_stem(started_at, release)
+        pack = folder / f"{stem}{evidence_format.SUFFIX}"
         variables["rollout_evidence_dir"] = str(pack)
         files = {"vars_files": vars_files} if vars_files else {}  # by path: their values stay out of artifacts
         # The plan play runs on localhost: a --limit without it would plan nothing and "succeed".

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from atlasctl import inventory as shared
-from atlasctl.collection import plugin_utils
 from atlasctl.errors import UsageError
 from atlasctl.inputs import load_yaml
 from atlasctl.runner import resolve_inventory
@@ -42,7 +41,8 @@ def compat_tables(inventory: str | Path | None, listing: dict[str, Any] | None =
 def load_compat(table: Path | None = None, extras: Sequence[Path] = ()) -> dict[str, Any]:
     """The compatibility table (``table``, default the collection's data/compat.yml), checked, with the
     rows of ``extras`` added after its own."""
-    site = plugin_utils("site_data")
+    from ansible_collections.atlas.serving.plugins.plugin_utils import site_data as site
+
     fix = "pass --table with a table like the collection's data/compat.yml"
     try:
         return site.load_compat(str(table or ""), [str(p) for p in extras],

@@ -498,10 +498,10 @@ def gate(pipset: PipSet, target: Target, pins: dict[str, str], canns: Iterable[s
     and vLLM against the engine release's row, with each CANN the bundle carries (any one may pass)."""
     if pipset.engine is None:
         return
-    from atlasctl.collection import module_utils
+    from ansible_collections.atlas.serving.plugins.module_utils import compat
+
     from atlasctl.inputs import load_yaml
 
-    compat = module_utils("compat")
     path = Path(compat.default_table_path())
     table = compat.check_table(load_yaml(path, "compatibility table"))
     engine, version = pipset.engine

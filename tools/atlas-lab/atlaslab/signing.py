@@ -128,7 +128,8 @@ def date_as_lab_bundle(root: Path) -> None:
     module_utils/bundle_record.py): a scratch bundle dated now would make the node that ran it refuse the
     lab's own bundle afterwards. Dated as the lab's, it orders equal to it. Nothing changes when the lab has no
     bundle, or one without a build time."""
-    from atlasctl.collection import module_utils
+    from ansible_collections.atlas.serving.plugins.module_utils import manifest
+
     from atlaslab.paths import bundle_dir
 
     if root.resolve() == bundle_dir().resolve():
@@ -140,5 +141,5 @@ def date_as_lab_bundle(root: Path) -> None:
         return
     if not isinstance(built, str) or data.get("built") == built:
         return
-    text = module_utils("manifest").render_manifest(data["files"], data.get("name"), data.get("release"), built)
+    text = manifest.render_manifest(data["files"], data.get("name"), data.get("release"), built)
     (root / "manifest.json").write_text(text, encoding="utf-8")

@@ -8,17 +8,15 @@ figures are the ones the health stage reads: AICore utilisation % and HBM used/t
 from __future__ import annotations
 
 import asyncio
-import importlib
 import shlex
 import time
 from dataclasses import dataclass, field
 
-from atlasctl.collection import ensure_on_path
-
 
 def _parser():
-    ensure_on_path()
-    return importlib.import_module("ansible_collections.atlas.serving.plugins.module_utils.npu_smi")
+    from ansible_collections.atlas.serving.plugins.module_utils import npu_smi
+
+    return npu_smi
 
 
 def sample_from_text(text: str, t_s: float) -> dict:

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from atlasctl import bundle, bundle_push, bundle_trust, exitcodes
-from atlasctl.collection import module_utils
 from atlasctl.paths import cache_dir
 from atlasctl.runner import resolve_inventory
 
@@ -97,7 +96,8 @@ def _trust(args: argparse.Namespace, inventory: Path | None) -> bundle_trust.Tru
 def _check_signature(manifest: bundle.Manifest, trust: bundle_trust.Trust) -> tuple[dict, str]:
     """(JSON-able result, refusal message or '') of the signature over the manifest's one read; an opt-out
     is printed loudly to stderr."""
-    sig = module_utils("signature")
+    from ansible_collections.atlas.serving.plugins.module_utils import signature as sig
+
     try:
         verdict = bundle.verify_signature(manifest, keyring=trust.keyring, fingerprints=trust.fingerprints,
                                           allow_unsigned=trust.allow_unsigned)

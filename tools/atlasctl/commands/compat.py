@@ -8,12 +8,10 @@ as preflight's gate merges them (plugin_utils/site_data.py).
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 from pathlib import Path
 
 from atlasctl import exitcodes, site_data
-from atlasctl.collection import ensure_on_path
 
 FIELDS = ("cann", "engine", "engine_version", "python", "torch", "torch_npu", "vllm")
 
@@ -32,8 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _compat():
-    ensure_on_path()
-    return importlib.import_module("ansible_collections.atlas.serving.plugins.module_utils.compat")
+    from ansible_collections.atlas.serving.plugins.module_utils import compat
+
+    return compat
 
 
 def _check(args: argparse.Namespace) -> int:

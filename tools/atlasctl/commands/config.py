@@ -26,7 +26,6 @@ import sys
 from pathlib import Path
 
 from atlasctl import exitcodes, planner
-from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
 from atlasctl.inputs import read_text
 from atlasctl.outputs import write_files
@@ -143,7 +142,8 @@ def _read_env_file(path: Path) -> dict[str, str]:
 
 
 def run_lint(args: argparse.Namespace) -> int:
-    lint = module_utils("engine_lint")
+    from ansible_collections.atlas.serving.plugins.module_utils import engine_lint as lint
+
     results: dict[str, list[dict]] = {}
     releases: set[str] = set()
     if args.argv_file:
@@ -184,7 +184,8 @@ def run_lint(args: argparse.Namespace) -> int:
 
 def _check_plan_args(args: argparse.Namespace) -> None:
     """The plan's figures, checked by the planner's own bounds (module_utils/memplan.py) before any profile."""
-    memplan = module_utils("memplan")
+    from ansible_collections.atlas.serving.plugins.module_utils import memplan
+
     examples = {"--npus": "8", "--hbm-mb": "65536", "--nodes": "2", "--reserve-gib": "2"}
     checks = (("--npus", args.npus, lambda v, what: memplan.whole(v, what)),
               ("--hbm-mb", args.hbm_mb, memplan.hbm_bytes_of),

@@ -10,13 +10,11 @@ answer is a note under the table, not a failure.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 from pathlib import Path
 
 from atlasctl import exitcodes, prometheus
 from atlasctl.bench import report as bench_report
-from atlasctl.collection import ensure_on_path
 from atlasctl.runner import run_playbook
 
 
@@ -53,8 +51,10 @@ def rows_from(result) -> list[dict]:
 
 
 def _filters():
-    ensure_on_path()
-    return importlib.import_module("ansible_collections.atlas.serving.plugins.filter.serving")
+    # here, not at start-up: the filter imports Ansible
+    from ansible_collections.atlas.serving.plugins.filter import serving
+
+    return serving
 
 
 def live_figures(result) -> prometheus.Live | None:

@@ -8,12 +8,10 @@ Prometheus not answering is no error here: the JSON says so (`error`) and the ex
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 from pathlib import Path
 
 from atlasctl import exitcodes, prometheus
-from atlasctl.collection import ensure_on_path
 from atlasctl.errors import UsageError
 
 
@@ -37,8 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def render(result: prometheus.Live, nodes: list[str]) -> str:
     """The fleet table's layout (the collection's table_lines, as `atlasctl health` prints it)."""
-    ensure_on_path()
-    table_lines = importlib.import_module("ansible_collections.atlas.serving.plugins.filter.serving").table_lines
+    # here, not at start-up: the filter imports Ansible
+    from ansible_collections.atlas.serving.plugins.filter.serving import table_lines
+
     rows = [{"host": node, **prometheus.cells(result.nodes.get(node))} for node in nodes]
     when = "now" if result.at is None else f"at {result.at:.0f}"
     return "\n".join([*table_lines(rows, [("host", "NODE"), *prometheus.columns()]),

@@ -18,13 +18,11 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
+from ansible_collections.atlas.serving.plugins.module_utils import checksums, manifest
+
 from atlasctl import exitcodes
-from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
 from atlasctl.inputs import shown, whole_number
-
-checksums = module_utils("checksums")
-manifest = module_utils("manifest")
 
 SUMS_FILES = {"md5": "md5sums.txt", "sha256": "sha256sums.txt"}
 MANIFEST_FILE = "manifest.json"

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 from atlasctl import exitcodes, rollout
-from atlasctl.collection import plugin_utils
 from atlasctl.errors import UsageError
 from atlasctl.inputs import load_yaml, parse_yaml
 
@@ -49,7 +48,8 @@ def check_vars_files(files: list[Path]) -> list[Path]:
 def check_release(release: str) -> str:
     """A release id that is one safe path component (it becomes a directory on every node): the serving
     role's rule (plugin_utils/release_id.py)."""
-    rule = plugin_utils("release_id")
+    from ansible_collections.atlas.serving.plugins.plugin_utils import release_id as rule
+
     problem = rule.problem(release)
     if problem:
         raise UsageError(f"--release {problem}", fix=f"e.g. --release {rule.EXAMPLE}")

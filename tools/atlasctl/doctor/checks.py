@@ -15,12 +15,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ansible_collections.atlas.serving.plugins.module_utils import container as _CONTAINER
+
 from atlasctl import site_data
-from atlasctl.collection import module_utils
 from atlasctl.doctor import parse
 from atlasctl.doctor.model import ERROR, INFO, REDACTED, WARNING, Evidence, Finding
-
-_CONTAINER = module_utils("container")
 
 # set_env.sh of the CANN toolkit exports them (docs/ascend-platform.md §3, unverified per release; the lab's double).
 CANN_ENV_MARKERS = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
@@ -57,7 +56,8 @@ class Context:
 def default_context(extra_tables: Sequence[Path] = ()) -> Context:
     """The collection's reference data, with the inventory's extra compatibility tables
     (atlas_compat_extra_tables, absolute: ``atlasctl.site_data.compat_tables``)."""
-    lint = module_utils("engine_lint")
+    from ansible_collections.atlas.serving.plugins.module_utils import engine_lint as lint
+
     table = site_data.load_compat(None, extra_tables)
 
     def lint_env(env: dict[str, str], release: str) -> list[dict[str, str]]:
@@ -186,7 +186,8 @@ def check_leftover_processes(ev: Evidence, ctx: Context) -> list[Finding]:
     state = parse.key_values(ev.text("service")).get("ActiveState")
     if scanned is None or state is None:
         return []
-    procs = module_utils("npu_procs")
+    from ansible_collections.atlas.serving.plugins.module_utils import npu_procs as procs
+
     smi = parse.npu(ev) if ev.ok("npu") else {"processes": [], "devices": []}
     everyone = procs.holders(smi["processes"], scanned["processes"])
     unit = f"{ev.layout.service}.service"
@@ -390,7 +391,8 @@ def _epoch(value: str) -> float | None:
 
 def check_versions(ev: Evidence, ctx: Context) -> list[Finding]:
     """Driver vs CANN (the released pair) and engine vs CANN (the compatibility table)."""
-    compat = module_utils("compat")
+    from ansible_collections.atlas.serving.plugins.module_utils import compat
+
     found = parse.versions(ev)
     findings = []
     cann, driver = found["cann"], found["driver"]
@@ -418,7 +420,8 @@ def check_versions(ev: Evidence, ctx: Context) -> list[Finding]:
 
 def check_reboot_pending(ev: Evidence, ctx: Context) -> list[Finding]:
     """An HDK installed but not running (npu-smi's board info against the version records): a reboot is pending."""
-    hdk = module_utils("hdk")
+    from ansible_collections.atlas.serving.plugins.module_utils import hdk
+
     running, installed = parse.board(ev), parse.versions(ev)
     pending = [
         f"{kind} {installed[kind]} is installed but {running.get(key) or 'nothing'} runs"
@@ -436,7 +439,9 @@ def check_reboot_pending(ev: Evidence, ctx: Context) -> list[Finding]:
 
 
 def _is_lab_engine(ctx: Context, engine: str, version: str) -> bool:
-    row = module_utils("compat").find_row(ctx.compat_table, engine, version)
+    from ansible_collections.atlas.serving.plugins.module_utils import compat
+
+    row = compat.find_row(ctx.compat_table, engine, version)
     return bool(row and row.get("lab"))
 
 
@@ -501,7 +506,8 @@ def check_instance_hung(ev: Evidence, ctx: Context) -> list[Finding]:
     seen = parse.hang(ev)
     if seen is None:
         return []
-    progress = module_utils("progress")
+    from ansible_collections.atlas.serving.plugins.module_utils import progress
+
     found = progress.judge(seen.get("before"), seen.get("after"), seen.get("window_s") or 0.0, seen["completion"])
     verdict = found["verdict"]
     severity = HANG_SEVERITY.get(verdict)
@@ -574,6 +580,8 @@ CHECKS: tuple[Callable[[Evidence, Context], list[Finding]], ...] = (
 
 def check_bundle_trust(host: str, hostvars: dict[str, Any]) -> list[Finding]:
     """The inventory's bundle trust settings (read on the controller, not on the node)."""
+    from ansible_collections.atlas.serving.plugins.module_utils import signature
+
     from atlasctl import bundle_trust
 
     trust = bundle_trust.of_host(hostvars)
@@ -586,7 +594,7 @@ def check_bundle_trust(host: str, hostvars: dict[str, Any]) -> list[Finding]:
                         "sign bundles (atlasctl bundle sign), pin the key in atlas_bundle_trusted_fingerprints and "
                         f"remove {bundle_trust.ALLOW_UNSIGNED_VAR} (docs/bundle-signing.md)")]
     try:
-        pinned = module_utils("signature").normalize_fingerprints(list(trust.fingerprints))
+        pinned = signature.normalize_fingerprints(list(trust.fingerprints))
     except ValueError as exc:
         pinned, problem = [], str(exc)
     else:
@@ -668,7 +676,8 @@ def _signature_problem(manifest: bytes, signature: bytes | None, keyring: str,
                        fingerprints: tuple[str, ...]) -> tuple[str, str] | None:
     """(reason, message) of a refused signature, else None; one gpg run per distinct manifest and signature
     (a fleet shares one bundle)."""
-    sig = module_utils("signature")
+    from ansible_collections.atlas.serving.plugins.module_utils import signature as sig
+
     try:
         sig.verify_manifest(manifest, signature, keyring=keyring, fingerprints=list(fingerprints))
     except sig.SignatureError as exc:

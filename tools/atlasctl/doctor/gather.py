@@ -27,8 +27,10 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import ModuleType
 
-from atlasctl.collection import module_utils
+from ansible_collections.atlas.serving.plugins.module_utils import npu_procs, progress
+
 from atlasctl.doctor.inventory import Target
 from atlasctl.doctor.model import Evidence, Section
 from atlasctl.layout import Layout, default_layout
@@ -151,15 +153,15 @@ _PATH = "PATH=$PATH:/usr/local/bin:/usr/local/sbin:/usr/local/Ascend/driver/tool
 
 
 @functools.cache
-def _collection_source(name: str) -> str:
+def _collection_source(module: ModuleType) -> str:
     """A collection module_utils file's source as it is (standard library only): run on a node with
     ``python3 -c`` beside a small driver."""
-    return Path(module_utils(name).__file__).read_text(encoding="utf-8")
+    return Path(module.__file__).read_text(encoding="utf-8")
 
 
 def _with_progress(driver: str) -> str:
     """A ``python3 -c`` program: module_utils/progress.py's source, then ``driver``."""
-    return _collection_source("progress").rstrip("\n") + "\n\nimport sys\n" + driver
+    return _collection_source(progress).rstrip("\n") + "\n\nimport sys\n" + driver
 
 
 # Appended to module_utils/npu_procs.py's source (its names are in scope): argv engines root. The scan as JSON.
@@ -179,7 +181,7 @@ except NpuFreeError as exc:
 def npu_procs_program() -> str:
     """The NPU process scan's ``python3 -c`` program: module_utils/npu_procs.py's source, then
     :data:`_NPU_PROCS_PY`."""
-    return _collection_source("npu_procs").rstrip("\n") + "\n" + _NPU_PROCS_PY
+    return _collection_source(npu_procs).rstrip("\n") + "\n" + _NPU_PROCS_PY
 
 
 def hang_program() -> str:
@@ -194,7 +196,8 @@ def probe_program() -> str:
 
 def bundle_snippet(bundle_dir: str) -> str:
     """Section ``bundle``: ``dir``, ``manifest`` and (when there is one) ``signature`` lines, the files base64."""
-    sig = module_utils("signature")
+    from ansible_collections.atlas.serving.plugins.module_utils import signature as sig
+
     manifest, signature = f'"$d/{sig.MANIFEST_NAME}"', f'"$d/{sig.SIGNATURE_NAME}"'
     return (f"d={shlex.quote(bundle_dir)}; printf 'dir %s\\n' \"$d\"; "
             f"[ -f {manifest} ] || {{ echo \"no $d/{sig.MANIFEST_NAME}\"; exit 3; }}; "

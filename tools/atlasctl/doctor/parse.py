@@ -9,7 +9,8 @@ import re
 import shlex
 from typing import Any
 
-from atlasctl.collection import module_utils
+from ansible_collections.atlas.serving.plugins.module_utils import engine_lint, npu_smi
+
 from atlasctl.doctor.model import Evidence
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -52,7 +53,7 @@ def env_file(text: str) -> dict[str, str]:
 
 def argv(text: str) -> list[str]:
     """The rendered args file (one argument per line, ``#`` lines skipped, as the launcher reads it)."""
-    return module_utils("engine_lint").args_file_argv(text)
+    return engine_lint.args_file_argv(text)
 
 
 def flag(args: list[str], *names: str) -> str | None:
@@ -80,7 +81,8 @@ def key_values(text: str) -> dict[str, str]:
 
 def version_files(text: str) -> dict[str, dict[str, str]]:
     """``== <path>`` headers followed by the file -> {path: key=value record (lower-case keys)}."""
-    cann = module_utils("cann")
+    from ansible_collections.atlas.serving.plugins.module_utils import cann
+
     files: dict[str, list[str]] = {}
     current: list[str] | None = None
     for line in text.splitlines():
@@ -121,12 +123,12 @@ def engine_of(args: list[str], rec: dict[str, Any] | None, engines_root: str) ->
 
 def npu(ev: Evidence) -> dict[str, Any]:
     """``npu-smi info`` parsed by the collection's parser (devices, processes, version)."""
-    return module_utils("npu_smi").parse_info(ev.text("npu"))
+    return npu_smi.parse_info(ev.text("npu"))
 
 
 def board(ev: Evidence) -> dict[str, str]:
     """``npu-smi info -t board`` of the first NPU: the running driver (Software Version) and firmware."""
-    return module_utils("npu_smi").parse_board(ev.text("board")) if ev.ok("board") else {}
+    return npu_smi.parse_board(ev.text("board")) if ev.ok("board") else {}
 
 
 def npu_procs(ev: Evidence) -> dict[str, Any] | None:

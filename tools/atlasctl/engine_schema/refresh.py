@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ansible_collections.atlas.serving.plugins.module_utils import engine_lint
+
 from atlasctl import wheelhouse
-from atlasctl.collection import collections_dir
 from atlasctl.engine_schema import ranges
 from atlasctl.engine_schema import vllm as vllm_extract
 from atlasctl.errors import EnvironmentProblem, UsageError
@@ -175,8 +176,9 @@ def _dist_text(source: dict[str, Any]) -> str:
 def refresh(names: list[str] | None = None, out_dir: Path | None = None,
             wheel_dir: Path | None = None) -> list[Path]:
     """Regenerate the schemas ``names`` (default: all) and their value ranges in ``out_dir`` (default: the
-    suite's collection). ``wheel_dir`` keeps the downloads between runs."""
-    out_dir = out_dir or collections_dir() / "ansible_collections/atlas/serving/schemas"
+    collection's schemas/, where module_utils/engine_lint.py reads them). ``wheel_dir`` keeps the downloads
+    between runs."""
+    out_dir = out_dir or Path(engine_lint.schema_dir_default())
     names = names or sorted(RELEASES) + sorted(SGLANG_RELEASES)
     unknown = [n for n in names if n not in RELEASES and n not in SGLANG_RELEASES]
     if unknown:

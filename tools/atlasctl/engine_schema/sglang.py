@@ -41,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from atlasctl.collection import collections_dir
+from ansible_collections.atlas.serving.plugins.module_utils import engine_lint
+
 from atlasctl.engine_schema import ranges
 from atlasctl.errors import AtlasError, EnvironmentProblem
 
@@ -65,7 +66,7 @@ class _Unresolved(Exception):
 
 def schema_path(version: str = PINNED_VERSION) -> Path:
     """Where the committed schema of ``version`` lives."""
-    return collections_dir() / "ansible_collections/atlas/serving/schemas" / f"sglang-{version}.json"
+    return Path(engine_lint.schema_dir_default()) / f"sglang-{version}.json"
 
 
 def load_schema(version: str = PINNED_VERSION) -> dict[str, Any]:

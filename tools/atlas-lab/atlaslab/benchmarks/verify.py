@@ -35,10 +35,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from atlasctl.collection import module_utils
-
-checksums = module_utils("checksums")
-manifest = module_utils("manifest")
+from ansible_collections.atlas.serving.plugins.module_utils import checksums, manifest
 
 GIB = 1 << 30
 BLOCK = 1 << 20
