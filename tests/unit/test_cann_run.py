@@ -278,3 +278,35 @@ def test_70rc1_kernels_zip_holds_the_run(packages: dict[str, list[Path]], tmp_pa
 
     with zipfile.ZipFile(packages["7.0.RC1"][1]) as archive:
         assert archive.namelist() == ["Ascend-cann-kernels-910b_7.0.RC1_linux.run"]
+
+
+def test_the_parameter_tables_rules(packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path) -> None:
+    """What Huawei's parameter table says of the options (CANN 8.3.RC1 and 8.0.RC3 "参数说明"), refused with exit 1
+    and nothing installed: --quiet and --install-for-all only with an installation, --full for the toolkit only,
+    --devel for the toolkit and kernels only."""
+    root = tmp_path / "Ascend"
+    toolkit, kernels, nnal = packages["8.3.RC1"]
+    cases = [
+        (toolkit, ["--uninstall", "--quiet"], "--quiet is used with --install or --upgrade"),
+        (toolkit, ["--uninstall", "--install-for-all"], "--install-for-all is used with --install"),
+        (kernels, ["--full", "--quiet"], "--full is supported by the toolkit package only"),
+        (nnal, ["--devel", "--quiet"], "--devel is supported by the toolkit and kernels packages only"),
+    ]
+    for pkg, args, message in cases:
+        refused = run(pkg, "--nox11", *args, f"--install-path={root}", env=env)
+        assert refused.returncode == 1 and message in refused.stderr, (args, refused.stderr)
+    assert not root.exists()
+
+
+def test_the_install_path_and_the_global_record(packages: dict[str, list[Path]], env: dict[str, str],
+                                                tmp_path: Path) -> None:
+    """Before 8.2 the path given must be the one /etc/Ascend/ascend_cann_install.info records (8.0.RC3's table);
+    from 8.2 another path resets the record (8.3.RC1's)."""
+    first, other = tmp_path / "Ascend", tmp_path / "Other"
+    assert install(packages["7.0.RC1"][0], first, env).returncode == 0
+    elsewhere = install(packages["7.0.RC1"][0], other, env)
+    assert elsewhere.returncode == 1 and f"not the one in {env['ATLAS_CANN_SYSROOT']}" in elsewhere.stderr
+    assert not other.exists()
+    assert install(packages["8.2.RC1"][0], other, env).returncode == 0
+    record = Path(env["ATLAS_CANN_SYSROOT"]) / "etc/Ascend/ascend_cann_install.info"
+    assert read_info(record)["Install_Path"] == str(other)

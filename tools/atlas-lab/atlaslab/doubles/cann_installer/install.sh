@@ -21,11 +21,13 @@ LOG_FILE="$LOG_DIR/ascend_${KIND}_install.log"
 # shellcheck source=/dev/null
 . "$SELF_DIR/common.sh" || { echo "[ERROR] common.sh missing in $SELF_DIR" >&2; exit 1; }
 
-# --- options -------------------------------------------------------------------
+# --- options, and their rules as Huawei's parameter table states them (CANN 8.3.RC1 "参数说明",
+# canncommercial/83RC1/softwareinst/instg/instg_0043.html; 8.0.RC3's instg_0046) -----------------------------
 OP=""
 QUIET=0
 FOR_ALL=0
 INSTALL_PATH=""
+PATH_GIVEN=0
 MODE="run"
 set_op() {
     if [ -n "$OP" ] && [ "$OP" != "$1" ]; then
@@ -42,14 +44,23 @@ for arg in "$@"; do
         --uninstall) set_op uninstall ;;
         --quiet|-q) QUIET=1 ;;
         --install-for-all) FOR_ALL=1 ;;
-        --install-path=*) INSTALL_PATH="${arg#--install-path=}" ;;
+        --install-path=*) INSTALL_PATH="${arg#--install-path=}"; PATH_GIVEN=1 ;;
         --install-path) die "--install-path needs a value: --install-path=<dir>" ;;
         *) die "Unrecognized parameter: $arg. Try 'bash ${MS_RUN_FILE:-$PKG_FILE} --help' for more information." ;;
     esac
 done
 [ -n "$OP" ] || die "No operation given. Use --install, --full, --devel, --upgrade or --uninstall (see --help)."
+if [ "$QUIET" = 1 ] && [ "$OP" = uninstall ]; then
+    die "--quiet is used with --install or --upgrade (it accepts the EULA of an installation), not with --uninstall"
+fi
 if [ "$FOR_ALL" = 1 ] && [ "$OP" = uninstall ]; then
     die "--install-for-all is used with --install, --full, --devel or --upgrade, not with --uninstall"
+fi
+if [ "$MODE" = full ] && [ "$KIND" != toolkit ]; then
+    die "--full is supported by the toolkit package only; install $PKG_NAME with --install"
+fi
+if [ "$MODE" = devel ] && [ "$KIND" != toolkit ] && [ "$KIND" != kernels ]; then
+    die "--devel is supported by the toolkit and kernels packages only; install $PKG_NAME with --install"
 fi
 INSTALL_PATH="${INSTALL_PATH:-$DEFAULT_PATH}"
 case "$INSTALL_PATH" in
@@ -61,6 +72,15 @@ if [[ ! "$INSTALL_PATH" =~ ^/[A-Za-z0-9_./-]*$ ]]; then
 fi
 INSTALL_PATH="${INSTALL_PATH%/}"
 [ -n "$INSTALL_PATH" ] || INSTALL_PATH=/
+# Before 8.2 the path given must be the one the global record holds (8.0.RC3's table); from 8.2 it resets the
+# record (8.3.RC1's table).
+if [ "$PATH_GIVEN" = 1 ] && [ "$OP" != uninstall ] && [ -f "$CANN_RECORD" ]; then
+    recorded_path=$(info_value "$CANN_RECORD" Install_Path)
+    if [ -n "$recorded_path" ] && [ "$recorded_path" != "$INSTALL_PATH" ] \
+            && [[ "$(ver_key "$VERSION")" < "$(ver_key 8.2.RC1)" ]]; then
+        die "The install path $INSTALL_PATH is not the one in $CANN_RECORD ($recorded_path). Install to $recorded_path, or uninstall the CANN packages there and remove $CANN_RECORD first."
+    fi
+fi
 
 # --- where things live ------------------------------------------------------------
 ARCHDIR="$ARCH-linux"
@@ -112,7 +132,10 @@ install_script_copy() {  # install_script_copy DIR: keep an uninstaller with the
     cat > "$1/uninstall.sh" <<UNINSTALL
 #!/bin/bash
 # Uninstalls $PKG_NAME $VERSION from $INSTALL_PATH.
-exec bash "\$(cd "\$(dirname "\$0")" && pwd)/install.sh" --uninstall --install-path=$INSTALL_PATH "\$@"
+for arg in "\$@"; do
+    case "\$arg" in --quiet|-q) ;; *) echo "uninstall.sh: unrecognized parameter \$arg" >&2; exit 1 ;; esac
+done
+exec bash "\$(cd "\$(dirname "\$0")" && pwd)/install.sh" --uninstall --install-path=$INSTALL_PATH
 UNINSTALL
     chmod 0750 "$1/uninstall.sh"
 }
