@@ -67,8 +67,8 @@ def _unit_levels(unit, before_vars, after_vars, observed, assumed):
 
 
 def _moves(before, after):
-    return {part: (before[part], after[part]) for part in ("firmware", "driver", "cann")
-            if after[part] and after[part] != before[part]}
+    return {part: (before.get(part, ""), after[part]) for part in ("firmware", "driver", "cann")
+            if after.get(part) and after[part] != before.get(part, "")}
 
 
 def unit_steps(before, after, converged=False):
@@ -103,8 +103,8 @@ def no_return(before, after, table):
     """Why moving this unit cannot be rolled back automatically ([] when it can): one sentence per reason."""
     why = []
     moves = _moves(before, after)
-    prev_cann = before["cann"]
-    if "driver" in moves and prev_cann and before["runtime"] != "container":
+    prev_cann = before.get("cann", "")
+    if "driver" in moves and prev_cann and before.get("runtime") != "container":
         new_driver = moves["driver"][1]
         inside = compat.driver_in_window(table, prev_cann, new_driver)
         window = compat.driver_window(table, prev_cann)
