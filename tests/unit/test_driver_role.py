@@ -91,6 +91,7 @@ class FakeNode:
                       "driver_work_dir": str(self.tmp / "work"),
                       "driver_user": "root", "driver_group": "root", "driver_manage_user": False,
                       "driver_allow_reboot": False} | overrides
+        extra_vars = {key: value for key, value in extra_vars.items() if value is not None}  # None: the default
         # what preflight's signature check (roles/bundle_trust) sets: the verified manifest's sha256
         manifest = Path(extra_vars["driver_bundle_dir"]) / "manifest.json"
         extra_vars.setdefault("atlas_bundle_manifest_sha256", hashlib.sha256(manifest.read_bytes()).hexdigest())
