@@ -9,10 +9,13 @@ unreachable, with why.
 
 from __future__ import annotations
 
+import argparse
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from atlasctl import exitcodes
 from atlasctl import inventory as inventory_mod
 from atlasctl.collection import module_utils
 from atlasctl.errors import UsageError
@@ -75,3 +78,18 @@ def render(report: dict[str, Any]) -> str:
         unit = f" (unit {' + '.join(node['unit'])})" if len(node["unit"]) > 1 else ""
         lines.append(f"  {node['host']}{unit}: {node['result']}" + (f": {node['why'][:600]}" if node["why"] else ""))
     return "\n".join(lines)
+
+
+def add_command(sub: argparse._SubParsersAction, name: str, state: str, summary: str, doc: str) -> None:
+    """``atlasctl drain`` and ``atlasctl enable``: the same command line, the state apart."""
+    p = sub.add_parser(name, help=summary, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-i", "--inventory", required=True, help="inventory path (e.g. inventory/lab)")
+    p.add_argument("nodes", nargs="+", metavar="NODE", help="serving nodes (each stands for its whole unit)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    def command(args: argparse.Namespace) -> int:
+        report = run(args.inventory, args.nodes, state)
+        print(json.dumps(report, indent=1, sort_keys=True) if args.json else render(report))
+        return exitcodes.OK if report["status"] == "ok" else exitcodes.FAILED
+
+    p.set_defaults(func=command)
