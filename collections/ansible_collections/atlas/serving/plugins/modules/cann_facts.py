@@ -123,9 +123,9 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    module.exit_json(changed=False, ansible_facts={"cann": gather(p["install_path"], release_dir=p["release_dir"],
-                                                                 service=p["service"],
-                                                                 managed_file=p["managed_file"])})
+    cann = gather(p["install_path"], release_dir=p["release_dir"], service=p["service"],
+                  managed_file=p["managed_file"])
+    module.exit_json(changed=False, ansible_facts={"cann": cann})
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ def _units_per_batch(serial: Any, units: int, index: int, name: str) -> list[int
         pct = text.endswith("%") and text[:-1].strip().isdigit()
         if not (pct or text.isdigit()) or isinstance(value, bool) or int(text.rstrip("%")) < 1:
             raise WaveError(f"rollout_waves[{index}] ({name}): serial {serial!r} is not a batch size: "
-                                     "use a whole number >= 1, a percentage such as \"25%\", or a list of them")
+                            "use a whole number >= 1, a percentage such as \"25%\", or a list of them")
         out.append(max(1, int(int(text[:-1]) * units / 100)) if pct else int(text))
     return out
 
@@ -84,14 +84,14 @@ def _wave_units(members: list[str], instances: dict, fleet_hosts: set[str], seen
         outside = [h for h in unit if h not in fleet_hosts]
         if outside:
             raise WaveError(f"the serving instance of {unit[0]} names {', '.join(outside)}, not in the "
-                                     "fleet (atlas_nodes): a rollout moves every rank of an instance together; "
-                                     "add the node(s) to atlas_nodes or fix serving_instances")
+                            "fleet (atlas_nodes): a rollout moves every rank of an instance together; "
+                            "add the node(s) to atlas_nodes or fix serving_instances")
     return [u for u in found if not seen.intersection(u)]
 
 
 def plan(waves: list[dict] | None, groups: dict[str, list[str]], fleet: str = "atlas_nodes",
-                 resume_from: str | None = None, branch_order: list[str] | None = None,
-                 batch: int | str = 1, serving_instances: dict | None = None) -> list[dict[str, Any]]:
+         resume_from: str | None = None, branch_order: list[str] | None = None,
+         batch: int | str = 1, serving_instances: dict | None = None) -> list[dict[str, Any]]:
     """Ordered waves of fleet hosts; waves before ``resume_from`` are marked ``skipped``."""
     if not waves:
         waves = default_waves(groups, branch_order, batch)
@@ -114,7 +114,7 @@ def plan(waves: list[dict] | None, groups: dict[str, list[str]], fleet: str = "a
         raise WaveError(f"rollout wave names must be unique, got {names}")
     if len(plan) > MAX_WAVES:
         raise WaveError(f"{len(plan)} waves; playbooks/rollout.yml runs at most {MAX_WAVES}: "
-                                 "merge branches into waves in rollout_waves")
+                        "merge branches into waves in rollout_waves")
     if resume_from:
         if resume_from not in names:
             raise WaveError(f"rollout_resume_from {resume_from!r} is not a wave; waves: {', '.join(names)}")
