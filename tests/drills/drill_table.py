@@ -31,6 +31,8 @@ from labtools import (
     ENV,
     GATEWAYS,
     INSTANCE_NODES,
+    LEVEL_B,
+    LEVEL_C,
     MODEL,
     ROOT,
     SERVING,
@@ -44,9 +46,11 @@ from labtools import (
     lab_api_key,
     lab_hosts,
     layout,
+    level_file,
     model_service,
     new_model_version,
     node_path,
+    platform_of,
     playbook,
     releases,
     rollout,
@@ -1053,6 +1057,7 @@ def rank_frozen() -> Outcome:
     expect(all(after[h][1] != before[h][1] for h in INSTANCE_NODES), "both ranks restarted (new engine PIDs)")
     expect(all(after[h][0] == before[h][0] for h in INSTANCE_NODES), "the release is unchanged")
     expect(all(current_verifies(h) for h in INSTANCE_NODES), "the model verifies on both ranks")
+    expect(not load.failed, "0 client requests failed (the one in flight on the frozen instance is retried)")
     notes.append(f"recover.yml exit {recover.returncode}, entry drained {bool(drained.get('seen'))}, "
                  f"PIDs {before[HEAD][1]}/{before[RANK1][1]} -> {after[HEAD][1]}/{after[RANK1][1]}, "
                  f"release {after[HEAD][0]}")
@@ -1127,15 +1132,186 @@ def rank_power_off() -> Outcome:
     # A completion in flight on the instance when its rank loses power cannot finish (half of its model ran
     # there): the drain had marked the entry down and was waiting for it. One client per gateway, so at most one
     # such request; none may fail in any other phase.
-    fault = "power-off to the rollout's stop"
-    expect(sum(n for phase, n in per_phase.items() if phase != fault) == 0,
-           "0 client requests failed outside the power-off")
-    expect(per_phase.get(fault, 0) <= 1, "at most the one request in flight on the instance at the power-off failed")
+    # A completion in flight on the instance when its rank loses power has sent nothing yet: the gateway gives the
+    # silent backend up after gateway_read_timeout_s and sends it to atlas-n5 (proxy_next_upstream timeout
+    # non_idempotent), before the client's own timeout.
+    expect(sum(per_phase.values()) == 0, "0 client requests failed, the one in flight at the power-off included")
     notes.append(f"--resume exit {rc2}, nodes rolled {[n['host'] for n in resumed.get('nodes', [])]}: west on "
                  f"{sorted({now[h] for h in west})}")
     lost = snapshots_kept(expect, before, west)
     observed = "; ".join(notes) + f"; {load_text(load)}; {by_phase}"
     return Outcome(observed, len(load.failed), lost, expect.unmet)
+
+
+# --- platform upgrades: driver, firmware and CANN under client load (docs/platform-upgrades.md) -------
+
+LEVELS: dict[str, Path] = {}
+
+
+def level(name: str) -> Path:
+    """The release variables of a platform level (labtools.LEVEL_B, LEVEL_C), written once."""
+    if name not in LEVELS:
+        LEVELS[name] = level_file(Path(tempfile.mkdtemp(prefix="atlas-drill-level-")), f"level-{name}",
+                                  {"b": LEVEL_B, "c": LEVEL_C}[name])
+    return LEVELS[name]
+
+
+def _pack_gates(report: dict) -> dict[str, dict[str, str]]:
+    """{host: {gate: result}} from the rollout's evidence pack."""
+    pack = Path(str((report.get("evidence") or {}).get("dir") or "")) / "evidence.json"
+    try:
+        nodes = json.loads(pack.read_text()).get("nodes", [])
+    except (OSError, ValueError):
+        return {}
+    return {n["host"]: {g["gate"]: g["result"] for g in n.get("gates", [])} for n in nodes}
+
+
+def site_yml_live() -> Outcome:
+    """site.yml with platform level B (another driver, firmware and CANN) on the live lab, as a site would run it
+    (no atlas_allow_outage): refused at preflight, naming every serving node and the rollout command."""
+    expect = Expect()
+    before = {h: platform_of(h) for h in SERVING}
+    releases_before = releases()
+    with Load() as load:
+        run = playbook("site.yml", "-e", f"@{level('b')}", allow_outage=False)
+    out = " ".join(run.stdout.split())
+    after = {h: platform_of(h) for h in SERVING}
+    named = [h for h in SERVING if f"{h} would" in out]
+    expect(run.returncode != 0 and "Refused: this run would take serving nodes down." in out,
+           "site.yml is refused at preflight")
+    expect(named == SERVING, "the refusal names every serving node")
+    expect("atlasctl rollout -i" in out, "the refusal names the rollout command")
+    expect("TASK [driver" not in run.stdout and "TASK [cann" not in run.stdout, "no stage after preflight ran")
+    expect(after == before and releases() == releases_before, "nothing changed on any node")
+    expect(not load.failed, "0 client requests failed")
+    said = re.search(r"Refused: [^.]*\.[^.]*\.", out)
+    observed = (f"site.yml exit {run.returncode}: {one_line(said.group(0) if said else out[-300:], 300)}; nodes named "
+                f"{named}; platform and releases {'unchanged' if after == before else 'CHANGED'}; {load_text(load)}")
+    return Outcome(observed, len(load.failed), "none" if after == before else f"{before} -> {after}", expect.unmet)
+
+
+def platform_canary_fails() -> Outcome:
+    """Level B's SLO gate fails on the canary after its platform moved: the canary goes back to its release on that
+    release's CANN (8.5.0, kept beside 9.1.0), the driver stays new (inside 8.5.0's window, as the plan said), the
+    rollout stops, nothing else changed."""
+    expect, release = Expect(), "drill-platform-b-fails"
+    before = {h: platform_of(h) for h in SERVING}
+    releases_before = releases()
+    with Load() as load:
+        rc, report = rollout("--release", release, "--vars", str(level('b')), "-e", 'rollout_slo={"e2el_ms": 1}')
+    after = {h: platform_of(h) for h in SERVING}
+    now = releases()
+    failure = report.get("failure") or {}
+    canary = after[CANARY]
+    expect(rc == 1 and (failure.get("host"), failure.get("gate")) == (CANARY, "slo"),
+           f"the rollout stops at the canary {CANARY}'s SLO gate")
+    expect((canary["driver"], canary["firmware"]) == ("25.5.1", "7.8.1.0.100"), "the canary keeps the new driver")
+    expect(now[CANARY] == releases_before[CANARY], "the canary back on its previous release")
+    expect(canary["pins"].get(now[CANARY]) == "8.5.0" and {"8.5.0", "9.1.0"} <= set(canary["cann_installed"]),
+           "its release pinned to CANN 8.5.0, 9.1.0 installed beside it")
+    expect(wait_node_healthy(CANARY, 60), "the canary serves")
+    others = [h for h in SERVING if h != CANARY]
+    expect(all(after[h] == before[h] and now[h] == releases_before[h] for h in others), "no other node changed")
+    expect(not load.failed, "0 client requests failed")
+    observed = (f"rollout exit {rc}, failed at {failure.get('host')} gate {failure.get('gate')}; canary driver "
+                f"{canary['driver']}/{canary['firmware']}, release {now[CANARY]} pinned to "
+                f"{canary['pins'].get(now[CANARY])}, CANN installed {canary['cann_installed']}; {load_text(load)}")
+    return Outcome(observed, len(load.failed), "none" if now[CANARY] == releases_before[CANARY] else
+                   f"canary on {now[CANARY]}", expect.unmet)
+
+
+def platform_upgrade() -> Outcome:
+    """The whole lab from level A to level B through `atlasctl rollout` under load: each unit drained, its engine
+    stopped, firmware then driver, the reboot, CANN 9.1.0 beside 8.5.0, the release, the gates, enabled (the canary,
+    at level B since platform-canary-fails, skips the platform steps)."""
+    expect, release = Expect(), "drill-platform-b"
+    releases_before = releases()
+    plan = atlasctl("rollout", "-i", "inventory/lab", "--release", release, "--vars", str(level("b")), "--plan",
+                    "--json", check=False)
+    with Load() as load:
+        phases = Phases(load)
+        phases.mark("rollout to level B")
+        rc, report = rollout("--release", release, "--vars", str(level("b")), "-e", LENIENT_SLO)
+        by_phase = phases.text()
+    after = {h: platform_of(h) for h in SERVING}
+    gates = _pack_gates(report)
+    expect(plan.returncode == 0 and json.loads(plan.stdout or "{}").get("point_of_no_return", {}).get("units") == [],
+           "the plan has no point of no return")
+    expect(rc == 0, "the rollout completes")
+    expect(all((after[h]["driver"], after[h]["firmware"]) == ("25.5.1", "7.8.1.0.100") for h in SERVING),
+           "every node runs driver 25.5.1 / firmware 7.8.1.0.100")
+    expect(all(after[h]["pins"].get(release) == "9.1.0" for h in SERVING), "every node's release pins CANN 9.1.0")
+    expect(all(after[h]["pins"].get(releases_before[h]) == "8.5.0" and "8.5.0" in after[h]["cann_installed"]
+               for h in SERVING), "the previous CANN 8.5.0 still installed and pinned by the previous release")
+    expect(all(gates.get(h, {}).get("driver") == "passed" for h in SERVING if h != CANARY),
+           "the evidence pack records the driver gate of every moved node")
+    expect(not load.failed, "0 client requests failed")
+    observed = (f"rollout exit {rc}, waves {report.get('completed')}; drivers "
+                f"{sorted({after[h]['driver'] for h in SERVING})}; CANN installed "
+                f"{sorted({v for h in SERVING for v in after[h]['cann_installed']})}; {load_text(load)}; {by_phase}")
+    return Outcome(observed, len(load.failed), "none", expect.unmet)
+
+
+def platform_power_off() -> Outcome:
+    """Level C (driver 25.5.2) over branch east; atlas-n2 powered off once its engine stopped for the driver (during
+    the install or the reboot): the rollout stops with it drained and named; after power-on --resume completes."""
+    expect, victim, release = Expect(), "atlas-n2", "drill-platform-power-off"
+    notes = []
+    with Load() as load:
+        phases = Phases(load)
+        phases.mark("rollout to the power-off")
+        job = rollout_in_background(release, "--vars", str(level("c")), "-e", LENIENT_SLO, "-l", "branch_east")
+        stopped = wait_until(lambda: not job.running() or (
+            backend_states()[victim] == "down"
+            and sh(victim, "systemctl is-active atlas-serving", check=False).strip() != "active"), 900)
+        expect(stopped and job.running(), f"the rollout stopped {victim}'s engine for its driver")
+        lab("power", victim, "off", timeout=120)
+        phases.mark("power-off to the rollout's stop")
+        rc, out, _ = job.wait()
+        report = report_of(out)
+        failure = report.get("failure") or {}
+        expect(rc == 1 and failure.get("host") == victim, f"the rollout stops naming {victim}")
+        expect(backend_states()[victim] == "down", f"{victim} stays drained")
+        notes.append(f"{victim} powered off with its engine stopped: rollout exit {rc}, failed at "
+                     f"{failure.get('host')} gate {failure.get('gate')}; gateway states {backend_states()}")
+        phases.mark("node off, then powered on")
+        lab("power", victim, "on", timeout=300)
+        expect(sh(victim, "systemctl is-active atlas-serving", check=False).strip() != "active",
+               "after power-on the old release does not start (the unit stays off until the rollout)")
+        phases.mark("--resume")
+        rc2, resumed = rollout("--release", release, "--resume", "-e", LENIENT_SLO, "-l", "branch_east")
+        by_phase = phases.text()
+    east = [h for h in SERVING if BRANCH[h] == "east"]
+    after = {h: platform_of(h) for h in east}
+    expect(rc2 == 0, "--resume completes")
+    expect(all(after[h]["driver"] == "25.5.2" and releases([h])[h] == release for h in east),
+           "branch east on driver 25.5.2 and the release")
+    expect(not load.failed, "0 client requests failed")
+    notes.append(f"--resume exit {rc2}, nodes rolled {[n['host'] for n in resumed.get('nodes', [])]}; east drivers "
+                 f"{ {h: after[h]['driver'] for h in east} }")
+    observed = "; ".join(notes) + f"; {load_text(load)}; {by_phase}"
+    return Outcome(observed, len(load.failed), "none", expect.unmet)
+
+
+def platform_unit() -> Outcome:
+    """The two-node instance moves together: level C over branch west, both ranks stopped, driver, reboot, the NPU
+    network verified again, the release, as one unit; then atlas-n5."""
+    expect, inv, release = Expect(), instance_mode(), "drill-platform-unit"
+    with Load() as load:
+        rc, report = rollout("--release", release, "--vars", str(level("c")), "-e", LENIENT_SLO, "-e", WEST_WAVE,
+                             inventory=inv)
+    west = [*INSTANCE_NODES, "atlas-n5"]
+    after = {h: platform_of(h) for h in west}
+    gates = _pack_gates(report)
+    expect(rc == 0, "the rollout completes")
+    expect(all(after[h]["driver"] == "25.5.2" for h in west), "every west node on driver 25.5.2")
+    moved = ("stop", "driver", "network-after")
+    expect(all(gates.get(h, {}).get(g) == "passed" for h in INSTANCE_NODES for g in moved),
+           "both ranks passed stop, driver and the NPU network again together")
+    expect(not load.failed, "0 client requests failed")
+    observed = (f"rollout exit {rc}; drivers { {h: after[h]['driver'] for h in west} }; ranks' gates "
+                f"{ {h: gates.get(h) for h in INSTANCE_NODES} }; {load_text(load)}")
+    return Outcome(observed, len(load.failed), "none", expect.unmet)
 
 
 # --- the table ---------------------------------------------------------------------------------------
@@ -1182,6 +1358,19 @@ DRILLS = [
     Drill("gateway-restart", "`systemctl restart nginx` on atlas-gw-east during a rollout, under load",
           "rollout completes, fleet on the new release; client failures: what the restart costs",
           gateway_restart),
+    # the platform moves (docs/platform-upgrades.md): refused by site.yml, then through the rollout, level A -> B -> C
+    Drill("site-yml-live", "site.yml with platform level B (driver 25.5.1, firmware, CANN 9.1.0) on the live lab",
+          "refused at preflight naming every serving node and the rollout command; nothing changed on any node; "
+          "0 failed", site_yml_live),
+    Drill("platform-canary-fails", "rollout of level B whose SLO gate fails on the canary after its platform moved",
+          "the canary back on its release on CANN 8.5.0 (kept beside 9.1.0), the driver stays 25.5.1 as planned; the "
+          "rollout stops; nothing else changed; 0 failed", platform_canary_fails),
+    Drill("platform-upgrade", "the whole lab from level A to level B through `atlasctl rollout`, under load",
+          "every node on driver 25.5.1 and CANN 9.1.0; the previous CANN 8.5.0 still installed and pinned by the "
+          "previous release; 0 failed", platform_upgrade),
+    Drill("platform-power-off", "level C over branch east; atlas-n2 powered off during its driver install/reboot",
+          "the rollout stops with atlas-n2 drained and named; the old release does not start at power-on; --resume "
+          "completes; 0 failed", platform_power_off),
     # the multi-node drills, last: the first converges the lab's two-node instance (atlas-n3 + atlas-n4)
     Drill("instance-out-and-back", "two-node instance: a release rolled over branch west, then one that fails the "
           "entry's SLO gate, under load",
@@ -1189,11 +1378,15 @@ DRILLS = [
           "entry), atlas-n5 untouched; 0 failed", instance_out_and_back),
     Drill("rank-frozen", "two-node instance: every process of rank 1 (atlas-n4) SIGSTOPped, under load",
           "atlasctl health reports it hung; recover.yml drains the entry, restarts both ranks together, enables "
-          "it; release and model unchanged (0 data lost)", rank_frozen),
+          "it; release and model unchanged (0 data lost); 0 failed (the request in flight is retried elsewhere)",
+          rank_frozen),
     Drill("npu-link-down", "two-node instance: NPU 2 of atlas-n4 link down, then a rollout of the instance",
           "the rollout stops at its network gate naming atlas-n4, NPU 2 and the link; neither rank touched",
           npu_link_down),
     Drill("rank-power-off", "two-node instance: atlas-n4 powered off while the instance rolls",
           "the unit rolls back (head stopped, entry drained, atlas-n5 serves); after power-on --resume completes; "
-          "0 failed but the request in flight on the instance at the power-off (at most 1)", rank_power_off),
+          "0 failed (the request in flight on the instance is retried on atlas-n5 by the gateway)", rank_power_off),
+    Drill("platform-unit", "two-node instance: level C rolled over branch west (both ranks' driver and firmware)",
+          "both ranks move together (stop, driver, reboot, NPU network verified again), then atlas-n5; 0 failed",
+          platform_unit),
 ]

@@ -145,8 +145,13 @@ def on_node(host: str, command: str | Sequence[str], *, check: bool = True, time
     return proc
 
 
-def playbook(*args: str, timeout: int = 1500) -> subprocess.CompletedProcess:
+def playbook(*args: str, timeout: int = 1500, allow_outage: bool = True) -> subprocess.CompletedProcess:
+    """ansible-playbook on the lab. The tests change serving nodes on purpose, one stage at a time (a new model, a
+    key, a CANN), so they accept the outage the product refuses otherwise (atlas_allow_outage; docs/platform-
+    upgrades.md); ``allow_outage=False`` runs as a site does (the refusals' own tests, the converged runs)."""
     cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "inventory/lab", *args]
+    if allow_outage:
+        cmd += ["-e", "atlas_allow_outage=true"]
     return _run(cmd, timeout)
 
 
@@ -380,6 +385,41 @@ def releases(hosts: list[str] | None = None) -> dict[str, str]:
         record = lab("ssh", host, "cat", layout(host)["serving_record"], timeout=60)
         out[host] = json.loads(record.stdout)["release_id"]
     return out
+
+
+# The platform levels of the lab's bundle (inventory/lab/bundle.yml): A is the inventory's own (CANN 8.5.0 on HDK
+# 25.5.0); B moves CANN to 9.1.0 (beside 8.5.0) and the HDK to 25.5.1 (in CANN 8.5.0's window: a rollback runs on
+# it); C moves the HDK alone, to 25.5.2.
+LEVEL_B = {"cann_version": "9.1.0", "driver_version": "25.5.1", "driver_firmware_version": "7.8.1.0.100"}
+LEVEL_C = {"cann_version": "9.1.0", "driver_version": "25.5.2", "driver_firmware_version": "7.8.2.0.100"}
+
+
+def level_file(folder: Path, name: str, level: dict[str, str]) -> Path:
+    """A release's variables file (``atlasctl rollout --vars``, ``-e @FILE``) for a platform level."""
+    path = folder / f"{name}.yml"
+    path.write_text(yaml.safe_dump(level))
+    return path
+
+
+def platform_of(host: str) -> dict[str, Any]:
+    """What a node runs and keeps: the running driver and firmware (npu-smi), the CANN versions installed side by
+    side, and the CANN each kept release pins (its record's ``cann``)."""
+    board = on_node(host, "npu-smi info -t board -i 0", timeout=60).stdout
+    running = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in board.splitlines()) if v}
+    ascend = on_node(host, "ls -d /usr/local/Ascend/cann-* /usr/local/Ascend/ascend-toolkit/[0-9]* 2>/dev/null",
+                     check=False, timeout=60).stdout.split()
+    release_dir = layout(host)["serving_release_dir"]
+    records = on_node(host, f"for f in {release_dir}/*/atlas-serving.json; do echo \"$f $(cat $f)\"; done",
+                      check=False, timeout=60).stdout.splitlines()
+    pins = {}
+    for line in records:
+        path, _, text = line.partition(" ")
+        try:
+            pins[Path(path).parent.name] = json.loads(text).get("cann")
+        except ValueError:
+            continue
+    return {"driver": running.get("Software Version"), "firmware": running.get("Firmware Version"),
+            "cann_installed": sorted(Path(p).name.removeprefix("cann-") for p in ascend), "pins": pins}
 
 
 def rollout(*args: str, inventory: str | Path = "inventory/lab") -> tuple[int, dict]:

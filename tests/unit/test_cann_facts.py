@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -179,3 +181,62 @@ def test_gather_reads_what_the_installers_write(tmp_path: Path, version: str) ->
     assert Path(facts["toolkit"]["uninstall_script"]).is_file()
     assert Path(facts["nnal"]["uninstall_script"]).is_file()
     assert facts["serving_set_env_scripts"][-1] == str(root / "nnal/atb/set_env.sh")
+
+
+# --- versions side by side: what is installed, the plan, what each release pins, the prune ------------------
+
+def _install(root: Path, tmp: Path, *versions: str) -> None:
+    env = {**os.environ, "ATLAS_CANN_SYSROOT": str(tmp / "sysroot"), "TMPDIR": str(tmp)}
+    for version in versions:
+        for pkg in cann_run.build_cann_packages(tmp / "pkgs", version):
+            if pkg.suffix == ".zip":
+                continue
+            argv = ["bash", str(pkg), "--nox11", "--install", f"--install-path={root}", "--quiet"]
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0, done.stderr
+
+
+def test_installed_versions_reads_each_version_and_its_own_scripts(tmp_path: Path) -> None:
+    root = tmp_path / "Ascend"
+    _install(root, tmp_path, "8.2.RC1", "8.3.RC1")
+    versions = cann.installed_versions(str(root), "x86_64")
+    assert sorted(versions) == ["8.2.RC1", "8.3.RC1"]
+    for version in versions:
+        entry = versions[version]
+        assert (entry["toolkit"], entry["kernels"], entry["nnal"]) == (version, version, version)
+        assert entry["set_env_scripts"] == [str(root / f"ascend-toolkit/{version}/bin/setenv.bash"),
+                                            str(root / f"nnal/atb/{version}/atb/set_env.sh")]
+    assert cann.gather(str(root), "x86_64")["toolkit"]["version"] == "8.3.RC1"  # the links: the last installed
+
+
+@pytest.mark.parametrize(("installed", "wanted", "actions", "removes"), [
+    ({}, "8.5.0", {"toolkit": "install", "kernels": "install", "nnal": "install"}, []),
+    ({"8.3.RC2": "ascend-toolkit"}, "8.3.RC1", {"toolkit": "install", "kernels": "install", "nnal": "install"}, []),
+    ({"8.5.0": "cann"}, "9.1.0", {"toolkit": "install", "kernels": "install", "nnal": "install"}, []),
+    ({"8.3.RC2": "ascend-toolkit", "8.2.RC1": "ascend-toolkit"}, "8.5.0",
+     {"toolkit": "upgrade", "kernels": "install", "nnal": "install"}, ["8.2.RC1", "8.3.RC2"]),
+    ({"8.5.0": "cann", "9.1.0": "cann"}, "8.3.RC2",
+     {"toolkit": "install", "kernels": "install", "nnal": "install"}, ["8.5.0", "9.1.0"]),
+    ({"8.5.0": "cann"}, "8.5.0", {"toolkit": "none", "kernels": "none", "nnal": "none"}, []),
+])
+def test_plan_versions(installed: dict, wanted: str, actions: dict, removes: list) -> None:
+    versions = {v: {"layout": layout, "toolkit": v, "kernels": v, "nnal": v} for v, layout in installed.items()}
+    plan = cann.plan_versions(versions, wanted, ["toolkit", "kernels", "nnal"])
+    assert (plan["actions"], plan["removes"], plan["keeps_others"]) == (actions, removes, not removes)
+    assert ("cannot stay beside" in plan["why"]) == bool(removes)
+
+
+def test_release_pins_and_the_prune(tmp_path: Path) -> None:
+    for release, record in {"r1": {"cann": "8.3.RC2"}, "r2": {"cann": "8.5.0"}, "img": {"runtime": "container"},
+                            "old": {}}.items():
+        (tmp_path / release).mkdir()
+        (tmp_path / release / "svc.json").write_text(json.dumps(record))
+    pins = cann.release_pins(str(tmp_path), "svc")
+    assert pins == {"pinned": {"r1": "8.3.RC2", "r2": "8.5.0"}, "unknown": ["old"]}
+    versions = dict.fromkeys(("8.2.RC1", "8.3.RC2", "8.5.0", "9.1.0"), {})
+    kept = cann.prune_versions(versions, pins, ["9.1.0"], list(versions))
+    assert kept["remove"] == [] and "old name no CANN" in kept["why_not"]
+    (tmp_path / "old/svc.json").unlink()
+    pins = cann.release_pins(str(tmp_path), "svc")
+    pruned = cann.prune_versions(versions, pins, ["9.1.0"], ["8.2.RC1", "8.3.RC2", "9.1.0"])
+    assert pruned == {"remove": ["8.2.RC1"], "held": {"8.3.RC2": ["r1"], "8.5.0": ["r2"]}, "why_not": ""}

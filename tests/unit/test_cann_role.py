@@ -1,4 +1,5 @@
-"""The cann role against localhost: install, idempotence, check mode, upgrade, downgrade, tampering, an
+"""The cann role against localhost: install, idempotence, check mode, versions side by side (each pinned by its
+own environment scripts, kept while a kept release pins it), across the 8.5 layout and back, tampering, an
 installer swapped in the bundle after its check (the checked copy runs), a bundle another account can write."""
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ PLAYBOOK = """
   post_tasks:
     - name: Show the wiring
       ansible.builtin.copy:
-        content: "{{ {'scripts': cann_set_env_scripts, 'cann': ansible_facts.cann} | to_json }}"
+        content: >-
+          {{ {'scripts': cann_set_env_scripts,
+              'cann': ansible_facts.cann | dict2items | rejectattr('key', 'in', ['pins', 'managed']) | items2dict}
+             | to_json }}
         dest: "{{ result_file }}"
         mode: "0600"
 """
@@ -71,6 +75,8 @@ class Node:
             "cann_install_path": str(self.install_path),
             "cann_work_dir": str(self.tmp / "work"),
             "cann_env_file": str(self.env_file),
+            "cann_managed_file": str(self.tmp / "var/cann-versions.json"),
+            "serving_config_dir": str(self.tmp / "serving"),
             "result_file": str(self.result),
         }
         env = {
@@ -90,6 +96,12 @@ class Node:
 
     def facts(self) -> dict:
         return json.loads(self.result.read_text())
+
+    def release(self, name: str, cann: str | None) -> None:
+        """A kept serving release whose record pins ``cann`` (None: a record from before releases pinned one)."""
+        record = self.tmp / "serving/releases" / name / "atlas-serving.json"
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"release_id": name, "runtime": "venv"} | ({"cann": cann} if cann else {})))
 
 
 def recap(result: subprocess.CompletedProcess) -> dict[str, int]:
@@ -119,31 +131,62 @@ def test_check_mode_then_install_then_idempotent(node: Node) -> None:
     assert facts["cann"]["toolkit"]["version"] == "8.3.RC1"
     assert facts["cann"]["kernels"]["version"] == "8.3.RC1"
     assert facts["cann"]["nnal"]["version"] == "8.3.RC1"
+    # the version's own scripts, never the links' (ascend-toolkit/set_env.sh follows `latest`)
     assert facts["scripts"] == [
-        str(node.install_path / "ascend-toolkit/set_env.sh"),
-        str(node.install_path / "nnal/atb/set_env.sh"),
+        str(node.install_path / "ascend-toolkit/8.3.RC1/bin/setenv.bash"),
+        str(node.install_path / "nnal/atb/8.3.RC1/atb/set_env.sh"),
     ]
     env_text = node.env_file.read_text()
     assert "ATLAS_CANN_VERSION=8.3.RC1" in env_text
-    assert f'ATLAS_CANN_SET_ENV_SCRIPTS="{node.install_path}/ascend-toolkit/set_env.sh ' in env_text
+    assert f'ATLAS_CANN_SET_ENV_SCRIPTS="{node.install_path}/ascend-toolkit/8.3.RC1/bin/setenv.bash ' in env_text
 
     second = ok(node.play("8.3.RC1"))
     assert second["changed"] == 0
 
 
-def test_upgrade_then_downgrade(node: Node) -> None:
+def test_a_new_version_installs_beside_and_stays_while_a_release_pins_it(node: Node) -> None:
+    node.release("r1", "8.2.RC1")
     ok(node.play("8.2.RC1"))
     up = node.play("8.3.RC1")
     ok(up)
-    assert "upgrade toolkit 8.2.RC1 -> 8.3.RC1" in up.stdout
-    assert node.facts()["cann"]["toolkit"]["version"] == "8.3.RC1"
-    assert not (node.install_path / "ascend-toolkit/8.2.RC1").exists()
-    down = node.play("8.2.RC1")
-    ok(down)
-    assert "downgrade toolkit 8.3.RC1 -> 8.2.RC1" in down.stdout
-    facts = node.facts()["cann"]
-    assert [facts[c]["version"] for c in ("toolkit", "kernels", "nnal")] == ["8.2.RC1"] * 3
+    assert "install toolkit 8.3.RC1 from cann/Ascend-cann-toolkit_8.3.RC1_linux-x86_64.run (installed beside: " \
+           "8.2.RC1)" in " ".join(up.stdout.split())
+    versions = node.facts()["cann"]["versions"]
+    assert {v: [versions[v][c] for c in ("toolkit", "kernels", "nnal")] for v in versions} == {
+        "8.2.RC1": ["8.2.RC1"] * 3, "8.3.RC1": ["8.3.RC1"] * 3}
+    assert node.facts()["scripts"][0] == str(node.install_path / "ascend-toolkit/8.3.RC1/bin/setenv.bash")
+    # back to the earlier release's CANN: nothing to install, only its scripts are wired
+    node.release("r2", "8.3.RC1")
+    back = ok(node.play("8.2.RC1"))
+    assert back["changed"] == 2  # the environment file names 8.2.RC1's scripts (and this test's dump of them)
+    assert node.facts()["scripts"][0] == str(node.install_path / "ascend-toolkit/8.2.RC1/bin/setenv.bash")
     assert ok(node.play("8.2.RC1"))["changed"] == 0
+    # r2 is no longer kept: its CANN goes (the role installed it), r1's stays
+    (node.tmp / "serving/releases/r2/atlas-serving.json").unlink()
+    pruned = ok(node.play("8.2.RC1"))
+    assert pruned["changed"] >= 1 and not (node.install_path / "ascend-toolkit/8.3.RC1").exists()
+    assert not (node.install_path / "nnal/atb/8.3.RC1").exists()
+    assert sorted(node.facts()["cann"]["versions"]) == ["8.2.RC1"]
+    assert json.loads((node.tmp / "var/cann-versions.json").read_text()) == ["8.2.RC1"]
+
+
+def test_a_release_that_pins_nothing_keeps_every_version(node: Node) -> None:
+    ok(node.play("8.2.RC1"))
+    node.release("old", None)
+    run = node.play("8.3.RC1")
+    ok(run)
+    assert "release(s) old name no CANN in their record" in run.stdout
+    assert sorted(node.facts()["cann"]["versions"]) == ["8.2.RC1", "8.3.RC1"]
+
+
+def test_a_version_installed_by_other_hands_is_never_pruned(node: Node, bundle: Path) -> None:
+    toolkit = bundle / "cann/Ascend-cann-toolkit_8.2.RC1_linux-x86_64.run"
+    by_hand = subprocess.run(["bash", str(toolkit), "--nox11", "--install", f"--install-path={node.install_path}",
+                              "--quiet"], env={**os.environ, "ATLAS_CANN_SYSROOT": str(node.tmp / "sysroot")},
+                             capture_output=True, text=True, timeout=60)
+    assert by_hand.returncode == 0, by_hand.stderr
+    ok(node.play("8.3.RC1"))
+    assert sorted(node.facts()["cann"]["versions"]) == ["8.2.RC1", "8.3.RC1"]
 
 
 def test_70rc1_from_the_zip_without_nnal(node: Node) -> None:
@@ -154,20 +197,31 @@ def test_70rc1_from_the_zip_without_nnal(node: Node) -> None:
     assert ok(node.play("7.0.RC1"))["changed"] == 0
 
 
-def test_upgrade_across_the_85_layout(node: Node) -> None:
+def test_upgrade_across_the_85_layout_and_back(node: Node) -> None:
+    """Into the 8.5 layout the toolkit takes --upgrade, which removes the earlier one (the installers cannot keep
+    it); back from it every 8.5+ toolkit is uninstalled first."""
+    node.release("r1", "8.3.RC1")
     ok(node.play("8.3.RC1"))
     up = node.play("8.5.0")
     ok(up)
-    assert "upgrade toolkit 8.3.RC1 -> 8.5.0" in up.stdout
+    out = " ".join(up.stdout.split())
+    assert "upgrade toolkit 8.5.0 from cann/Ascend-cann-toolkit_8.5.0_linux-x86_64.run; CANN 8.3.RC1" in out
+    assert "moving to the 8.5 layout takes --upgrade, which removes the earlier versions" in out
     assert "from cann/Ascend-cann-910b-ops_8.5.0_linux-x86_64.run" in up.stdout
     facts = node.facts()
     assert facts["cann"]["toolkit"]["layout"] == "cann"
     assert [facts["cann"][c]["version"] for c in ("toolkit", "kernels", "nnal")] == ["8.5.0"] * 3
+    assert not (node.install_path / "ascend-toolkit/8.3.RC1").exists()
     assert facts["scripts"] == [
-        str(node.install_path / "cann/set_env.sh"),
-        str(node.install_path / "nnal/atb/set_env.sh"),
+        str(node.install_path / "cann-8.5.0/set_env.sh"),
+        str(node.install_path / "nnal/atb/8.5.0/atb/set_env.sh"),
     ]
     assert ok(node.play("8.5.0"))["changed"] == 0
+    back = node.play("8.3.RC1")
+    ok(back)
+    assert "going back from the 8.5 layout takes --uninstall of it, then --install" in " ".join(back.stdout.split())
+    versions = node.facts()["cann"]["versions"]
+    assert versions["8.3.RC1"]["toolkit"] == "8.3.RC1" and not (node.install_path / "cann-8.5.0").exists()
 
 
 def _bundle_copy(bundle: Path, tmp_path: Path) -> Path:

@@ -202,8 +202,8 @@ def test_install_85_layout(packages: dict[str, list[Path]], env: dict[str, str],
     assert read_info(root / "cann/x86_64-linux/ascend_toolkit_install.info")["version"] == "8.5.0"
     assert read_info(root / "cann/opp_kernel/version.info")["package_name"] == "Ascend-cann-910b-ops"
     home = sourced(root / "ascend-toolkit/set_env.sh", "ASCEND_HOME_PATH")["ASCEND_HOME_PATH"]
-    assert home == f"{root}/cann"
-    assert sourced(root / "cann/set_env.sh", "ASCEND_OPP_PATH")["ASCEND_OPP_PATH"] == f"{root}/cann/opp"
+    assert home == f"{root}/cann-8.5.0"  # what Huawei's 8.5+ images set: the version's own directory
+    assert sourced(root / "cann/set_env.sh", "ASCEND_OPP_PATH")["ASCEND_OPP_PATH"] == f"{root}/cann-8.5.0/opp"
 
 
 def test_kernels_and_nnal_need_the_same_toolkit(
@@ -224,8 +224,6 @@ def test_upgrade_then_downgrade_refused_then_uninstall(
     root = tmp_path / "Ascend"
     old, new = packages["8.2.RC1"][0], packages["8.3.RC1"][0]
     assert install(old, root, env).returncode == 0
-    plain = install(new, root, env)
-    assert plain.returncode == 1 and "Use --upgrade" in plain.stderr
     up = install(new, root, env, "--upgrade")
     assert up.returncode == 0, up.stderr
     assert read_info(root / "ascend-toolkit/latest/x86_64-linux/ascend_toolkit_install.info")["version"] == "8.3.RC1"
@@ -233,11 +231,58 @@ def test_upgrade_then_downgrade_refused_then_uninstall(
     down = install(old, root, env, "--upgrade")
     assert down.returncode == 1 and "does not downgrade" in down.stderr
     wrong = run(old, "--uninstall", f"--install-path={root}", env=env)
-    assert wrong.returncode == 1 and "not 8.2.RC1" in wrong.stderr
+    assert wrong.returncode == 1 and "8.2.RC1 is not installed" in wrong.stderr
     gone = run(new, "--uninstall", f"--install-path={root}", env=env)
     assert gone.returncode == 0, gone.stderr
     assert not (root / "ascend-toolkit").exists()
     assert install(old, root, env).returncode == 0
+
+
+def test_versions_of_one_layout_live_side_by_side(
+    packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path
+) -> None:
+    """--install of another version keeps the installed one (CANN's multi-version installation): each version
+    has its own directory and its own environment script, `latest` names the last installed, and removing a
+    version leaves the other whole."""
+    root = tmp_path / "Ascend"
+    for version in ("8.2.RC1", "8.3.RC1"):
+        for pkg in packages[version]:
+            result = install(pkg, root, env)
+            assert result.returncode == 0, result.stdout + result.stderr
+    assert os.readlink(root / "ascend-toolkit/latest") == "8.3.RC1"
+    for version in ("8.2.RC1", "8.3.RC1"):
+        vdir = root / "ascend-toolkit" / version
+        assert read_info(vdir / "opp_kernel/version.info")["Version"] == version
+        assert sourced(vdir / "bin/setenv.bash", "ASCEND_HOME_PATH")["ASCEND_HOME_PATH"] == str(vdir)
+        atb = root / "nnal/atb" / version / "atb"
+        assert sourced(atb / "set_env.sh", "ATB_HOME_PATH")["ATB_HOME_PATH"] == f"{atb}/cxx_abi_1"
+    assert os.readlink(root / "nnal/atb/latest") == "8.3.RC1"
+    gone = subprocess.run(["bash", str(root / "ascend-toolkit/8.2.RC1/x86_64-linux/script/uninstall.sh"), "--quiet"],
+                          env=env, capture_output=True, text=True)
+    assert gone.returncode == 0, gone.stderr
+    assert not (root / "ascend-toolkit/8.2.RC1").exists()
+    assert (root / "ascend-toolkit/8.3.RC1/bin/setenv.bash").is_file()
+    assert os.readlink(root / "ascend-toolkit/latest") == "8.3.RC1"
+    # the last installed removed: `latest` falls back to the newest left
+    assert install(packages["8.2.RC1"][0], root, env).returncode == 0
+    assert os.readlink(root / "ascend-toolkit/latest") == "8.2.RC1"
+    assert run(packages["8.2.RC1"][0], "--uninstall", f"--install-path={root}", env=env).returncode == 0
+    assert os.readlink(root / "ascend-toolkit/latest") == "8.3.RC1"
+
+
+def test_the_two_layouts_never_live_side_by_side(
+    packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path
+) -> None:
+    """Moving from an earlier CANN to 8.5 takes --upgrade or uninstalling the earlier versions (CANN 8.5.0's
+    installation guide); going back from 8.5 takes --uninstall, then --install (its release notes)."""
+    root = tmp_path / "Ascend"
+    assert install(packages["8.3.RC1"][0], root, env).returncode == 0
+    beside = install(packages["8.5.0"][0], root, env)
+    assert beside.returncode == 1 and "takes --upgrade, or uninstalling every earlier version" in beside.stderr
+    assert not (root / "cann-8.5.0").exists()
+    assert install(packages["8.5.0"][0], root, env, "--upgrade").returncode == 0
+    back = install(packages["8.3.RC1"][0], root, env)
+    assert back.returncode == 1 and "takes --uninstall of it first, then --install" in back.stderr
 
 
 def test_upgrade_across_85_and_back_with_the_recorded_uninstaller(
@@ -278,3 +323,35 @@ def test_70rc1_kernels_zip_holds_the_run(packages: dict[str, list[Path]], tmp_pa
 
     with zipfile.ZipFile(packages["7.0.RC1"][1]) as archive:
         assert archive.namelist() == ["Ascend-cann-kernels-910b_7.0.RC1_linux.run"]
+
+
+def test_the_parameter_tables_rules(packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path) -> None:
+    """What Huawei's parameter table says of the options (CANN 8.3.RC1 and 8.0.RC3 "参数说明"), refused with exit 1
+    and nothing installed: --quiet and --install-for-all only with an installation, --full for the toolkit only,
+    --devel for the toolkit and kernels only."""
+    root = tmp_path / "Ascend"
+    toolkit, kernels, nnal = packages["8.3.RC1"]
+    cases = [
+        (toolkit, ["--uninstall", "--quiet"], "--quiet is used with --install or --upgrade"),
+        (toolkit, ["--uninstall", "--install-for-all"], "--install-for-all is used with --install"),
+        (kernels, ["--full", "--quiet"], "--full is supported by the toolkit package only"),
+        (nnal, ["--devel", "--quiet"], "--devel is supported by the toolkit and kernels packages only"),
+    ]
+    for pkg, args, message in cases:
+        refused = run(pkg, "--nox11", *args, f"--install-path={root}", env=env)
+        assert refused.returncode == 1 and message in refused.stderr, (args, refused.stderr)
+    assert not root.exists()
+
+
+def test_the_install_path_and_the_global_record(packages: dict[str, list[Path]], env: dict[str, str],
+                                                tmp_path: Path) -> None:
+    """Before 8.2 the path given must be the one /etc/Ascend/ascend_cann_install.info records (8.0.RC3's table);
+    from 8.2 another path resets the record (8.3.RC1's)."""
+    first, other = tmp_path / "Ascend", tmp_path / "Other"
+    assert install(packages["7.0.RC1"][0], first, env).returncode == 0
+    elsewhere = install(packages["7.0.RC1"][0], other, env)
+    assert elsewhere.returncode == 1 and f"not the one in {env['ATLAS_CANN_SYSROOT']}" in elsewhere.stderr
+    assert not other.exists()
+    assert install(packages["8.2.RC1"][0], other, env).returncode == 0
+    record = Path(env["ATLAS_CANN_SYSROOT"]) / "etc/Ascend/ascend_cann_install.info"
+    assert read_info(record)["Install_Path"] == str(other)

@@ -232,6 +232,12 @@ CASES = [
                         "args": Section(0, args_text("vllm")), "environ": None,
                         "versions": Section(0, "== /usr/local/Ascend/driver/version.info\nVersion=25.5.0\n")},
      "versions", ERROR, "no CANN toolkit"),
+    ("pinned cann script gone", {"record": Section(0, record(cann="9.1.0")), "cann_pin": Section(0,
+        "present /usr/local/Ascend/cann-9.1.0/set_env.sh\nmissing /usr/local/Ascend/nnal/atb/9.1.0/atb/set_env.sh")},
+     "cann-pin", ERROR, "release r1 pins CANN 9.1.0 but /usr/local/Ascend/nnal/atb/9.1.0/atb/set_env.sh is missing"),
+    ("driver outside the pinned cann", {"record": Section(0, record(cann="8.5.0")), "cann_pin": Section(0, ""),
+                                        "versions": Section(0, VERSIONS.replace("25.5.0", "26.0.RC1"))},
+     "cann-pin", ERROR, "driver 26.0.RC1 is outside the drivers CANN 8.5.0 runs on (25.0.X to 25.5.X"),
     ("stamp missing", {"models": Section(0, models(stamp=None))}, "model-stamp", ERROR, "no verification stamp"),
     ("file changed", {"models": Section(0, models(files={
         "config.json": {"size": 10, "mtime_ns": 5, "ino": 7},

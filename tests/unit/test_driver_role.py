@@ -1,7 +1,9 @@
 """The driver role against localhost on a fake node root (the lab's NPU layer written by atlaslab.npu):
-plan and order, manifest check before anything runs, reboot refused unless allowed, found again on the next
-run, nothing to do after the boot, check mode, going back refused, a package swapped in the bundle after its
-check never runs (the checked copy does), a bundle another account can write refused."""
+plan and order, the installers' argument rules kept for a first install and for an upgrade (the doubles refuse
+what Huawei's install.sh refuses), the hot reset (a new driver runs at once unless a process holds an NPU),
+manifest check before anything runs, reboot refused unless allowed, found again on the next run, nothing to do
+after the boot, check mode, going back refused, a package swapped in the bundle after its check never runs (the
+checked copy does), a bundle another account can write refused."""
 
 from __future__ import annotations
 
@@ -50,10 +52,22 @@ def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class FakeNode:
-    def __init__(self, tmp: Path, bundle: Path):
+    def __init__(self, tmp: Path, bundle: Path, *, installed: bool = True):
         self.tmp, self.bundle, self.root = tmp, bundle, tmp / "node"
         cfg = config.parse(LAB, tmp / "lab.yml")
         npu.install(self.root, cfg, cfg.nodes[0])
+        self.sysroot = tmp / "sysroot"
+        if installed:
+            # what the installation being upgraded recorded (the driver installer reads its path and account here)
+            (self.sysroot / "etc").mkdir(parents=True)
+            (self.sysroot / "etc/ascend_install.info").write_text(
+                f"UserName=root\nUserGroup=root\nDriver_Install_Type=full\n"
+                f"Driver_Install_Path_Param={self.root / 'usr/local/Ascend'}\nDriver_Install_For_All=yes\n")
+        else:
+            for kind in ("driver", "firmware"):
+                (self.root / f"usr/local/Ascend/{kind}/version.info").unlink()
+            state = json.loads((self.root / npu.STATE_REL).read_text())
+            (self.root / npu.STATE_REL).write_text(json.dumps(state | {"driver_loaded": False}))
         (tmp / "play.yml").write_text(PLAYBOOK)
         (tmp / "inventory.ini").write_text(
             f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
@@ -68,7 +82,7 @@ class FakeNode:
             "NPU_SMI_STATE": str(self.root / npu.STATE_REL),
             "ATLAS_LAB_ASCEND": str(self.root / "usr/local/Ascend"),
             "ATLAS_LAB_DRIVER": str(self.root / npu.LAB_DRIVER_REL),
-            "ATLAS_HDK_SYSROOT": str(tmp / "sysroot"),
+            "ATLAS_HDK_SYSROOT": str(self.sysroot),
         }
 
     def play(self, *extra: str, path: Path | None = None, **overrides) -> subprocess.CompletedProcess:
@@ -77,6 +91,7 @@ class FakeNode:
                       "driver_work_dir": str(self.tmp / "work"),
                       "driver_user": "root", "driver_group": "root", "driver_manage_user": False,
                       "driver_allow_reboot": False} | overrides
+        extra_vars = {key: value for key, value in extra_vars.items() if value is not None}  # None: the default
         # what preflight's signature check (roles/bundle_trust) sets: the verified manifest's sha256
         manifest = Path(extra_vars["driver_bundle_dir"]) / "manifest.json"
         extra_vars.setdefault("atlas_bundle_manifest_sha256", hashlib.sha256(manifest.read_bytes()).hexdigest())
@@ -95,6 +110,11 @@ class FakeNode:
     def running(self) -> tuple[str, str]:
         state = json.loads((self.root / npu.STATE_REL).read_text())
         return state["driver_version"], state["firmware_version"]
+
+    def installer_params(self, kind: str) -> list[str]:
+        """The arguments each run of the ``kind`` installer was given, from its log (InputParams)."""
+        log = self.sysroot / f"var/log/ascend_seclog/ascend_{kind}_install.log"
+        return [line.split("InputParams: ", 1)[1] for line in log.read_text().splitlines() if "InputParams: " in line]
 
 
 @pytest.fixture()
@@ -116,8 +136,13 @@ def test_upgrade_in_order_stops_for_the_reboot_and_is_idempotent_after_it(node: 
     assert first.returncode != 0
     out = " ".join(first.stdout.split())
     assert out.index("item=upgrade firmware 7.1.0.6.220 -> 7.8.0.2.212") < out.index("item=upgrade driver 24.1.rc1")
-    assert "installed but not running until the node reboots: driver 25.5.0 (running: 24.1.rc1), firmware" in out
+    # No process holds an NPU: the driver's hot reset runs it at once; the firmware waits for the reboot.
+    assert "installed but not running until the node reboots: firmware 7.8.0.2.212 (running: 7.1.0.6.220)" in out
+    assert node.running() == (DRIVER, "7.1.0.6.220")
     assert (node.installed("driver"), node.installed("firmware")) == (DRIVER, FIRMWARE)
+    # The upgrade passes the installers' rules: no --install-path, no account with --upgrade.
+    assert node.installer_params("driver") == ["--upgrade --quiet --install-for-all"]
+    assert node.installer_params("firmware") == ["--upgrade --quiet"]
     # Not rebooted: the next run finds the pending reboot without running an installer again.
     pending = node.play()
     assert pending.returncode != 0 and "installed but not running" in " ".join(pending.stdout.split())
@@ -125,6 +150,44 @@ def test_upgrade_in_order_stops_for_the_reboot_and_is_idempotent_after_it(node: 
     node.boot()
     assert ok(node.play())["changed"] == 0
     assert node.running() == (DRIVER, FIRMWARE)
+
+
+def test_first_install_passes_the_installers_rules(tmp_path: Path, bundle: Path) -> None:
+    """A bare node: the driver with its path and account (--full), then the firmware; the new driver is
+    loaded at once, the firmware waits for the reboot."""
+    bare = FakeNode(tmp_path, bundle, installed=False)
+    run = bare.play()
+    out = " ".join(run.stdout.split())
+    assert run.returncode != 0 and out.index("item=install driver") < out.index("item=install firmware")
+    assert "installed but not running until the node reboots: firmware 7.8.0.2.212 (running: 7.1.0.6.220)" in out
+    path = bare.root / "usr/local/Ascend"
+    assert bare.installer_params("driver") == [
+        f"--full --quiet --install-path={path} --install-for-all --install-username=root --install-usergroup=root"]
+    assert bare.installer_params("firmware") == ["--full --quiet"]
+    assert (bare.installed("driver"), bare.installed("firmware")) == (DRIVER, FIRMWARE)
+    assert bare.running()[0] == DRIVER
+
+
+def test_a_process_holding_an_npu_stops_the_hot_reset(node: FakeNode) -> None:
+    """Huawei's installer exits 2 when its hot reset fails, which it does while a process holds a davinci
+    device: the driver then runs only after the reboot, and the role says so."""
+    node.boot()  # the loaded driver's device nodes
+    device = next((node.root / npu.STATE_REL).parent.glob("dev/davinci0"))
+    with open(device) as held:
+        holder = subprocess.Popen(["sleep", "300"], stdin=held, stdout=subprocess.DEVNULL)
+    try:
+        run = node.play()
+    finally:
+        holder.kill()
+        holder.wait()
+    out = " ".join(run.stdout.split())
+    assert run.returncode != 0
+    assert ("installed but not running until the node reboots: driver 25.5.0 (running: 24.1.rc1), firmware "
+            "7.8.0.2.212") in out
+    assert node.running() == ("24.1.rc1", "7.1.0.6.220") and node.installed("driver") == DRIVER
+    log = (node.sysroot / "var/log/ascend_seclog/ascend_driver_install.log").read_text()
+    assert f"hot reset not done: processes hold the NPUs: NPU 0: pid {holder.pid} (sleep)" in log
+    assert "Reboot needed for installation/upgrade to take effect!" in log
 
 
 def test_tampered_package_is_refused_before_anything_runs(node: FakeNode, tmp_path: Path, bundle: Path) -> None:

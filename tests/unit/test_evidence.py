@@ -416,3 +416,14 @@ def test_rollout_yml_alone_leaves_a_signed_pack_where_atlasctl_would(tmp_path: P
     assert "UNSIGNED EVIDENCE PACK" in proc.stdout
     (unsigned,) = folder.glob("*-r10.evidence")
     assert not (unsigned / "SHA256SUMS.asc").exists() and "UNSIGNED" in evidence.read(unsigned)["signature"]["note"]
+
+
+def test_the_gates_of_a_platform_move_are_recorded_where_it_moved() -> None:
+    moved = {"stop": True, "hdk": ["firmware", "driver"], "cann": True, "moves": True}
+    gates = [g["gate"] for g in mu._gates("ok", False, ["n1"], {}, {}, {}, moved)]
+    assert gates == ["previous", "drain", "stop", "driver", "cann", "stage", "restart", "health", "slo", "enable"]
+    assert [g["gate"] for g in mu._gates("ok", False, ["n1"], {}, {}, {}, {})] == [
+        "previous", "drain", "stage", "restart", "health", "slo", "enable"]
+    failed = mu._gates("failed", False, ["n1", "n2"], {"gate": "driver", "why": "npu-smi fails"}, {}, {}, moved)
+    assert [(g["gate"], g["result"]) for g in failed][:5] == [
+        ("previous", "passed"), ("network", "passed"), ("drain", "passed"), ("stop", "passed"), ("driver", "failed")]

@@ -86,11 +86,15 @@ def test_bundle_spec_and_manifest_kinds(tmp_path: Path) -> None:
 
 @pytest.fixture()
 def node(tmp_path: Path) -> dict:
-    """A fake node: an Ascend root with driver 24.1.rc1 / firmware 7.1.0.6.220 installed and running."""
+    """A fake node: an Ascend root with driver 24.1.rc1 / firmware 7.1.0.6.220 installed (recorded in
+    /etc/ascend_install.info, as the vendor's installer leaves it) and running."""
     ascend = tmp_path / "Ascend"
     for kind, version in (("driver", "24.1.rc1"), ("firmware", "7.1.0.6.220")):
         (ascend / kind).mkdir(parents=True)
         (ascend / kind / "version.info").write_text(f"Version={version}\n")
+    (tmp_path / "sys/etc").mkdir(parents=True)
+    (tmp_path / "sys/etc/ascend_install.info").write_text(
+        f"UserName=root\nUserGroup=root\nDriver_Install_Path_Param={ascend}\nDriver_Install_For_All=yes\n")
     state = tmp_path / "npu.json"
     state.write_text(json.dumps({"driver_loaded": True, "driver_version": "24.1.rc1",
                                  "firmware_version": "7.1.0.6.220", "devices": []}))
@@ -98,16 +102,24 @@ def node(tmp_path: Path) -> dict:
     helper.write_text(f"#!/bin/sh\nexec {sys.executable} {lab_driver.__file__} \"$@\"\n")
     helper.chmod(0o755)
     env = {**os.environ, "ATLAS_HDK_SYSROOT": str(tmp_path / "sys"), "ATLAS_LAB_DRIVER": str(helper),
-           "NPU_SMI_STATE": str(state), "ATLAS_LAB_ASCEND": str(ascend), "TMPDIR": str(tmp_path)}
+           "NPU_SMI_STATE": str(state), "ATLAS_LAB_ASCEND": str(ascend), "TMPDIR": str(tmp_path),
+           # no npu-smi: the hot reset cannot tell who holds the NPUs, so it is not done
+           "ATLAS_LAB_NPU_SMI": str(tmp_path / "no-npu-smi")}
     pkgs = build_hdk_packages(tmp_path / "hdk", "25.5.0", "7.8.0.2.212")
     return {"ascend": ascend, "state": state, "env": env, "driver": pkgs[0], "firmware": pkgs[1], "helper": helper}
 
 
-def run(node: dict, pkg: str, *args: str) -> subprocess.CompletedProcess:
-    argv = ["bash", str(node[pkg]), "--nox11", "--quiet", f"--install-path={node['ascend']}", *args]
-    if pkg == "driver":
-        argv += ["--install-username=root", "--install-usergroup=root"]
-    return subprocess.run(argv, env=node["env"], capture_output=True, text=True, timeout=60)
+def raw(node: dict, pkg: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(node[pkg]), *args], env=node["env"], capture_output=True, text=True,
+                          timeout=60)
+
+
+def run(node: dict, pkg: str, op: str) -> subprocess.CompletedProcess:
+    """What the driver role runs (roles/driver/vars/main.yml): the path and account only with --full."""
+    extra = ([f"--install-path={node['ascend']}", "--install-for-all", "--install-username=root",
+              "--install-usergroup=root"] if pkg == "driver" and op == "--full" else
+             ["--install-for-all"] if pkg == "driver" else [])
+    return raw(node, pkg, op, "--nox11", "--quiet", *extra)
 
 
 def running(node: dict) -> tuple[str, str]:
@@ -119,13 +131,16 @@ def installed(node: dict, kind: str) -> str:
     return (node["ascend"] / kind / "version.info").read_text().splitlines()[0].split("=", 1)[1]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="Huawei's HDK installers run as root")
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="Huawei's HDK installers run as root")
+
+
+@root_only
 def test_upgrade_exits_2_and_runs_after_the_boot_load(node: dict) -> None:
     fw = run(node, "firmware", "--upgrade")
     assert fw.returncode == 2, fw.stdout + fw.stderr
     assert "Reboot" in fw.stdout and installed(node, "firmware") == "7.8.0.2.212"
     drv = run(node, "driver", "--upgrade")
-    assert drv.returncode == 2 and "Reboot needed" in drv.stdout
+    assert drv.returncode == 2 and "Driver package upgraded successfully! Reboot needed" in drv.stdout
     assert installed(node, "driver") == "25.5.0" and running(node) == ("24.1.rc1", "7.1.0.6.220")
     record = (Path(node["env"]["ATLAS_HDK_SYSROOT"]) / "etc/ascend_install.info").read_text()
     assert f"Driver_Install_Path_Param={node['ascend']}" in record
@@ -135,7 +150,7 @@ def test_upgrade_exits_2_and_runs_after_the_boot_load(node: dict) -> None:
     assert again.returncode == 0, again.stdout + again.stderr
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="Huawei's HDK installers run as root")
+@root_only
 def test_first_driver_install_loads_at_once_firmware_needs_the_driver(node: dict) -> None:
     for kind in ("driver", "firmware"):
         (node["ascend"] / kind / "version.info").unlink()
@@ -144,21 +159,67 @@ def test_first_driver_install_loads_at_once_firmware_needs_the_driver(node: dict
     fw_first = run(node, "firmware", "--full")
     assert fw_first.returncode == 1 and "install the driver first" in fw_first.stderr
     drv = run(node, "driver", "--full")
-    assert drv.returncode == 0 and "takes effect immediately" in drv.stdout
+    assert drv.returncode == 0 and "Driver package installed successfully! The new version takes effect" in drv.stdout
     assert running(node)[0] == "25.5.0"
     assert run(node, "firmware", "--full").returncode == 2
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="Huawei's HDK installers run as root")
+@root_only
+@pytest.mark.parametrize(("pkg", "args", "message"), [
+    # hicann/driver scripts/package/driver/common/scripts/install.sh, unsupportParam and the option loop
+    ("driver", ["--upgrade", "--quiet", "--install-path=/usr/local/Ascend"],
+     "ERR_NO:0x0004;ERR_DES:install-path param need used with full/run/docker/devel."),
+    ("driver", ["--upgrade", "--quiet", "--install-username=root", "--install-usergroup=root", "--install-for-all"],
+     "ERR_NO:0x0004;ERR_DES:install-username and install-usergroup params need used with full/run/docker/devel."),
+    ("driver", ["--full", "--quiet", "--install-username=atlas"],
+     "ERR_DES:Username and usergroup are not specified at the same time."),
+    ("driver", ["--full", "--quiet", "--install-username=root", "--install-usergroup=root"],
+     "ERR_NO:0x0091;ERR_DES:username not permission for root"),
+    ("driver", ["--quiet"], "ERR_NO:0x0004;ERR_DES:param need used with full/run/docker/upgrade/devel."),
+    ("driver", ["--full", "--upgrade", "--quiet"], "ERR_DES:param need used with full/run/docker/upgrade/devel."),
+    ("driver", ["--uninstall", "--quiet"], "ERR_DES:version/uninstall/check can't use with other parameters."),
+    ("driver", ["--install", "--quiet"], "ERR_DES: Unrecognized parameters: --install."),
+    ("driver", ["--full", "--quiet", "--install-path="], "ERR_NO:0x0003;ERR_DES:install path is null"),
+    # the firmware: only what its documentation shows
+    ("firmware", ["--upgrade", "--quiet", "--install-path=/usr/local/Ascend"], "Unrecognized parameters"),
+])
+def test_the_driver_installers_argument_rules(node: dict, pkg: str, args: list[str], message: str) -> None:
+    refused = raw(node, pkg, "--nox11", *args)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert message in refused.stderr
+    assert (installed(node, "driver"), installed(node, "firmware")) == ("24.1.rc1", "7.1.0.6.220")
+
+
+@root_only
+def test_the_hot_reset_runs_the_new_driver_unless_a_process_holds_an_npu(node: dict, tmp_path: Path) -> None:
+    """With npu-smi answering and no process on an NPU the upgrade's hot reset succeeds: exit 0, the new driver
+    runs at once. A process in npu-smi's process table makes it fail: exit 2, reboot needed."""
+    smi = tmp_path / "npu-smi"
+    table = tmp_path / "npu-smi.out"
+    table.write_text("| 0       0                 | 4242          | vllm                     | 3000"
+                     "                    |\n")
+    smi.write_text(f"#!/bin/sh\ncat {table}\n")
+    smi.chmod(0o755)
+    node["env"]["ATLAS_LAB_NPU_SMI"] = str(smi)
+    held = run(node, "driver", "--upgrade")
+    assert held.returncode == 2 and "NPU 0: pid 4242 (vllm)" in held.stdout + held.stderr
+    assert running(node)[0] == "24.1.rc1"
+    table.write_text("| No running processes found in NPU 0 |\n")
+    (node["ascend"] / "driver/version.info").write_text("Version=24.1.rc1\n")
+    free = run(node, "driver", "--upgrade")
+    assert free.returncode == 0 and "Driver package upgraded successfully! The new version takes effect" in free.stdout
+    assert running(node)[0] == "25.5.0"
+
+
+@root_only
 def test_refusals_name_the_fix(node: dict) -> None:
-    nouser = subprocess.run(["bash", str(node["driver"]), "--nox11", "--quiet", f"--install-path={node['ascend']}",
-                             "--upgrade", "--install-username=atlas-no-such-user"], env=node["env"],
-                            capture_output=True, text=True, timeout=60)
+    nouser = raw(node, "driver", "--nox11", "--quiet", f"--install-path={node['ascend']}", "--full",
+                 "--install-username=atlas-no-such-user", "--install-usergroup=root", "--install-for-all")
     assert nouser.returncode == 1 and "useradd" in nouser.stderr and installed(node, "driver") == "24.1.rc1"
     (node["ascend"] / "driver/version.info").write_text("Version=26.0.rc1\n")
     back = run(node, "driver", "--upgrade")
     assert back.returncode == 1 and "does not downgrade" in back.stderr
-    assert run(node, "firmware", "--uninstall").returncode == 1
+    assert raw(node, "firmware", "--uninstall").returncode == 1
     data = bytearray(node["driver"].read_bytes())
     data[-100] ^= 1
     node["driver"].write_bytes(bytes(data))

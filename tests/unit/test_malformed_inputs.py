@@ -280,7 +280,8 @@ def test_the_example_bundle_spec_still_loads():
     from atlasctl.bundle import BundleSpec
 
     spec = BundleSpec.load(REPO / "inventory/lab/bundle.yml")
-    assert spec.models[0]["name"] == "atlas-tiny-llama" and spec.extra["cann"] == ["7.0.RC1", "8.3.RC2", "8.5.0"]
+    assert spec.models[0]["name"] == "atlas-tiny-llama"
+    assert spec.extra["cann"] == ["7.0.RC1", "8.3.RC2", "8.5.0", "9.1.0"]
 
 
 # --- inventories (doctor, bundle push), models --workers/--prefix/--out, doctor --workers, rollout state ---------

@@ -25,6 +25,14 @@ def test_free_space_is_what_statvfs_says_and_a_missing_path_is_named(tmp_path: P
     assert errors == {str(tmp_path / "nope"): f"{tmp_path / 'nope'} does not exist on the node"}
 
 
+def test_an_install_path_not_made_yet_is_measured_where_it_will_be(tmp_path: Path) -> None:
+    """A CANN version installs under the Ascend root, which a bare node may not have yet: its nearest existing
+    directory's filesystem is the one that will hold it."""
+    free, where = node_facts.free_gib_where(str(tmp_path / "usr/local/Ascend"))
+    assert where == str(tmp_path) and free == node_facts.free_gib([str(tmp_path)])[0][str(tmp_path)]
+    assert node_facts.free_gib_where(str(tmp_path))[1] == str(tmp_path)
+
+
 def test_readable_means_a_regular_file_that_can_be_read(tmp_path: Path) -> None:
     (tmp_path / "m.json").write_text("{}")
     got = node_facts.readable([str(tmp_path / "m.json"), str(tmp_path), str(tmp_path / "gone")])
@@ -69,4 +77,5 @@ def test_module_reads_everything_in_one_call_as_setup_and_the_fact_modules_do(tm
     assert "does not exist" in got["free_errors"]["/nonexistent-path"]
     assert got["readable"] == {str(tmp_path / "manifest.json"): True}
     assert got["exist"] == {str(tmp_path): True, "/nonexistent-path": False}
+    assert got["install_path_measured"] == str(tmp_path) and got["install_path_free_gib"] > 0
     assert got["changed"] is False

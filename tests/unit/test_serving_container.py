@@ -45,6 +45,7 @@ PLAYBOOK = """
               'env': lookup('ansible.builtin.template', templates ~ '/serving.env.j2'),
               'launcher': lookup('ansible.builtin.template', templates ~ '/launcher.sh.j2'),
               'unit': lookup('ansible.builtin.template', templates ~ '/serving.service.j2'),
+              'cann': lookup('ansible.builtin.template', templates ~ '/serving.cann.j2'),
               'record': __serving_record} | to_json }}
       vars:
         __serving_model_link: versions/abc123
@@ -217,3 +218,43 @@ def test_the_launcher_execs_podman_as_is_and_a_venv_engine_through_setpriv(node:
     assert log.read_text().splitlines() == [
         f"{stand_in} --reuid={USER} --regid={GROUP} --init-groups -- /opt/atlas/engines/v/bin/vllm serve /m"
         f"|HOME={node.tmp}/home"]
+
+
+def test_a_venv_release_pins_its_cann_and_the_launcher_sources_only_that(node: Node) -> None:
+    """The release's own file names the pinned version's scripts (never `latest`); the launcher sources them
+    before the engine; a missing one stops the start; a release without the file sources the fallback list."""
+    ascend = node.tmp / "Ascend"
+    pinned = [ascend / "ascend-toolkit/8.3.RC2/bin/setenv.bash", ascend / "nnal/atb/8.3.RC2/atb/set_env.sh"]
+    facts = {"versions": {"8.3.RC2": {"set_env_scripts": [str(p) for p in pinned]}},
+             "serving_set_env_scripts": [str(ascend / "ascend-toolkit/set_env.sh")]}
+    log = node.tmp / "exec.log"
+    stand_in = node.tmp / "stand-in"
+    stand_in.write_text(f'#!/bin/sh\nprintf "%s\\n" "$PINNED" >> {log}\n')
+    stand_in.chmod(0o755)
+    play = node.play("-e", json.dumps({"ansible_facts": {"cann": facts}}), serving_runtime="venv",
+                     cann_version="8.3.RC2", serving_setpriv=str(stand_in), serving_config_dir="/etc/atlas/serving")
+    assert play.returncode == 0, play.stdout[-3000:]
+    out = json.loads(node.result.read_text())
+    assert [line for line in out["cann"].splitlines() if not line.startswith("#")] == [str(p) for p in pinned]
+    assert out["record"]["cann"] == "8.3.RC2"
+    cann_file = node.tmp / "etc/atlas-serving.cann"
+    launcher = _launcher(node, out["launcher"].replace("/etc/atlas/serving/atlas-serving.cann", str(cann_file)),
+                         ["/opt/atlas/engines/v/bin/vllm", "serve", "/m"])
+    cann_file.write_text(out["cann"])
+    for path in pinned:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f'PINNED="${{PINNED}}{path.name} "\nexport PINNED\n')
+    subprocess.run(["bash", str(launcher)], check=True, timeout=30)
+    assert log.read_text().splitlines() == ["setenv.bash set_env.sh "]
+    pinned[1].unlink()
+    missing = subprocess.run(["bash", str(launcher)], capture_output=True, text=True, timeout=30)
+    assert missing.returncode == 78 and f"CANN environment script {pinned[1]} is missing" in missing.stderr
+    cann_file.unlink()  # a release rendered before releases pinned their CANN
+    fallback = subprocess.run(["bash", str(launcher)], capture_output=True, text=True, timeout=30)
+    assert fallback.returncode == 78 and f"{ascend / 'ascend-toolkit/set_env.sh'} is missing" in fallback.stderr
+
+
+def test_a_container_release_pins_no_host_cann(node: Node) -> None:
+    out = node.rendered(cann_version="8.3.RC2")
+    assert "cann" not in out["record"]
+    assert [line for line in out["cann"].splitlines() if not line.startswith("#")] == []

@@ -126,6 +126,21 @@ def group_hosts(data: dict[str, Any], group: str, seen: set[str] | None = None) 
     return hosts
 
 
+def groups(data: dict[str, Any]) -> dict[str, list[str]]:
+    """Every group and its hosts (child groups' included), in inventory order: Ansible's ``groups``."""
+    def members(group: str, seen: set[str]) -> list[str]:
+        if group in seen or group not in data:
+            return []
+        seen.add(group)
+        entry = _mapping(data[group], f"group {group!r}")
+        found = list(_names(entry.get("hosts"), f"group {group!r}: hosts"))
+        for child in _names(entry.get("children"), f"group {group!r}: children"):
+            found += [h for h in members(child, seen) if h not in found]
+        return found
+
+    return {name: members(name, set()) for name in data if name != "_meta"}
+
+
 def hostvars(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     meta = _mapping(data.get("_meta"), "_meta")
     found = _mapping(meta.get("hostvars"), "_meta.hostvars")

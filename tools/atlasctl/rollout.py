@@ -24,9 +24,10 @@ from typing import Any, TextIO
 from ansible_collections.atlas.serving.plugins.module_utils import evidence as evidence_format
 from ansible_collections.atlas.serving.plugins.plugin_utils import release_id
 
-from atlasctl import evidence, prometheus
+from atlasctl import evidence, prometheus, site_data
+from atlasctl import inventory as inventory_mod
 from atlasctl.errors import AtlasError, UsageError
-from atlasctl.inputs import shown
+from atlasctl.inputs import load_yaml, shown
 from atlasctl.paths import state_dir
 from atlasctl.runner import resolve_inventory, run_playbook
 
@@ -306,6 +307,96 @@ def run(inventory: str | Path, release: str, *, extravars: dict | None = None, r
         path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
         report["report"] = str(path)
         return report
+
+
+# --- the plan (nothing changes): plugin_utils/platform_plan.py ------------------------------------------------
+
+WAVE_VARS = ("rollout_waves", "rollout_branch_order", "rollout_batch_size", "serving_instances")
+
+
+def release_variables(vars_files: list[Path] | None, extravars: dict | None) -> dict[str, Any]:
+    """The release's variables as Ansible will see them: the --vars files in order, then -e."""
+    merged: dict[str, Any] = {}
+    for path in vars_files or []:
+        merged.update(load_yaml(path, "--vars") or {})
+    merged.update(extravars or {})
+    return merged
+
+
+def plan(inventory: str | Path, release: str, *, extravars: dict | None = None, vars_files: list[Path] | None = None,
+         limit: str | None = None, accept_no_rollback: bool = False,
+         observed: dict[str, dict] | None = None) -> dict[str, Any]:
+    """The rollout's plan from the inventory and the release's variables (and what the nodes reported, when
+    given): per wave and unit the steps, levels before and after, capacity left, the point of no return and what
+    is refused. Reads the inventory only; changes nothing."""
+    inv = resolve_inventory(inventory)
+    listing = inventory_mod.listing(inv, limit)
+    groups = inventory_mod.groups(listing)
+    before = inventory_mod.hostvars(listing)
+    extra = release_variables(vars_files, extravars)
+    after = {host: {**hv, **extra, "atlas_release_id": release} for host, hv in before.items()}
+    fleet = groups.get(inventory_mod.SERVING_GROUP, [])
+    wave_vars = {**(before.get(fleet[0], {}) if fleet else {}), **extra}
+    from ansible_collections.atlas.serving.plugins.plugin_utils import platform_plan as platform
+    from ansible_collections.atlas.serving.plugins.plugin_utils import rollout_waves as waves_mu
+
+    try:
+        waves = waves_mu.plan(wave_vars.get("rollout_waves"), groups, inventory_mod.SERVING_GROUP,
+                              branch_order=wave_vars.get("rollout_branch_order"),
+                              batch=wave_vars.get("rollout_batch_size", 1),
+                              serving_instances=wave_vars.get("serving_instances") or {})
+    except waves_mu.WaveError as exc:
+        raise UsageError(f"inventory {inv}: {exc}") from None
+    groups_of: dict[str, list[str]] = {}
+    for group, hosts in groups.items():
+        for host in hosts:
+            groups_of.setdefault(host, []).append(group)
+    table = site_data.load_compat(extras=site_data.compat_tables(inv, listing))
+    accept = accept_no_rollback or any(inventory_mod.as_bool(after[h].get(platform.ACCEPT_VAR)) for h in fleet)
+    result = platform.plan(release, waves, before, after, groups_of, table, observed=observed,
+                           serving_instances=wave_vars.get("serving_instances") or {}, accept_no_rollback=accept)
+    result["inventory"] = str(inv)
+    return result
+
+
+def _levels_text(before: dict, after: dict) -> str:
+    parts = []
+    for key, label in (("release", "release"), ("driver", "driver"), ("firmware", "firmware"), ("cann", "CANN")):
+        if before.get(key) != after.get(key):
+            parts.append(f"{label} {before.get(key) or '(none)'} -> {after.get(key) or '(none)'}")
+        elif after.get(key):
+            parts.append(f"{label} {after[key]}")
+    return ", ".join(parts)
+
+
+def render_plan(result: dict[str, Any]) -> str:
+    """The plan as text: per wave the branch capacity and per unit its steps and levels; then the point of no
+    return, what is refused and why, warnings and what was assumed."""
+    lines = [f"rollout {result['release']} on {result['inventory']}: PLAN (nothing changes)"]
+    if result["assumed"]:
+        lines.append(f"  assumed: {', '.join(result['assumed'])} run the inventory's driver_version, "
+                     "driver_firmware_version, cann_version and atlas_release_id (no node was read)")
+    for wave in result["waves"]:
+        capacity = "; ".join(f"branch {b or '(none)'} keeps {c['left']} of {c['backends']} backend(s)"
+                             for b, c in sorted(wave["capacity"].items()))
+        lines.append(f"wave {wave['index']} {wave['name']}{' (skipped: resumed later)' if wave['skipped'] else ''}"
+                     f": {capacity or 'no backend drained'}")
+        for unit in wave["units"]:
+            mark = "  [point of no return]" if unit["point_of_no_return"] else ""
+            lines.append(f"  {' + '.join(unit['hosts'])} [{unit['branch'] or '-'}]: {' '.join(unit['steps'])}{mark}")
+            lines.append(f"      {_levels_text(unit['before'], unit['after'])}")
+            lines += [f"      - {note}" for note in unit["notes"]]
+    pnr = result["point_of_no_return"]
+    if pnr["units"]:
+        state = "ACCEPTED (--accept-no-rollback)" if pnr["accepted"] else "not accepted"
+        lines.append(f"point of no return ({state}):")
+        lines += [f"  {why}" for why in pnr["why"]]
+    else:
+        lines.append("point of no return: none (a failed gate rolls each unit back to its previous release)")
+    for refusal in result["refused"]:
+        lines.append(f"REFUSED {refusal['what']}: {refusal['why']}. Fix: {refusal['fix']}")
+    lines += [f"warning: {w}" for w in result["warnings"]]
+    return "\n".join(lines)
 
 
 def live_brief(live: dict[str, Any] | None) -> str:

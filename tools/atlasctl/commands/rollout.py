@@ -1,8 +1,13 @@
 """`atlasctl rollout -i INV --release ID`: staged rollout (canary, then branch by branch) through
-playbooks/rollout.yml with health and SLO gates, automatic rollback and --resume.
+playbooks/rollout.yml with health and SLO gates, automatic rollback and --resume. A release that names a new
+driver, firmware or CANN moves the platform of each unit inside its drained window (docs/platform-upgrades.md).
 
-Exit status: 0 every wave completed, 1 a gate failed (the node was rolled back, the rollout
-stopped), 2 bad command line or a rollout already running on the inventory.
+`--plan` changes nothing: per wave and unit the steps that will run, the levels before and after, the branch
+capacity left, the point of no return and what is refused (`--json`: the same as data).
+
+Exit status: 0 every wave completed (--plan: nothing refused), 1 a gate failed (the node was rolled back, the
+rollout stopped; --plan: something is refused), 2 bad command line, a rollout already running on the inventory,
+or a point of no return not accepted.
 """
 
 from __future__ import annotations
@@ -30,6 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", action="store_true", help="start at the wave that failed last time")
     p.add_argument("--allow-downgrade", action="store_true",
                    help="accept a bundle built before the one the nodes accepted last (atlas_allow_downgrade)")
+    p.add_argument("--plan", action="store_true",
+                   help="print the plan (steps per wave and unit, levels, capacity, point of no return); "
+                        "change nothing")
+    p.add_argument("--accept-no-rollback", action="store_true",
+                   help="accept the plan's point of no return (a driver or CANN move a rollback cannot undo); "
+                        "the inventory's rollout_accept_no_rollback: true does the same")
     p.add_argument("-l", "--limit", default=None, help="host pattern")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--html", type=Path, default=None, help="also write the report as an HTML page")
@@ -92,6 +103,17 @@ def run(args: argparse.Namespace) -> int:
     variables, files = extravars(args.extra), check_vars_files(args.vars)
     if args.allow_downgrade:
         variables["atlas_allow_downgrade"] = True  # roles/bundle_trust: going back on purpose
+    planned = rollout.plan(args.inventory, args.release, extravars=variables, vars_files=files, limit=args.limit,
+                           accept_no_rollback=args.accept_no_rollback)
+    if args.plan:
+        print(json.dumps(planned, indent=1, sort_keys=True) if args.json else rollout.render_plan(planned))
+        return exitcodes.OK if planned["ok"] else exitcodes.FAILED
+    if planned["point_of_no_return"]["units"] and not planned["point_of_no_return"]["accepted"]:
+        raise UsageError(f"release {args.release} has a point of no return: {planned['point_of_no_return']['why'][0]}",
+                         fix=f"read `atlasctl rollout -i {args.inventory} --release {args.release} --plan`, then "
+                             "pass --accept-no-rollback")
+    if planned["point_of_no_return"]["accepted"]:
+        variables["rollout_accept_no_rollback"] = True  # the playbook checks it again before each unit
     out = sys.stdout if sys.stdout.isatty() and not args.json else None
     try:
         report = rollout.run(args.inventory, args.release, extravars=variables, resume=args.resume,

@@ -390,11 +390,15 @@ def _epoch(value: str) -> float | None:
 
 
 def check_versions(ev: Evidence, ctx: Context) -> list[Finding]:
-    """Driver vs CANN (the released pair) and engine vs CANN (the compatibility table)."""
+    """Driver vs CANN (the released pair) and engine vs CANN (the compatibility table). The CANN is the one the
+    running release pins (its record's ``cann``), else the installed toolkit the links name."""
     from ansible_collections.atlas.serving.plugins.module_utils import compat
 
     found = parse.versions(ev)
     findings = []
+    pinned = str((parse.record(ev) or {}).get("cann") or "")
+    if pinned:
+        found = {**found, "cann": pinned, "cann_file": f"{ev.layout.record} (cann, the release's pin)"}
     cann, driver = found["cann"], found["driver"]
     if cann and driver:
         mismatch = compat.check_driver(ctx.compat_table, cann, driver)
@@ -415,6 +419,35 @@ def check_versions(ev: Evidence, ctx: Context) -> list[Finding]:
         findings.append(_f(ev, "versions", ERROR, f"{engine} {version} runs but no CANN toolkit is installed",
                            "no ascend_toolkit_install.info under /usr/local/Ascend/{cann,ascend-toolkit/latest}",
                            "run the cann stage (playbooks/cann.yml)"))
+    return findings
+
+
+def check_cann_pin(ev: Evidence, ctx: Context) -> list[Finding]:
+    """The CANN the running release pins: every environment script it names is there (else the engine cannot
+    start again: a restart, a reboot or a rollback to it fails), and the node's driver is in that CANN's window."""
+    if not ev.ok("cann_pin"):
+        return []
+    rec = parse.record(ev) or {}
+    pinned, release = str(rec.get("cann") or ""), rec.get("release_id") or "the running release"
+    lines = [line.split(" ", 1) for line in ev.text("cann_pin").splitlines() if " " in line]
+    missing = [path for state, path in lines if state == "missing"]
+    findings = []
+    if missing:
+        findings.append(_f(ev, "cann-pin", ERROR,
+                           f"release {release} pins CANN {pinned or '(unnamed)'} but {', '.join(missing)} is missing: "
+                           "its engine cannot start again (a restart, a reboot or a rollback to it fails)",
+                           f"{ev.layout.config_dir}/{ev.layout.service}.cann",
+                           f"install CANN {pinned or 'that version'} beside the others (playbooks/cann.yml -e "
+                           f"cann_version={pinned or '<version>'}, on the node drained), or roll out a release on an "
+                           "installed CANN (atlasctl rollout)"))
+    from ansible_collections.atlas.serving.plugins.module_utils import compat
+
+    driver = parse.versions(ev)["driver"]
+    if pinned and driver and compat.driver_in_window(ctx.compat_table, pinned, driver) is False:
+        findings.append(_f(ev, "cann-pin", ERROR, compat.check_driver(ctx.compat_table, pinned, driver),
+                           f"{ev.layout.record} cann={pinned}; /usr/local/Ascend/driver/version.info Version={driver}",
+                           "roll out a release whose CANN runs on this driver (atlasctl rollout --plan shows the "
+                           "windows), or move the driver into the CANN's window"))
     return findings
 
 
@@ -573,7 +606,8 @@ def check_container(ev: Evidence, ctx: Context) -> list[Finding]:
 CHECKS: tuple[Callable[[Evidence, Context], list[Finding]], ...] = (
     check_npu_visible, check_npu_health, check_npu_count, check_hbm, check_leftover_processes, check_service,
     check_container, check_cann_env,
-    check_env_file, check_file_modes, check_api_key, check_oom, check_versions, check_reboot_pending, check_model,
+    check_env_file, check_file_modes, check_api_key, check_oom, check_versions, check_cann_pin, check_reboot_pending,
+    check_model,
     check_instance_hung,
 )
 

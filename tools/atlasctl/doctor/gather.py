@@ -245,6 +245,10 @@ def snippets(layout: Layout | None = None, hang_window_s: float = 0.0,
                      "/usr/local/Ascend/cann/*-linux/ascend_toolkit_install.info "
                      "/usr/local/Ascend/ascend-toolkit/latest/*-linux/ascend_toolkit_install.info; "
                      "do [ -r \"$f\" ] && { echo \"== $f\"; cat \"$f\"; }; done; true"),
+        # the CANN environment scripts the running release pins (roles/serving, <service>.cann), each present or not
+        ("cann_pin", f"f={q(layout.config_dir + '/' + layout.service + '.cann')}; [ -r \"$f\" ] || exit 0; "
+                     "grep -v '^#' \"$f\" | while IFS= read -r s; do [ -n \"$s\" ] || continue; "
+                     "if [ -r \"$s\" ]; then echo \"present $s\"; else echo \"missing $s\"; fi; done"),
         ("models", f"python3 -c {q(_MODELS_PY)} {q(layout.models_root)} {q(layout.stamp_dir)}"),
         ("probe", f"python3 -c {q(probe_program())} {q(layout.record)}"),
         ("npu_procs", f"python3 -c {q(npu_procs_program())} {q(layout.engines_root)}"),

@@ -4,12 +4,17 @@ Like the CANN doubles (:mod:`atlaslab.doubles.cann_run`, whose makeself header t
 they carry Huawei's file names and options and check their payload before they run; the
 install logic is ``hdk_installer/install.sh``:
 
-* driver: ``Ascend-hdk-<soc>-npu-driver_<ver>_linux-<arch>.run`` (``--full``, ``--upgrade``,
-  ``--uninstall``, ``--install-for-all``, ``--install-username=``/``--install-usergroup=``);
+* driver: ``Ascend-hdk-<soc>-npu-driver_<ver>_linux-<arch>.run`` with the options of Huawei's driver
+  ``install.sh`` and its rules (hicann/driver, ``scripts/package/driver/common/scripts/install.sh``,
+  ``unsupportParam``): ``--full``/``--run`` or ``--upgrade``, ``--uninstall`` alone, ``--install-path=`` and
+  ``--install-username=``/``--install-usergroup=`` (a pair) only with a full install, each refusal the
+  vendor's message and exit 1; an upgrade keeps the path and account ``/etc/ascend_install.info`` records;
 * firmware: ``Ascend-hdk-<soc>-npu-firmware_<fwver>.run`` (no arch: it is flashed onto the
-  NPU); needs an installed driver;
-* exit status 2 when the new version takes effect only after a reboot (an upgrade of a
-  loaded driver, any new firmware), as Huawei's installers do.
+  NPU) with the options its documentation shows (``--full``, ``--upgrade``, ``--quiet``); needs an
+  installed driver;
+* exit status 0 when the new version runs now (a first driver; an upgrade whose hot reset succeeded), 2 when
+  it runs only after a reboot (the hot reset fails while a process holds an NPU; any new firmware), 1 on
+  failure, as Huawei's installers do.
 
 In the lab the node's simulated NPU layer (:mod:`atlaslab.npu`) keeps the running
 versions apart from the installed ones, and loads the installed ones when the node boots.

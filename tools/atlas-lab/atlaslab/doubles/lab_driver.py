@@ -10,6 +10,12 @@ library only.
 
     atlas-lab-driver running driver|firmware   # the running version, or "none"
     atlas-lab-driver load [driver|firmware]     # run what is installed (boot; a first driver install)
+    atlas-lab-driver hot-reset                  # run the installed driver now, unless a process holds an NPU
+
+``hot-reset`` is what the driver installer tries after an upgrade (Huawei's device_hot_reset.sh): it gives up,
+exit 1 naming them, while any process holds a /dev/davinciN (the vendor checks with fuser; here npu-smi's
+process table, which lists every process holding an NPU, is asked), and fails when npu-smi cannot answer;
+otherwise the installed driver runs at once. New firmware still waits for the next boot.
 
 ``load`` also makes the loaded driver's device nodes, as the real driver's do at every boot:
 /dev/davinci0..N-1 (N = the node's NPUs in npu.json), /dev/davinci_manager, /dev/devmm_svm,
@@ -28,6 +34,7 @@ import os
 import re
 import shutil
 import stat
+import subprocess
 import sys
 
 NODE_STATE = "/etc/atlas-lab/npu.json"
@@ -41,6 +48,8 @@ DEVICE_GROUP = "HwHiAiUser"
 DEVICE_MODE = 0o660
 NULL_DEVICE = os.makedev(1, 3)
 _NPU_DEVICE = re.compile(r"^davinci\d+$")
+# A row of npu-smi info's process table: | NPU  Chip | pid | name | memory |
+_PROCESS_ROW = re.compile(r"^\|\s*(\d+)\s+\d+\s*\|\s*(\d+)\s*\|\s*(.*?)\s*\|\s*\d+\s*\|$")
 
 
 def installed(kind: str) -> str | None:
@@ -137,8 +146,32 @@ def sync_devices(state: dict, dev_dir: str = DEV_DIR, kind: tuple[int, int] | No
     return wanted
 
 
+def npu_holders(npu_smi: str = "npu-smi") -> list[str]:
+    """``NPU <n>: pid <pid> (<name>)`` for each process npu-smi says holds an NPU; OSError when it cannot say."""
+    try:
+        out = subprocess.run([npu_smi, "info"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise OSError(f"npu-smi did not answer ({exc})") from None
+    if out.returncode != 0:
+        raise OSError(f"npu-smi info failed: {out.stdout.strip() or out.stderr.strip()}")
+    return [f"NPU {m.group(1)}: pid {m.group(2)} ({m.group(3)})"
+            for m in map(_PROCESS_ROW.match, out.stdout.splitlines()) if m]
+
+
+def hot_reset(state: dict) -> tuple[bool, str]:
+    """Run the installed driver at once unless a process holds an NPU: (done, why not)."""
+    try:
+        held = npu_holders(os.environ.get("ATLAS_LAB_NPU_SMI", "npu-smi"))
+    except OSError as exc:
+        return False, f"cannot tell which processes hold the NPUs: {exc}"
+    if held:
+        return False, "processes hold the NPUs: " + "; ".join(held)
+    load(state, ("driver",))
+    return True, ""
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("running", "load"):
+    if not argv or argv[0] not in ("running", "load", "hot-reset"):
         print(__doc__, file=sys.stderr)
         return 1
     with open(STATE_PATH, encoding="utf-8") as handle:
@@ -149,11 +182,17 @@ def main(argv: list[str]) -> int:
             return 1
         print(running(state, argv[1]))
         return 0
-    kinds = tuple(argv[1:]) or KINDS
-    if any(k not in KINDS for k in kinds):
-        print(f"unknown kind in {kinds}; use driver or firmware", file=sys.stderr)
-        return 1
-    load(state, kinds)
+    if argv[0] == "hot-reset":
+        done, why = hot_reset(state)
+        if not done:
+            print(why, file=sys.stderr)
+            return 1
+    else:
+        kinds = tuple(argv[1:]) or KINDS
+        if any(k not in KINDS for k in kinds):
+            print(f"unknown kind in {kinds}; use driver or firmware", file=sys.stderr)
+            return 1
+        load(state, kinds)
     tmp = STATE_PATH + ".tmp"
     with open(tmp, "w", encoding="utf-8") as handle:
         handle.write(json.dumps(state, indent=2) + "\n")

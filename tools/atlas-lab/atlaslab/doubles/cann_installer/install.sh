@@ -21,11 +21,13 @@ LOG_FILE="$LOG_DIR/ascend_${KIND}_install.log"
 # shellcheck source=/dev/null
 . "$SELF_DIR/common.sh" || { echo "[ERROR] common.sh missing in $SELF_DIR" >&2; exit 1; }
 
-# --- options -------------------------------------------------------------------
+# --- options, and their rules as Huawei's parameter table states them (CANN 8.3.RC1 "参数说明",
+# canncommercial/83RC1/softwareinst/instg/instg_0043.html; 8.0.RC3's instg_0046) -----------------------------
 OP=""
 QUIET=0
 FOR_ALL=0
 INSTALL_PATH=""
+PATH_GIVEN=0
 MODE="run"
 set_op() {
     if [ -n "$OP" ] && [ "$OP" != "$1" ]; then
@@ -42,14 +44,23 @@ for arg in "$@"; do
         --uninstall) set_op uninstall ;;
         --quiet|-q) QUIET=1 ;;
         --install-for-all) FOR_ALL=1 ;;
-        --install-path=*) INSTALL_PATH="${arg#--install-path=}" ;;
+        --install-path=*) INSTALL_PATH="${arg#--install-path=}"; PATH_GIVEN=1 ;;
         --install-path) die "--install-path needs a value: --install-path=<dir>" ;;
         *) die "Unrecognized parameter: $arg. Try 'bash ${MS_RUN_FILE:-$PKG_FILE} --help' for more information." ;;
     esac
 done
 [ -n "$OP" ] || die "No operation given. Use --install, --full, --devel, --upgrade or --uninstall (see --help)."
+if [ "$QUIET" = 1 ] && [ "$OP" = uninstall ]; then
+    die "--quiet is used with --install or --upgrade (it accepts the EULA of an installation), not with --uninstall"
+fi
 if [ "$FOR_ALL" = 1 ] && [ "$OP" = uninstall ]; then
     die "--install-for-all is used with --install, --full, --devel or --upgrade, not with --uninstall"
+fi
+if [ "$MODE" = full ] && [ "$KIND" != toolkit ]; then
+    die "--full is supported by the toolkit package only; install $PKG_NAME with --install"
+fi
+if [ "$MODE" = devel ] && [ "$KIND" != toolkit ] && [ "$KIND" != kernels ]; then
+    die "--devel is supported by the toolkit and kernels packages only; install $PKG_NAME with --install"
 fi
 INSTALL_PATH="${INSTALL_PATH:-$DEFAULT_PATH}"
 case "$INSTALL_PATH" in
@@ -61,44 +72,74 @@ if [[ ! "$INSTALL_PATH" =~ ^/[A-Za-z0-9_./-]*$ ]]; then
 fi
 INSTALL_PATH="${INSTALL_PATH%/}"
 [ -n "$INSTALL_PATH" ] || INSTALL_PATH=/
+# Before 8.2 the path given must be the one the global record holds (8.0.RC3's table); from 8.2 it resets the
+# record (8.3.RC1's table).
+if [ "$PATH_GIVEN" = 1 ] && [ "$OP" != uninstall ] && [ -f "$CANN_RECORD" ]; then
+    recorded_path=$(info_value "$CANN_RECORD" Install_Path)
+    if [ -n "$recorded_path" ] && [ "$recorded_path" != "$INSTALL_PATH" ] \
+            && [[ "$(ver_key "$VERSION")" < "$(ver_key 8.2.RC1)" ]]; then
+        die "The install path $INSTALL_PATH is not the one in $CANN_RECORD ($recorded_path). Install to $recorded_path, or uninstall the CANN packages there and remove $CANN_RECORD first."
+    fi
+fi
 
 # --- where things live ------------------------------------------------------------
+# Versions live side by side (platform-upgrade-facts section 3): before 8.5 in ascend-toolkit/<v> with
+# `latest` on the last installed (CANN's multi-version installation: the latest_manager of
+# gitcode.com/cann/asc-devkit), from 8.5 in cann-<v> with `cann` on the last installed, NNAL in
+# nnal/atb/<v> with `latest` on the last installed (MindIE's installation guide). The two toolkit layouts do
+# not live together: moving to 8.5 takes --upgrade or uninstalling the earlier versions, going back from
+# 8.5 takes --uninstall, then --install (CANN 8.5.0 installation guide and release notes).
 ARCHDIR="$ARCH-linux"
-toolkit_info_new="$INSTALL_PATH/cann/$ARCHDIR/ascend_toolkit_install.info"
-toolkit_info_old="$INSTALL_PATH/ascend-toolkit/latest/$ARCHDIR/ascend_toolkit_install.info"
+TK_BASE="$INSTALL_PATH/ascend-toolkit"
+NNAL_BASE="$INSTALL_PATH/nnal/atb"
 
-installed_toolkit_version() {
-    if [ -f "$toolkit_info_new" ]; then info_value "$toolkit_info_new" version
-    elif [ -f "$toolkit_info_old" ]; then info_value "$toolkit_info_old" version
+layout_of() { if [[ "$(ver_key "$1")" < "$(ver_key 8.5.0)" ]]; then echo ascend-toolkit; else echo cann; fi; }
+vdir_of() {  # vdir_of VERSION: the toolkit's version directory
+    if [ "$(layout_of "$1")" = cann ]; then echo "$INSTALL_PATH/cann-$1"; else echo "$TK_BASE/$1"; fi
+}
+OWN_VDIR=$(vdir_of "$VERSION")
+
+toolkit_versions() {  # toolkit_versions LAYOUT: the installed versions of that layout, oldest first
+    local dir v
+    if [ "$1" = cann ]; then
+        for dir in "$INSTALL_PATH"/cann-*/; do
+            v="${dir%/}"; v="${v##*/cann-}"
+            [ -f "$dir$ARCHDIR/ascend_toolkit_install.info" ] && echo "$v"
+        done
+    else
+        for dir in "$TK_BASE"/*/; do
+            v="${dir%/}"; v="${v##*/}"
+            [ -L "${dir%/}" ] || [ ! -f "$dir$ARCHDIR/ascend_toolkit_install.info" ] || echo "$v"
+        done
+    fi | while read -r v; do echo "$(ver_key "$v") $v"; done | sort | cut -d' ' -f2
+}
+
+current_toolkit_dir() {  # the version directory `cann` or ascend-toolkit/latest points at
+    if [ -f "$INSTALL_PATH/cann/$ARCHDIR/ascend_toolkit_install.info" ]; then readlink -f "$INSTALL_PATH/cann"
+    elif [ -f "$TK_BASE/latest/$ARCHDIR/ascend_toolkit_install.info" ]; then readlink -f "$TK_BASE/latest"
     fi
 }
 
-toolkit_version_dir() {  # the version directory of the installed toolkit
-    if [ -f "$toolkit_info_new" ]; then
-        readlink -f "$INSTALL_PATH/cann"
-    elif [ -f "$toolkit_info_old" ]; then
-        readlink -f "$INSTALL_PATH/ascend-toolkit/latest"
-    fi
-}
-
-component_record() {  # the version record of this package kind
+record_of() {  # record_of VERSION: this kind's version record of that version
     case "$KIND" in
-        toolkit) if [ -f "$toolkit_info_new" ]; then echo "$toolkit_info_new"; else echo "$toolkit_info_old"; fi ;;
-        kernels|ops) echo "$(toolkit_version_dir)/opp_kernel/version.info" ;;
-        nnal) echo "$INSTALL_PATH/nnal/atb/latest/version.info" ;;
+        toolkit) echo "$(vdir_of "$1")/$ARCHDIR/ascend_toolkit_install.info" ;;
+        kernels|ops) echo "$(vdir_of "$1")/opp_kernel/version.info" ;;
+        nnal) echo "$NNAL_BASE/$1/version.info" ;;
     esac
 }
 
-installed_version() {
-    local rec
-    rec=$(component_record)
+current_version() {  # the version of this kind the links name (the one --upgrade replaces)
+    local rec=""
+    case "$KIND" in
+        toolkit) rec="$(current_toolkit_dir)/$ARCHDIR/ascend_toolkit_install.info" ;;
+        kernels|ops) [ -n "$(current_toolkit_dir)" ] && rec="$(current_toolkit_dir)/opp_kernel/version.info" ;;
+        nnal) rec="$NNAL_BASE/latest/version.info" ;;
+    esac
     [ -n "$rec" ] && [ -f "$rec" ] || return 0
-    case "$KIND" in
-        toolkit) info_value "$rec" version ;;
-        *) info_value "$rec" Version ;;
-    esac
+    info_value "$rec" version
 }
 
+has_version() { [ -f "$(record_of "$1")" ]; }
 
 # --- file operations ------------------------------------------------------------
 set_permissions() {
@@ -112,7 +153,10 @@ install_script_copy() {  # install_script_copy DIR: keep an uninstaller with the
     cat > "$1/uninstall.sh" <<UNINSTALL
 #!/bin/bash
 # Uninstalls $PKG_NAME $VERSION from $INSTALL_PATH.
-exec bash "\$(cd "\$(dirname "\$0")" && pwd)/install.sh" --uninstall --install-path=$INSTALL_PATH "\$@"
+for arg in "\$@"; do
+    case "\$arg" in --quiet|-q) ;; *) echo "uninstall.sh: unrecognized parameter \$arg" >&2; exit 1 ;; esac
+done
+exec bash "\$(cd "\$(dirname "\$0")" && pwd)/install.sh" --uninstall --install-path=$INSTALL_PATH
 UNINSTALL
     chmod 0750 "$1/uninstall.sh"
 }
@@ -132,14 +176,24 @@ SETENV
     chmod 0755 "$1"
 }
 
-install_toolkit() {
-    local vdir base
-    if [ "$LAYOUT" = cann ]; then
-        vdir="$INSTALL_PATH/cann-$VERSION"
+point_toolkit_links() {  # point_toolkit_links VERSION: `cann` or ascend-toolkit/latest (and set_env.sh) at it
+    if [ "$(layout_of "$1")" = cann ]; then
+        ln -sfn "cann-$1" "$INSTALL_PATH/cann"
+        mkdir -p "$TK_BASE"
+        ln -sfn "../cann-$1" "$TK_BASE/latest"
+        cat > "$TK_BASE/set_env.sh" <<COMPAT
+# Kept for scripts written for CANN before 8.5: the toolkit lives in $INSTALL_PATH/cann.
+. $INSTALL_PATH/cann/set_env.sh
+COMPAT
+        chmod 0755 "$TK_BASE/set_env.sh"
     else
-        base="$INSTALL_PATH/ascend-toolkit"
-        vdir="$base/$VERSION"
+        ln -sfn "$1" "$TK_BASE/latest"
+        write_toolkit_set_env "$TK_BASE/set_env.sh" "$TK_BASE/latest"
     fi
+}
+
+install_toolkit() {
+    local vdir="$OWN_VDIR"
     mkdir -p "$vdir" || die "cannot create $vdir; check that $INSTALL_PATH is writable"
     cp -a "$SELF_DIR/files/." "$vdir/" || die "copying files to $vdir failed (disk full?)"
     # Lab-only hook (power-off tests): pause here, files copied but no version record yet.
@@ -163,20 +217,15 @@ Toolkit_Install_Path_Param=$INSTALL_PATH
 Toolkit_Install_For_All=$([ "$FOR_ALL" = 1 ] && echo yes || echo no)
 INSTINFO
     install_script_copy "$vdir/$ARCHDIR/script"
+    # This version's own environment, whatever the links name later: 8.5+ cann-<v>/set_env.sh (what Huawei's
+    # 8.5+ images set, ASCEND_TOOLKIT_HOME=<path>/cann-<v>), before 8.5 <v>/bin/setenv.bash.
     if [ "$LAYOUT" = cann ]; then
-        ln -sfn "cann-$VERSION" "$INSTALL_PATH/cann"
-        write_toolkit_set_env "$vdir/set_env.sh" "$INSTALL_PATH/cann"
-        mkdir -p "$INSTALL_PATH/ascend-toolkit"
-        ln -sfn "../cann-$VERSION" "$INSTALL_PATH/ascend-toolkit/latest"
-        cat > "$INSTALL_PATH/ascend-toolkit/set_env.sh" <<COMPAT
-# Kept for scripts written for CANN before 8.5: the toolkit lives in $INSTALL_PATH/cann.
-. $INSTALL_PATH/cann/set_env.sh
-COMPAT
-        chmod 0755 "$INSTALL_PATH/ascend-toolkit/set_env.sh"
+        write_toolkit_set_env "$vdir/set_env.sh" "$vdir"
     else
-        ln -sfn "$VERSION" "$base/latest"
-        write_toolkit_set_env "$base/set_env.sh" "$base/latest"
+        mkdir -p "$vdir/bin"
+        write_toolkit_set_env "$vdir/bin/setenv.bash" "$vdir"
     fi
+    point_toolkit_links "$VERSION"
     set_permissions "$vdir"
     if [ "$(id -u)" = 0 ]; then
         mkdir -p "$(dirname "$CANN_RECORD")" && echo "Install_Path=$INSTALL_PATH" > "$CANN_RECORD"
@@ -184,30 +233,26 @@ COMPAT
 }
 
 uninstall_toolkit() {
-    local vdir_new="$INSTALL_PATH/cann-$VERSION" vdir_old="$INSTALL_PATH/ascend-toolkit/$VERSION"
-    if [ -d "$vdir_new" ]; then
-        rm -rf "$vdir_new"
-        [ "$(readlink "$INSTALL_PATH/cann")" = "cann-$VERSION" ] && rm -f "$INSTALL_PATH/cann"
-        if [ "$(readlink "$INSTALL_PATH/ascend-toolkit/latest")" = "../cann-$VERSION" ]; then
-            rm -f "$INSTALL_PATH/ascend-toolkit/latest" "$INSTALL_PATH/ascend-toolkit/set_env.sh"
+    local vdir="$OWN_VDIR" pointed="" rest
+    [ "$(current_toolkit_dir)" = "$(readlink -f "$vdir")" ] && pointed=1
+    rm -rf "$vdir"
+    if [ -n "$pointed" ]; then
+        rest=$(toolkit_versions "$LAYOUT" | tail -n 1)
+        if [ -n "$rest" ]; then
+            point_toolkit_links "$rest"
+        else
+            rm -f "$INSTALL_PATH/cann" "$TK_BASE/latest" "$TK_BASE/set_env.sh"
         fi
     fi
-    if [ -d "$vdir_old" ]; then
-        rm -rf "$vdir_old"
-        if [ "$(readlink "$INSTALL_PATH/ascend-toolkit/latest")" = "$VERSION" ]; then
-            rm -f "$INSTALL_PATH/ascend-toolkit/latest" "$INSTALL_PATH/ascend-toolkit/set_env.sh"
-        fi
-    fi
-    rmdir "$INSTALL_PATH/ascend-toolkit" 2>/dev/null
-    if [ "$(id -u)" = 0 ] && [ ! -e "$INSTALL_PATH/cann" ] && [ ! -e "$INSTALL_PATH/ascend-toolkit" ]; then
+    rmdir "$TK_BASE" 2>/dev/null
+    if [ "$(id -u)" = 0 ] && [ ! -e "$INSTALL_PATH/cann" ] && [ ! -e "$TK_BASE" ]; then
         rm -f "$CANN_RECORD"
     fi
     return 0
 }
 
-install_kernels() {  # kernels (< 8.5) and ops (8.5+) go into the toolkit's version directory
-    local vdir rec
-    vdir=$(toolkit_version_dir)
+install_kernels() {  # kernels (< 8.5) and ops (8.5+) go into their toolkit's version directory
+    local vdir="$OWN_VDIR" rec
     cp -a "$SELF_DIR/files/." "$vdir/" || die "copying files to $vdir failed (disk full?)"
     rec="$vdir/opp_kernel"
     mkdir -p "$rec"
@@ -224,26 +269,11 @@ VINFO
 }
 
 uninstall_kernels() {
-    local vdir
-    vdir=$(toolkit_version_dir)
-    [ -n "$vdir" ] || return 0
-    rm -rf "$vdir/opp_kernel" "$vdir/opp/built-in/op_impl/ai_core/tbe/kernel/ascend$SOC"
+    rm -rf "$OWN_VDIR/opp_kernel" "$OWN_VDIR/opp/built-in/op_impl/ai_core/tbe/kernel/ascend$SOC"
 }
 
-install_nnal() {
-    local base="$INSTALL_PATH/nnal/atb" vdir
-    vdir="$base/$VERSION"
-    mkdir -p "$vdir" || die "cannot create $vdir; check that $INSTALL_PATH is writable"
-    cp -a "$SELF_DIR/files/." "$vdir/" || die "copying files to $vdir failed (disk full?)"
-    cat > "$vdir/version.info" <<VINFO
-Version=$VERSION
-package_name=$PKG_NAME
-innerversion=$INNERVERSION
-arch=$ARCH
-VINFO
-    install_script_copy "$vdir/script"
-    ln -sfn "$VERSION" "$base/latest"
-    cat > "$base/set_env.sh" <<SETENV
+write_nnal_set_env() {  # write_nnal_set_env FILE ATB_BASE
+    cat > "$1" <<SETENV
 # Ascend Transformer Boost (NNAL). --cxx_abi=0|1 picks the C++ ABI of the libraries
 # (default 1, the ABI of the PyTorch wheels built with the new ABI).
 atb_cxx_abi=1
@@ -253,7 +283,7 @@ for atb_arg in "\$@"; do
         --cxx_abi=1) atb_cxx_abi=1 ;;
     esac
 done
-export ATB_HOME_PATH=$base/latest/atb/cxx_abi_\${atb_cxx_abi}
+export ATB_HOME_PATH=$2/cxx_abi_\${atb_cxx_abi}
 export LD_LIBRARY_PATH=\${ATB_HOME_PATH}/lib:\${ATB_HOME_PATH}/examples:\${ATB_HOME_PATH}/tests/atbopstest:\$LD_LIBRARY_PATH
 export PATH=\${ATB_HOME_PATH}/bin:\$PATH
 export ATB_STREAM_SYNC_EVERY_KERNEL_ENABLE=0
@@ -261,40 +291,69 @@ export ATB_OPSRUNNER_SETUP_CACHE_ENABLE=1
 export ATB_WORKSPACE_MEM_ALLOC_GLOBAL=1
 unset atb_arg atb_cxx_abi
 SETENV
-    chmod 0755 "$base/set_env.sh"
+    chmod 0755 "$1"
+}
+
+install_nnal() {
+    local vdir="$NNAL_BASE/$VERSION"
+    mkdir -p "$vdir" || die "cannot create $vdir; check that $INSTALL_PATH is writable"
+    cp -a "$SELF_DIR/files/." "$vdir/" || die "copying files to $vdir failed (disk full?)"
+    cat > "$vdir/version.info" <<VINFO
+Version=$VERSION
+package_name=$PKG_NAME
+innerversion=$INNERVERSION
+arch=$ARCH
+VINFO
+    install_script_copy "$vdir/script"
+    write_nnal_set_env "$vdir/atb/set_env.sh" "$vdir/atb"   # this version's own (assumed path)
+    ln -sfn "$VERSION" "$NNAL_BASE/latest"
+    write_nnal_set_env "$NNAL_BASE/set_env.sh" "$NNAL_BASE/latest/atb"
     set_permissions "$vdir"
 }
 
 uninstall_nnal() {
-    local base="$INSTALL_PATH/nnal/atb"
-    rm -rf "${base:?}/$VERSION"
-    if [ "$(readlink "$base/latest")" = "$VERSION" ]; then
-        rm -f "$base/latest" "$base/set_env.sh"
+    local rest
+    rm -rf "${NNAL_BASE:?}/$VERSION"
+    if [ "$(readlink "$NNAL_BASE/latest")" = "$VERSION" ]; then
+        rest=$(for d in "$NNAL_BASE"/*/; do d="${d%/}"; [ -L "$d" ] || [ ! -f "$d/version.info" ] || echo "$(ver_key "${d##*/}") ${d##*/}"; done | sort | tail -n 1 | cut -d' ' -f2)
+        if [ -n "$rest" ]; then ln -sfn "$rest" "$NNAL_BASE/latest"; else rm -f "$NNAL_BASE/latest" "$NNAL_BASE/set_env.sh"; fi
     fi
-    rmdir "$base" "$INSTALL_PATH/nnal" 2>/dev/null
+    rmdir "$NNAL_BASE" "$INSTALL_PATH/nnal" 2>/dev/null
     return 0
 }
 
 do_install() { case "$KIND" in toolkit) install_toolkit ;; kernels|ops) install_kernels ;; nnal) install_nnal ;; esac; }
 do_uninstall() { case "$KIND" in toolkit) uninstall_toolkit ;; kernels|ops) uninstall_kernels ;; nnal) uninstall_nnal ;; esac; }
 
-require_toolkit() {
-    local tk
+require_toolkit() {  # kernels/ops and NNAL need the toolkit of their own version (it may sit beside others)
     [ "$KIND" = toolkit ] && return 0
-    tk=$(installed_toolkit_version)
-    if [ -z "$tk" ]; then
+    [ -f "$OWN_VDIR/$ARCHDIR/ascend_toolkit_install.info" ] && return 0
+    local others
+    others=$( { toolkit_versions ascend-toolkit; toolkit_versions cann; } | tr '\n' ' ')
+    if [ -z "$others" ]; then
         die "$PKG_NAME $VERSION needs Ascend-cann-toolkit $VERSION in $INSTALL_PATH, and no toolkit is installed there. Install Ascend-cann-toolkit_${VERSION} first."
     fi
-    if [ "$tk" != "$VERSION" ]; then
-        die "$PKG_NAME $VERSION needs Ascend-cann-toolkit $VERSION, but $tk is installed in $INSTALL_PATH. Install the toolkit of the same version first."
+    die "$PKG_NAME $VERSION needs Ascend-cann-toolkit $VERSION, but only ${others% } is installed in $INSTALL_PATH. Install the toolkit of the same version first."
+}
+
+# The two toolkit layouts never live side by side.
+require_layout() {
+    [ "$KIND" = toolkit ] || return 0
+    local other
+    if [ "$LAYOUT" = cann ]; then
+        other=$(toolkit_versions ascend-toolkit | tr '\n' ' ')
+        [ -z "$other" ] || die "CANN ${other% } is installed in $INSTALL_PATH/ascend-toolkit: moving to $VERSION (the 8.5 layout, cann-<version>) takes --upgrade, or uninstalling every earlier version first."
+    else
+        other=$(toolkit_versions cann | tr '\n' ' ')
+        [ -z "$other" ] || die "CANN ${other% } is installed in the 8.5 layout ($INSTALL_PATH/cann-<version>): going back to $VERSION takes --uninstall of it first, then --install."
     fi
 }
 
-# Remove an installed older version of this kind (its own uninstaller does the work).
+# Remove an installed version of this kind (its own uninstaller does the work).
 remove_version() {
-    local old="$1" rec script
-    rec=$(component_record)
-    script="$(dirname "$rec")/script/uninstall.sh"
+    local old="$1" script
+    script="$(dirname "$(record_of "$old")")/script/uninstall.sh"
+    [ "$KIND" = toolkit ] && script="$(vdir_of "$old")/$ARCHDIR/script/uninstall.sh"
     if [ -f "$script" ]; then
         bash "$script" --quiet >/dev/null || die "uninstalling $PKG_NAME $old with $script failed"
     else
@@ -303,7 +362,7 @@ remove_version() {
 }
 
 # --- main -----------------------------------------------------------------------
-CURRENT=$(installed_version)
+CURRENT=$(current_version)
 log INFO "Start time: $(date '+%Y-%m-%d %H:%M:%S')"
 log INFO "LogFile: $LOG_FILE"
 log INFO "InputParams: $*"
@@ -313,10 +372,12 @@ case "$OP" in
     install)
         accept_eula install
         require_toolkit
-        if [ -n "$CURRENT" ] && [ "$CURRENT" != "$VERSION" ]; then
-            die "$PKG_NAME $CURRENT is already installed in $INSTALL_PATH. Use --upgrade to go to $VERSION, or --uninstall the installed version first to go back."
+        require_layout
+        if has_version "$VERSION"; then
+            log WARNING "$PKG_NAME $VERSION is already installed in $INSTALL_PATH; installing it again."
+        elif [ -n "$CURRENT" ]; then
+            log INFO "$PKG_NAME $CURRENT stays installed in $INSTALL_PATH beside $VERSION."
         fi
-        [ -n "$CURRENT" ] && log WARNING "$PKG_NAME $VERSION is already installed in $INSTALL_PATH; installing it again."
         mkdir -p "$INSTALL_PATH" || die "cannot create $INSTALL_PATH"
         do_install
         log INFO "$PKG_NAME $VERSION install success, the install path is $INSTALL_PATH."
@@ -333,16 +394,17 @@ case "$OP" in
                 die "$PKG_NAME $CURRENT is installed in $INSTALL_PATH and $VERSION is older: --upgrade does not downgrade. Run --uninstall for $CURRENT, then --install $VERSION."
             fi
             remove_version "$CURRENT"
+            # Into the 8.5 layout: no earlier version stays.
+            if [ "$KIND" = toolkit ] && [ "$LAYOUT" = cann ]; then
+                for old in $(toolkit_versions ascend-toolkit); do remove_version "$old"; done
+            fi
             do_install
             log INFO "$PKG_NAME upgrade from $CURRENT to $VERSION success, the install path is $INSTALL_PATH."
         fi
         ;;
     uninstall)
-        if [ -z "$CURRENT" ]; then
-            die "$PKG_NAME is not installed in $INSTALL_PATH; nothing to uninstall."
-        fi
-        if [ "$CURRENT" != "$VERSION" ]; then
-            die "$PKG_NAME $CURRENT is installed in $INSTALL_PATH, not $VERSION. Uninstall it with its own package or $(dirname "$(component_record)")/script/uninstall.sh."
+        if ! has_version "$VERSION"; then
+            die "$PKG_NAME $VERSION is not installed in $INSTALL_PATH${CURRENT:+ ($CURRENT is)}; nothing to uninstall. Uninstall another version with its own package or its script/uninstall.sh."
         fi
         do_uninstall
         log INFO "$PKG_NAME $VERSION uninstall success, the path $INSTALL_PATH."

@@ -5,6 +5,10 @@ plus the inventory's extra tables, ``extra_tables``: absolute paths, plugin_util
 ``compat_fleet``  {host: plan} -> verdict of the whole fleet (ok, groups, report)
 ``compat_check``  one plan -> its verdict
 ``compat_driver`` CANN version + node driver version -> '' or the sentence naming the mismatch
+``compat_driver_outside``  CANN version + driver version -> '' or the sentence, only where the driver is outside
+                  the CANN's known window (a pair mismatch with no window known is not said)
+``compat_no_return``  levels before + after ({driver, cann, runtime}) -> why moving them cannot be rolled back
+                  ([]: it can; plugin_utils/platform_plan.py ``no_return``)
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import functools
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.atlas.serving.plugins.module_utils import compat
-from ansible_collections.atlas.serving.plugins.plugin_utils import site_data
+from ansible_collections.atlas.serving.plugins.plugin_utils import platform_plan, site_data
 
 
 @functools.lru_cache(maxsize=8)
@@ -57,6 +61,20 @@ def compat_driver(cann: str, driver: str, table_path: str = "", extra_tables=Non
     return compat.check_driver(_load(table_path, _extra(extra_tables)), cann, driver) or ""
 
 
+def compat_driver_outside(cann: str, driver: str, table_path: str = "", extra_tables=None) -> str:
+    table = _load(table_path, _extra(extra_tables))
+    if compat.driver_in_window(table, cann, driver) is False:
+        return compat.check_driver(table, cann, driver) or ""
+    return ""
+
+
+def compat_no_return(before: dict, after: dict, table_path: str = "", extra_tables=None) -> list:
+    levels = ("driver", "firmware", "cann", "runtime")
+    return platform_plan.no_return({k: str((before or {}).get(k) or "") for k in levels},
+                                   {k: str((after or {}).get(k) or "") for k in levels},
+                                   _load(table_path, _extra(extra_tables)))
+
+
 class FilterModule:
     def filters(self):
         return {
@@ -64,4 +82,6 @@ class FilterModule:
             "compat_fleet": compat_fleet,
             "compat_check": compat_check,
             "compat_driver": compat_driver,
+            "compat_driver_outside": compat_driver_outside,
+            "compat_no_return": compat_no_return,
         }

@@ -39,9 +39,12 @@ UNSIGNED_NOTE = ("UNSIGNED: no atlas_evidence_signing_key is named in the invent
                  "pack; name the controller's evidence key (docs/evidence.md)")
 
 # The gates of a node, in the order playbooks/rollout/tasks/node.yml passes them (`rollout_gate`).
-GATES = ("previous", "network", "drain", "stage", "restart", "health", "slo", "enable")
+GATES = ("previous", "network", "drain", "stop", "driver", "network-after", "cann", "stage", "restart", "health",
+         "slo", "enable")
+# The gates of a platform move (playbooks/rollout/tasks/platform.yml): run only where the release moves the platform.
+PLATFORM_GATES = ("stop", "driver", "network-after", "cann")
 # Gates a node converged on the release already (a --resume) does not run.
-CONVERGED_SKIPS = ("network", "drain", "stage", "restart")
+CONVERGED_SKIPS = ("network", "drain", "stage", "restart", *PLATFORM_GATES)
 
 # Variables whose values are secrets, by name (serving_api_key, serving_api_keys, vault_*_api_key,
 # ansible_password, ...), and the names of environment entries that carry one (VLLM_API_KEY, HF_TOKEN, ...).
@@ -170,13 +173,19 @@ def _files(hostvars) -> dict:
             if isinstance(f, dict) and f.get("path")}
 
 
-def _gates(result: str, converged: bool, unit: list, failure: dict, health: dict, slo: dict) -> list[dict]:
+def _gates(result: str, converged: bool, unit: list, failure: dict, health: dict, slo: dict,
+           platform: dict | None = None) -> list[dict]:
     """Each gate of node.yml with its result: passed (with its figures), failed (why, what it measured),
-    skipped on a converged node, or not run after the one that failed."""
+    skipped on a converged node or where the platform does not move, or not run after the one that failed."""
     failed_at = failure.get("gate") if failure else None
+    platform = platform if isinstance(platform, dict) else {}
+    ran_platform = {"stop": bool(platform.get("stop")), "driver": bool(platform.get("hdk")),
+                    "network-after": bool(platform.get("hdk")), "cann": bool(platform.get("cann"))}
     out, past = [], False
     for gate in GATES:
-        if gate == "network" and len(unit) < 2:
+        if gate in ("network", "network-after") and len(unit) < 2:
+            continue
+        if gate in PLATFORM_GATES and not ran_platform[gate] and gate != failed_at:
             continue
         row: dict = {"gate": gate}
         if past or result not in ("ok", "failed"):
@@ -234,7 +243,7 @@ def node_entry(host: str, hostvars, *, wave: str = "", skipped: bool = False, dr
         "versions": _versions(hostvars) if ran else {},
         "files_sha256": _files(hostvars) if result == "ok" else {},
         "gates": _gates(result, converged, unit, failure, _health_figures(_get(hostvars, "rollout_health_probe")),
-                        _slo_figures(report.get("slo"))) if ran else [],
+                        _slo_figures(report.get("slo")), _get(hostvars, "rollout_platform")) if ran else [],
     }
     if skipped:
         entry["note"] = "its wave completed in an earlier run (--resume)"

@@ -29,6 +29,16 @@ def free_gib(paths):
     return free, errors
 
 
+def free_gib_where(path):
+    """Free GiB of the filesystem that holds ``path`` or will hold it (its nearest existing directory: an
+    install path not made yet), and that directory; (None, why) when even ``/`` cannot be measured."""
+    where = os.path.abspath(path)
+    while not os.path.isdir(where) and where != os.path.dirname(where):
+        where = os.path.dirname(where)
+    free, errors = free_gib([where])
+    return (free[where], where) if where in free else (None, errors[where])
+
+
 def readable(paths):
     """{path: True when it is a regular file this process can read}."""
     return {path: os.path.isfile(path) and os.access(path, os.R_OK) for path in paths}

@@ -13,8 +13,18 @@ description:
   - Reads the version records that Huawei's installers write and returns them under
     C(ansible_facts.cann). Changes nothing.
   - Knows both toolkit layouts, C(ascend-toolkit/<version>) before CANN 8.5 and
-    C(cann-<version>) from 8.5.
-options: {}
+    C(cann-<version>) from 8.5, and every version installed side by side (C(versions)).
+  - With I(release_dir) and I(service), also the CANN version each kept serving release pins (C(pins)).
+options:
+  release_dir:
+    description: The serving releases' directory; each release's service record names the CANN it pins.
+    type: path
+  service:
+    description: The serving service's name (the record is C(<release_dir>/<release>/<service>.json)).
+    type: str
+  managed_file:
+    description: The suite's record of the CANN versions it installed (a JSON list); read into C(managed).
+    type: path
 extends_documentation_fragment:
   - atlas.serving.module
   - atlas.serving.module.facts
@@ -78,6 +88,24 @@ ansible_facts:
             with the 8.5 layout the compatibility script ascend-toolkit/set_env.sh is left out.
           type: list
           elements: str
+        versions:
+          description: >-
+            Every CANN version installed side by side, by version: layout, version_dir, the installed version of
+            toolkit, kernels and nnal (or null), set_env_scripts (that version's own environment scripts, which
+            pin it whatever the links name), uninstall_scripts.
+          type: dict
+          sample: {"8.5.0": {layout: cann, toolkit: 8.5.0, kernels: 8.5.0, nnal: 8.5.0}}
+        pins:
+          description: >-
+            With release_dir and service: pinned (release -> the CANN version its record names) and unknown
+            (releases whose record names none; a container release pins none of the host's).
+          type: dict
+          returned: when release_dir and service are given
+        managed:
+          description: With managed_file, the CANN versions the suite installed (only these are ever pruned).
+          type: list
+          elements: str
+          returned: when managed_file is given
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
@@ -89,10 +117,15 @@ from ansible_collections.atlas.serving.plugins.module_utils.cann import (  # noq
 
 def main():
     module = AnsibleModule(
-        argument_spec={"install_path": {"type": "path", "default": DEFAULT_INSTALL_PATH}},
+        argument_spec={"install_path": {"type": "path", "default": DEFAULT_INSTALL_PATH},
+                       "release_dir": {"type": "path"}, "service": {"type": "str"},
+                       "managed_file": {"type": "path"}},
         supports_check_mode=True,
     )
-    module.exit_json(changed=False, ansible_facts={"cann": gather(module.params["install_path"])})
+    p = module.params
+    cann = gather(p["install_path"], release_dir=p["release_dir"], service=p["service"],
+                  managed_file=p["managed_file"])
+    module.exit_json(changed=False, ansible_facts={"cann": cann})
 
 
 if __name__ == "__main__":

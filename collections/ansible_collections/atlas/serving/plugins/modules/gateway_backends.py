@@ -15,6 +15,7 @@ description:
   - Succeeds at once when I(node) is already drained (or has no backend file), since it takes no traffic.
   - Otherwise succeeds as soon as another backend is enabled and healthy, polling for at most I(wait_s);
     fails otherwise with a message naming the branch, the gateway, every node's state and the fix.
+  - With I(last_backend_guard=false) it only reads every backend's state and whether I(node) is drained.
   - Changes nothing.
 options:
   branch:
@@ -33,6 +34,10 @@ options:
     description: The node about to be drained.
     type: str
     required: true
+  last_backend_guard:
+    description: Check that another backend serves; false reads the backends' states only and checks nothing.
+    type: bool
+    default: true
   wait_s:
     description: Seconds to wait for another healthy backend before refusing.
     type: int
@@ -66,7 +71,7 @@ serving:
   type: list
   elements: str
 drained:
-  description: Whether I(node) was already drained (nothing was checked).
+  description: Whether I(node) takes no traffic (drained, or no backend file); then nothing was checked.
   returned: always
   type: bool
 waited_s:
@@ -93,12 +98,16 @@ def main():
             "node": {"type": "str", "required": True},
             "wait_s": {"type": "int", "default": 120},
             "probe_timeout_s": {"type": "float", "default": 2.0},
+            "last_backend_guard": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
     p = module.params
     try:
         backends = read_backends(p["branch_dir"])
+        if not p["last_backend_guard"]:
+            module.exit_json(changed=False, backends=[b.as_dict() for b in backends], serving=[], waited_s=0.0,
+                             drained=not takes_traffic(backends, p["node"]))
         if not takes_traffic(backends, p["node"]):
             # Already drained (or not in the upstream): no request reaches it, nothing to check.
             module.exit_json(changed=False, backends=[b.as_dict() for b in backends], serving=[],

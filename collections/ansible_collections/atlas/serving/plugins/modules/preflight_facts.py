@@ -63,6 +63,16 @@ free_gib:
   returned: always
   type: dict
   sample: {/opt: 120.5, /var/lib: 120.5}
+install_path_free_gib:
+  description: >-
+    Free GiB of the filesystem that holds O(install_path) (its nearest existing directory when it is not made
+    yet): where a CANN version installs beside the others.
+  returned: always
+  type: float
+install_path_measured:
+  description: The directory whose filesystem install_path_free_gib measured (or why it could not be measured).
+  returned: always
+  type: str
 free_errors:
   description: Why a path of O(free_space) could not be measured.
   returned: always
@@ -86,7 +96,12 @@ from ansible.module_utils.facts.system.platform import PlatformFactCollector  # 
 from ansible.module_utils.facts.system.service_mgr import ServiceMgrFactCollector  # noqa: E402
 from ansible_collections.atlas.serving.plugins.module_utils.cann import DEFAULT_INSTALL_PATH  # noqa: E402
 from ansible_collections.atlas.serving.plugins.module_utils.cann import gather as cann_gather  # noqa: E402
-from ansible_collections.atlas.serving.plugins.module_utils.node_facts import exist, free_gib, readable  # noqa: E402
+from ansible_collections.atlas.serving.plugins.module_utils.node_facts import (  # noqa: E402
+    exist,
+    free_gib,
+    free_gib_where,
+    readable,
+)
 from ansible_collections.atlas.serving.plugins.module_utils.npu_smi import gather as npu_gather  # noqa: E402
 
 
@@ -113,7 +128,9 @@ def main():
         cann=cann_gather(p["install_path"]),
     )
     free, errors = free_gib(p["free_space"])
+    install_free, install_where = free_gib_where(p["install_path"])
     module.exit_json(changed=False, ansible_facts=facts, free_gib=free, free_errors=errors,
+                     install_path_free_gib=install_free, install_path_measured=install_where,
                      readable=readable(p["readable"]), exist=exist(p["exist"]))
 
 
