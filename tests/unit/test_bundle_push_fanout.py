@@ -36,7 +36,8 @@ exec unshare --mount --propagation private sh -c 'mount --bind "$0" "$1" && exec
 """
 # The node's Python for Ansible: the same mount namespace around each module run.
 INTERPRETER = """#!/bin/sh
-exec unshare --mount --propagation private sh -c 'mount --bind "$0" "$1" && shift && exec "$@"' {node} {dest} {python} "$@"
+exec unshare --mount --propagation private \
+    sh -c 'mount --bind "$0" "$1" && shift && exec "$@"' {node} {dest} {python} "$@"
 """
 
 
