@@ -9,6 +9,8 @@ import json
 import os
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -137,3 +139,34 @@ def test_a_fan_out_of_nothing_is_bad_input(fleet, capsys, option):
                      str(fleet / "dest"), "--allow-unsigned", option, "0"]) == exitcodes.USAGE
     err = capsys.readouterr().err
     assert f"{option} 0" in err and "Traceback" not in err
+
+
+def test_a_peer_copy_corrupted_while_it_serves_is_refused_and_repaired(fleet, capsys):
+    """The drill row corrupt-fanout-peer on this machine: n3 holds the bundle before the run (so it serves from the
+    start); a byte of its copy flips as soon as its server runs, before n4 pulls from it in the last round."""
+    make_src(fleet / "src")
+    shard = "models/m/model.safetensors"
+    code, seeded = push(fleet, capsys, "--no-fan-out", "--limit", "n3")
+    assert code == exitcodes.OK, seeded
+    flipped = threading.Event()
+
+    def corrupt() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (fleet / "run" / "n3" / "rsyncd.conf").exists():
+            time.sleep(0.02)
+        data = bytearray((fleet / "n3" / shard).read_bytes())
+        data[len(data) // 2] ^= 1
+        (fleet / "n3" / shard).write_bytes(bytes(data))
+        flipped.set()
+
+    watcher = threading.Thread(target=corrupt, daemon=True)
+    watcher.start()
+    code, report = push(fleet, capsys, "--fan-out")
+    watcher.join(5)
+    assert flipped.is_set()
+    assert code == exitcodes.OK and report["verified"] is True, report
+    n4 = next(h for h in report["hosts"] if h["host"] == "n4")
+    assert n4["refused"] == {"n3": [shard]} and n4["via"] == "n1"  # refused, then from a verified source
+    for name in NODES:  # the corrupted peer too: the final pass found its copy bad and pulled it again
+        assert same_tree(fleet / "src", fleet / name), name
+    assert report["controller_ratio"] <= 1.2

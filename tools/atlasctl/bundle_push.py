@@ -240,6 +240,7 @@ class PushResult:
     bytes_sent: int = 0  # by the controller (rsync's "Total bytes sent")
     via: str = ""  # "controller", or in a fan-out the peer the node completed the bundle from ("origin": nothing)
     bytes_received: int = 0  # from peers, in a fan-out
+    refused: dict = dataclasses.field(default_factory=dict)  # in a fan-out: {peer: [files its copy failed on]}
 
 
 def _checks(targets: list[shared.Target], dest: str) -> str:
@@ -382,7 +383,8 @@ def push_fanout(manifest: Manifest, targets: list[shared.Target], groups: dict[s
                 before = results.get(host) or PushResult(host, False)
                 why = "" if done else (outcome.message if outcome else "not reached by the fan-out play")
                 results[host] = PushResult(host, done, before.files_sent, why[:600], before.bytes_sent,
-                                           before.via or got.get("source") or "", int(got.get("bytes_received") or 0))
+                                           before.via or got.get("source") or "", int(got.get("bytes_received") or 0),
+                                           dict(got.get("refused") or {}))
             fallback = [h for h in hosts if not results[h].ok and not (run.hosts.get(h) and run.hosts[h].unreachable)]
             for host in fallback:
                 direct = _send(by_name[host], manifest, verified, dest, accepted[host])

@@ -211,6 +211,8 @@ def _push(args: argparse.Namespace) -> int:
         for r in results:
             via = f" via {r.via}" if fan_out and r.via else ""
             print(f"{r.host:<20} {'ok' if r.ok else 'FAILED'} {r.files_sent} file(s) sent{via} {r.message}".rstrip())
+            for peer, files in r.refused.items():
+                print(f"{'':<20} refused {peer}'s copy (failed verification, not kept): {', '.join(files[:5])}")
         if plan is not None:
             print(f"fan-out: {plan.get('rounds', 0)} round(s) from {', '.join(plan.get('roots', [])) or 'no root'}; "
                   f"the controller sent {sent / 2**20:.1f} MiB for a bundle of {size / 2**20:.1f} MiB"
