@@ -259,8 +259,10 @@ def _incoming(server_dir: str, tree: Tree) -> str:
 def _manifest_here(tree: Tree, server_dir: str) -> str:
     """The manifest to verify ``tree`` against, if this node already holds the verified bytes: the tree's own
     (``tree.manifest``, or the one in place in a bundle), or one a pull brought in; '' when none."""
-    candidates = [tree.manifest] if tree.manifest else [os.path.join(tree.path, MANIFEST),
-                                                         os.path.join(_incoming(server_dir, tree), MANIFEST)]
+    if tree.manifest:
+        candidates = [tree.manifest]
+    else:
+        candidates = [os.path.join(tree.path, MANIFEST), os.path.join(_incoming(server_dir, tree), MANIFEST)]
     for path in candidates:
         try:
             if os.path.isfile(path) and not os.path.islink(path) and sha256_of(path) == tree.manifest_sha256:
@@ -683,4 +685,3 @@ def sources_from_params(names, addresses, origin: str = "") -> list[Source]:
     if origin:
         out.append(Source("origin", path=origin))
     return out
-

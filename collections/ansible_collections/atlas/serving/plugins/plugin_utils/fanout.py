@@ -124,7 +124,7 @@ def plan(hosts, branches=None, *, fanout=DEFAULT_FANOUT, roots=DEFAULT_ROOTS, fa
         for branch in names:  # the rest of each branch that held the tree before this round: inside the branch
             own = [h for h in by_branch[branch] if h in capacity]
             for host in by_branch[branch]:
-                if host in nodes or any(r == host for _, r in now):
+                if host in nodes or any(pair[1] == host for pair in now):
                     continue
                 source = _pick(own, capacity, order)
                 if source is None:
@@ -135,7 +135,7 @@ def plan(hosts, branches=None, *, fanout=DEFAULT_FANOUT, roots=DEFAULT_ROOTS, fa
             raise FanoutError("the fan-out plan made no progress")  # pragma: no cover
         for source, host in now:
             take(host, source, number)
-        received = sorted((h for _, h in now), key=order.get)
+        received = sorted((pair[1] for pair in now), key=order.get)
         rounds.append(received)
         transfers.append(sorted(now, key=lambda pair: order[pair[1]]))
         holders += received
@@ -152,7 +152,8 @@ def plan(hosts, branches=None, *, fanout=DEFAULT_FANOUT, roots=DEFAULT_ROOTS, fa
         entry["sources"] = [entry["source"], *(same + other)[:fallbacks]]
     for host in hosts:
         nodes[host]["receivers"] = sorted((h for h in hosts if host in nodes[h]["sources"]), key=order.get)
-    cross = sum(1 for pairs in transfers for s, r in pairs if s != ORIGIN and branches[s] != branches[r])
+    cross = sum(1 for pairs in transfers for source, receiver in pairs
+                if source != ORIGIN and branches[source] != branches[receiver])
     return {"rounds": len(rounds), "roots": rounds[0] if rounds else [], "fanout": fanout,
             "origin_sends": len(rounds[0]) if rounds else 0, "cross_branch": cross, "order": rounds,
             "transfers": transfers, "nodes": nodes}
@@ -170,9 +171,14 @@ def estimate_seconds(fan, size_bytes, link_bytes_per_s):
     transfer through the origin's link."""
     total = 0.0
     for pairs in fan["transfers"]:
-        busiest = max((sum(1 for s, _ in pairs if s == source) for source, _ in pairs), default=0)
-        total += busiest * size_bytes / link_bytes_per_s
+        total += _busiest(pairs) * size_bytes / link_bytes_per_s
     return total
+
+
+def _busiest(pairs):
+    """The most receivers one source has among ``pairs`` ([source, receiver])."""
+    sources = [pair[0] for pair in pairs]
+    return max((sources.count(source) for source in sources), default=0)
 
 
 def summary(fan, size_bytes, link_bytes_per_s=None):
@@ -180,8 +186,7 @@ def summary(fan, size_bytes, link_bytes_per_s=None):
     pulls one source serves in a round, cross-branch transfers, and with a link rate the estimated wall time
     against a direct push to every node."""
     nodes = len(fan["nodes"])
-    busiest = max((sum(1 for s, _ in pairs if s == source) for pairs in fan["transfers"][1:] for source, _ in pairs),
-                  default=0)
+    busiest = max((_busiest(pairs) for pairs in fan["transfers"][1:]), default=0)
     out = {"nodes": nodes, "rounds": fan["rounds"], "roots": len(fan["roots"]),
            "origin_bytes": fan["origin_sends"] * size_bytes,
            "origin_ratio": round(fan["origin_sends"] * 1.0, 3) if nodes else 0.0,

@@ -107,6 +107,7 @@ def rules(host, hostvars, groups, *, engine_port=None, ssh_port=22, ssh_sources=
         out.append(_rule(f"instance {found[0]}: its other ranks", peers))
     out = [r for r in out if r["sources"] is None or r["sources"]]
     if fanout_port not in (None, ""):
-        out.append({"comment": fanout_stage.NFT_COMMENT, "sets": {f: name for f, name, _ in fanout_stage.NFT_SETS},
-                    "proto": "tcp", "ports": [_port(fanout_port, "atlas_fanout_port")]})
+        sets = {entry[0]: entry[1] for entry in fanout_stage.NFT_SETS}
+        out.append({"comment": fanout_stage.NFT_COMMENT, "sets": sets, "proto": "tcp",
+                    "ports": [_port(fanout_port, "atlas_fanout_port")]})
     return out
