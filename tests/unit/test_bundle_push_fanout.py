@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from test_bundle_push import SSH_DOUBLE as PLAIN_SSH_DOUBLE
 from test_fanout_stage import free_port, same_tree
 
 from atlasctl import bundle, bundle_push, cli, exitcodes
@@ -22,16 +23,11 @@ pytestmark = pytest.mark.skipif(not shutil.which("rsync") or os.geteuid() != 0 o
                                 reason="needs rsync, unshare and root (mount namespaces, the staging servers)")
 NODES = {"n1": ("127.0.0.1", "a"), "n2": ("127.0.0.2", "a"), "n3": ("127.0.0.3", "b"), "n4": ("127.0.0.4", "b")}
 
-# OpenSSH's client for the test: drop the options, find the host, run the remote command on this machine in a
-# mount namespace where DEST is that node's own directory.
-SSH_DOUBLE = """#!/bin/sh
-while [ $# -gt 0 ]; do
-    case "$1" in
-        -o|-p|-i|-l|-F|-J) shift 2 ;;
-        -*) shift ;;
-        *) break ;;
-    esac
-done
+# OpenSSH's client for the test: test_bundle_push's double (drop the options), then find the host and run the
+# remote command on this machine in a mount namespace where DEST is that node's own directory.
+PLAIN_TAIL = 'shift\nexec sh -c "$*"\n'
+assert PLAIN_SSH_DOUBLE.endswith(PLAIN_TAIL)
+SSH_DOUBLE = PLAIN_SSH_DOUBLE[:-len(PLAIN_TAIL)].replace("{", "{{").replace("}", "}}") + """\
 host="${{1#*@}}"; shift
 case "$host" in {cases} esac
 exec unshare --mount --propagation private sh -c 'mount --bind "$0" "$1" && exec sh -c "$2"' "$node" {dest} "$*"

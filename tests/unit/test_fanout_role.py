@@ -50,14 +50,19 @@ def run(tmp: Path, sha: str, *args: str) -> tuple[int, str]:
     inventory = {"all": {"children": {"atlas_nodes": {"children": {
         f"branch_{b}": {"hosts": {n: hosts[n] for n, (_a, branch) in NODES.items() if branch == b}}
         for b in ("a", "b")}}}}}
+    return play(tmp, inventory, PLAYBOOK, {"sha": sha}, *args)
+
+
+def play(tmp: Path, inventory: dict, playbook: str, extra: dict, *args: str) -> tuple[int, str]:
+    """``playbook`` over ``inventory`` with this checkout's roles and collection: (exit status, its output)."""
     (tmp / "inventory.json").write_text(json.dumps(inventory))
-    (tmp / "play.yml").write_text(PLAYBOOK)
+    (tmp / "play.yml").write_text(playbook)
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
            "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-tmp"),
            "ANSIBLE_STDOUT_CALLBACK": "default"}
     proc = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(tmp / "inventory.json"), str(tmp / "play.yml"),
-                           "-e", json.dumps({"sha": sha}), *args], cwd=tmp, env=env, capture_output=True,
-                          text=True, timeout=600)
+                           "-e", json.dumps(extra), *args], cwd=tmp, env=env, capture_output=True, text=True,
+                          timeout=600)
     return proc.returncode, proc.stdout + proc.stderr
 
 

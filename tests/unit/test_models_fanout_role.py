@@ -6,16 +6,14 @@ on the models filesystem, the version is hard-linked from it (one copy per node)
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
-from test_fanout_role import recap
+from test_fanout_role import play, recap
 from test_fanout_stage import free_port
 
 from atlasctl import bundle
@@ -64,14 +62,7 @@ def run(tmp: Path, share: Path, sha: str, **extra) -> tuple[int, str]:
                     "atlas_fanout_port": port, "firewall_enabled": False, "atlas_bundle_record": str(tmp / "rec")}
              for name, address in NODES.items()}
     inventory = {"all": {"children": {"atlas_nodes": {"children": {"branch_a": {"hosts": hosts}}}}}}
-    (tmp / "inventory.json").write_text(json.dumps(inventory))
-    (tmp / "play.yml").write_text(PLAYBOOK)
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-           "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-tmp"),
-           "ANSIBLE_STDOUT_CALLBACK": "default"}
-    proc = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(tmp / "inventory.json"), str(tmp / "play.yml"),
-                           "-e", json.dumps(extra)], cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
-    return proc.returncode, proc.stdout + proc.stderr
+    return play(tmp, inventory, PLAYBOOK, extra)
 
 
 def current(tmp: Path, node: str) -> Path:

@@ -45,6 +45,7 @@ from atlasctl.collection import plugin_utils
 from atlasctl.errors import AtlasError
 from atlasctl.paths import repo_root
 from atlaslab.benchmarks.rollout import BenchError, code_version, lab_lock
+from atlaslab.benchmarks.rollout import _run as run_logged
 
 GOAL_RATIO = 1.2
 LAB_INVENTORY = Path("inventory/lab")
@@ -157,20 +158,6 @@ def render(result: dict[str, Any]) -> str:
 # ------------------------------------------------------------------ the lab (impure)
 
 
-def _env() -> dict[str, str]:
-    venv_bin = str(Path(sys.executable).parent)
-    return {**os.environ, "ANSIBLE_CONFIG": str(repo_root() / "ansible.cfg"), "PYTHONUNBUFFERED": "1",
-            "ANSIBLE_NOCOLOR": "1", "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}"}
-
-
-def _run(argv: list[str], logfile: Path, timeout: float = 7200) -> tuple[subprocess.CompletedProcess, float]:
-    started = time.monotonic()
-    proc = subprocess.run(argv, cwd=repo_root(), env=_env(), text=True, capture_output=True, timeout=timeout)
-    seconds = time.monotonic() - started
-    logfile.write_text(f"$ {' '.join(argv)}\n# rc {proc.returncode}, {seconds:.1f} s\n{proc.stdout}\n{proc.stderr}")
-    return proc, seconds
-
-
 def make_bundle(root: Path, size_mib: int) -> Path:
     """A signed bundle of ``size_mib`` MiB of model shards (random bytes: nothing compresses or dedups)."""
     from atlasctl.bundle import write_manifest
@@ -195,7 +182,7 @@ def make_bundle(root: Path, size_mib: int) -> Path:
 def push(src: Path, mode: str, logdir: Path, name: str) -> tuple[dict[str, Any], float]:
     argv = [str(Path(sys.executable).parent / "atlasctl"), "bundle", "push", "-i", str(LAB_INVENTORY), "--src",
             str(src), "--dest", DEST, mode, "--json"]
-    proc, seconds = _run(argv, logdir / f"{name}.log")
+    proc, seconds = run_logged(argv, logdir / f"{name}.log", timeout=7200)
     try:
         report = json.loads(proc.stdout)
     except ValueError:
@@ -209,7 +196,7 @@ def push(src: Path, mode: str, logdir: Path, name: str) -> tuple[dict[str, Any],
 def clear_dest(logdir: Path, name: str) -> None:
     argv = [str(Path(sys.executable).parent / "ansible"), "-i", str(LAB_INVENTORY), "atlas_nodes", "-b", "-m",
             "ansible.builtin.file", "-a", f"path={DEST} state=absent"]
-    proc, _seconds = _run(argv, logdir / f"{name}.log", timeout=600)
+    proc, _seconds = run_logged(argv, logdir / f"{name}.log", timeout=600)
     if proc.returncode != 0:
         raise BenchError(f"removing {DEST} on the nodes failed: {proc.stdout[-1500:]} (log: {logdir / f'{name}.log'})")
 
@@ -219,7 +206,7 @@ def lab_up(logdir: Path) -> bool:
     if (repo_root() / LAB_INVENTORY / "hosts.yml").exists():
         return False
     log("no lab up: atlas-lab up (brought down again at the end)")
-    proc, _seconds = _run([sys.executable, "-m", "atlaslab", "up"], logdir / "lab-up.log", timeout=1800)
+    proc, _seconds = run_logged([sys.executable, "-m", "atlaslab", "up"], logdir / "lab-up.log", timeout=1800)
     if proc.returncode != 0:
         raise BenchError(f"atlas-lab up exited {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}")
     return True
@@ -250,7 +237,7 @@ def bench_lab(size_mib: int, logdir: Path) -> list[dict[str, Any]]:
             shutil.rmtree(scratch, ignore_errors=True)
             if brought:
                 log("bringing the lab down")
-                _run([sys.executable, "-m", "atlaslab", "down"], logdir / "lab-down.log", timeout=600)
+                run_logged([sys.executable, "-m", "atlaslab", "down"], logdir / "lab-down.log", timeout=600)
     return rows
 
 

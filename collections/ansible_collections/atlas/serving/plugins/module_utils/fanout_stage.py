@@ -28,7 +28,6 @@ Standard library only: this file is shipped to managed nodes by Ansible.
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import json
 import os
@@ -47,7 +46,7 @@ from ansible_collections.atlas.serving.plugins.module_utils.checksums import (
     atomic_write_text,
     linked_trees,
 )
-from ansible_collections.atlas.serving.plugins.module_utils.manifest import load_expected
+from ansible_collections.atlas.serving.plugins.module_utils.manifest import ManifestError, load_expected, read_text
 from ansible_collections.atlas.serving.plugins.module_utils.model_space import same_mount
 from ansible_collections.atlas.serving.plugins.module_utils.tree_check import check_tree
 
@@ -146,14 +145,6 @@ def check_address(value: str, what: str) -> str:
     except ValueError:
         raise StageError(f"{what} {value!r} is not an IP address: the staging server binds to it and the firewall "
                          "admits addresses (set fanout_address, or ansible_host, to the node's IP address)") from None
-
-
-def sha256_of(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # --- verification ------------------------------------------------------------------------------------------
@@ -264,15 +255,21 @@ def _manifest_here(tree: Tree, server_dir: str) -> str:
     else:
         candidates = [os.path.join(tree.path, MANIFEST), os.path.join(_incoming(server_dir, tree), MANIFEST)]
     for path in candidates:
-        try:
-            if os.path.isfile(path) and not os.path.islink(path) and sha256_of(path) == tree.manifest_sha256:
-                return path
-        except OSError:
-            continue
+        if os.path.isfile(path) and not os.path.islink(path) and _verified_manifest(path, tree):
+            return path
     if tree.manifest:
         raise StageError(f"{tree.manifest}: not the verified manifest (sha256 {tree.manifest_sha256}); verify the "
                          "bundle's signature first (roles/bundle_trust), then stage from it")
     return ""
+
+
+def _verified_manifest(path: str, tree: Tree) -> bool:
+    """Whether the bytes at ``path`` are the manifest whose signature was verified (``tree.manifest_sha256``)."""
+    try:
+        read_text(path, tree.manifest_sha256)
+    except ManifestError:
+        return False
+    return True
 
 
 def _fetch_manifest(tree: Tree, source: Source, port: int, server_dir: str, rsync: str,
@@ -288,7 +285,7 @@ def _fetch_manifest(tree: Tree, source: Source, port: int, server_dir: str, rsyn
     path = os.path.join(incoming, MANIFEST)
     if kind in ("busy", "unavailable") or not os.path.isfile(path):
         return "", kind if kind in ("busy", "unavailable") else "unavailable", _why(proc)
-    if sha256_of(path) != tree.manifest_sha256:
+    if not _verified_manifest(path, tree):
         os.unlink(path)
         return "", "refused", f"its {MANIFEST} is not the verified one (sha256 {tree.manifest_sha256})"
     return path, "", ""  # rsync's 23 without a signature: an unsigned bundle has none
