@@ -57,7 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     push.add_argument("--src", type=Path, required=True, help="bundle directory")
     push.add_argument("--dest", default=bundle_push.DEFAULT_DEST, help="path on the nodes (default: %(default)s)")
     push.add_argument("--limit", default=None, help="Ansible host pattern narrowing atlas_nodes")
-    push.add_argument("--no-verify", action="store_true", help="skip the verification on the nodes")
+    push.add_argument("--no-verify", action="store_true",
+                      help="skip the nodes' verification after a direct push (a fan-out verifies every file at every "
+                           "hop whatever this says)")
     push.add_argument("--allow-downgrade", action="store_true",
                       help="push a bundle built before the one a node accepted last (going back on purpose)")
     push.add_argument("--fan-out", action=argparse.BooleanOptionalAction, default=None,
