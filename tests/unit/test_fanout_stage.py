@@ -293,6 +293,18 @@ def test_stop_ends_the_server_and_forgets_what_it_served(fleet):
         assert probe.connect_ex((n1.address, n1.port)) != 0
 
 
+def test_a_server_whose_pid_file_is_lost_is_kept_once_and_still_stopped(fleet):
+    n1, n2, _n3 = fleet
+    started = n1.serve([n2])
+    Path(n1.server_dir, "server.pid").unlink()
+    again = n1.serve([n2])  # found by its configuration: no second daemon on the same port
+    assert again["pid"] == started["pid"] and again["changed"] is False
+    stopped = stage.stop(n1.server_dir, firewall=False)
+    assert stopped["stopped"] and not Path(f"/proc/{started['pid']}").exists()
+    with socket.socket() as probe:
+        assert probe.connect_ex((n1.address, n1.port)) != 0
+
+
 @pytest.mark.parametrize("bad, match", [({"address": "node-1"}, "not an IP address"),
                                         ({"peers": ["10.0.0.300"]}, "not an IP address")])
 def test_bad_addresses_name_the_fix(tmp_path, bad, match):

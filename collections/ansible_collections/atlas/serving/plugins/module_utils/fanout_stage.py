@@ -497,15 +497,33 @@ def write_config(server_dir: str) -> str:
 
 
 def _server_pid(server_dir: str) -> int | None:
-    """The pid (and process group) of the server this directory started, when it still runs."""
+    """The pid (and process group) of the server this directory started, when it still runs: the one its pid file
+    names, else any process group leader started on its configuration (a pid file lost in between)."""
+    found = _server_groups(server_dir)
     try:
         with open(os.path.join(server_dir, "server.pid"), encoding="utf-8") as handle:
             pid = int(handle.read().strip())
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            cmdline = handle.read().split(b"\0")
     except (OSError, ValueError):
-        return None
-    return pid if os.path.join(server_dir, "rsyncd.conf").encode() in b" ".join(cmdline) else None
+        pid = None
+    return pid if pid in found else (found[0] if found else None)
+
+
+def _server_groups(server_dir: str) -> list[int]:
+    """Process groups whose leader runs on this directory's configuration (``--config=<server_dir>/rsyncd.conf``)."""
+    wanted = f"--config={os.path.join(server_dir, 'rsyncd.conf')}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read().split(b"\0")
+            pid = int(entry)
+            if wanted in cmdline and os.getpgid(pid) == pid:
+                found.append(pid)
+        except (OSError, ValueError):
+            continue
+    return sorted(found)
 
 
 def _listening(address: str, port: int) -> bool:
@@ -596,9 +614,10 @@ def _kill(pid: int) -> None:
 
 def stop(server_dir: str = SERVER_DIR, *, firewall: bool = True, nft: str = "nft") -> dict:
     """Stop the node's staging server, take its receivers out of the firewall, forget what it served."""
-    pid = _server_pid(server_dir)
-    if pid:
+    groups = _server_groups(server_dir)
+    for pid in groups:
         _kill(pid)
+    pid = groups[0] if groups else None
     said = firewall_close(nft) if firewall else "firewall not managed here"
     shutil.rmtree(server_dir, ignore_errors=True)  # its bookkeeping: the trees ready here, a manifest coming in
     return {"changed": bool(pid), "stopped": bool(pid), "firewall": said}
