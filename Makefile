@@ -26,7 +26,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 
 .PHONY: help demo test unit lint lab-test drills ci-drills wheel host-deps venv lab-up lab-down bundle site \
-	bench-verify bench-client bench-rollout bench-wheelhouse clean
+	bench-verify bench-client bench-rollout bench-stage bench-wheelhouse clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z][a-z-]*:.*## / {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -129,6 +129,12 @@ bench-wheelhouse: venv ## the example bank's engine wheelhouses, built and insta
 
 bench-rollout: host-deps venv ## rollout wall time on a generated lab of 4 to 24 nodes
 	$(PY) -m atlaslab.benchmarks.rollout --sizes 4,8,16,24 --json artifacts/bench/rollout.json
+
+# Over the lab (brought up for the run if it is not up): a signed bundle pushed to every serving node directly, then
+# along the fan-out tree; the controller's bytes over the bundle's and the wall time; then the plan of a generated
+# 96-node, 12-branch fleet (docs/fleet-scale.md). `python -m atlaslab.benchmarks.stage --plan-only` needs no lab.
+bench-stage: host-deps venv ## bundle staging: fan-out against a direct push over the lab, and the plan at 96 nodes
+	$(PY) -m atlaslab.benchmarks.stage --json artifacts/bench/stage.json
 
 # Installs nothing: without the venv's atlas-lab there is no lab of this checkout to bring down.
 clean: ## bring the lab down and remove the venv

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import re
 import secrets
@@ -788,6 +789,77 @@ def concurrent_rollouts() -> Outcome:
     return Outcome(observed, len(load.failed), "none: the second rollout touched nothing", expect.unmet)
 
 
+# --- 9b. a peer's copy corrupted during a fan-out push --------------------------------------------------
+
+FANOUT_DEST = "/var/lib/atlas/drill-fanout"
+FANOUT_PEER = "atlas-n3"  # the head of branch west: atlas-n4 and atlas-n5 pull from it in the plan's last round
+FANOUT_SHARD = "models/bench-stage/model-00001-of-00002.safetensors"
+
+
+def _fanout_push(src: Path, *extra: str) -> list[str]:
+    return [*ATLASCTL, "bundle", "push", "-i", "inventory/lab", "--src", str(src), "--dest", FANOUT_DEST,
+            "--json", *extra]
+
+
+def _fanout_served(host: str) -> bool:
+    """The node's staging server runs (its configuration is written when the fan-out play starts serving)."""
+    return "served" in sh(host, "test -e /run/atlas-fanout/rsyncd.conf && echo served", check=False, timeout=30)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
+
+
+def corrupted_fanout_peer() -> Outcome:
+    """atlas-n3 holds the bundle already (pushed to it alone first), so the fan-out's check finds it complete and
+    it serves from the start; the drill flips a byte of its copy as soon as its server runs, before the plan's last
+    round, where atlas-n4 and atlas-n5 pull from it."""
+    from atlaslab.benchmarks.stage import make_bundle
+
+    expect = Expect()
+    scratch = Path(tempfile.mkdtemp(prefix="drill-fanout-"))
+    try:
+        src = make_bundle(scratch / "bundle", 128)  # two 64 MiB shards, signed with the lab's key
+        good = _digest(src / FANOUT_SHARD)
+        seeded = subprocess.run(_fanout_push(src, "--no-fan-out", "--limit", FANOUT_PEER), cwd=ROOT, env=ENV,
+                                text=True, capture_output=True, timeout=600)
+        expect(seeded.returncode == 0, f"{FANOUT_PEER} holds the bundle before the fan-out")
+        with Load() as load:
+            run = Background(_fanout_push(src, "--fan-out"))
+            served = wait_until(lambda: _fanout_served(FANOUT_PEER) or not run.running(), 600, poll=0.3)
+            corrupted = served and run.running()
+            if corrupted:
+                flip_byte(node_path(FANOUT_PEER, f"{FANOUT_DEST}/{FANOUT_SHARD}"))
+            rc, out, err = run.wait(timeout=1500)
+        report = report_of(out)
+        hosts = {h["host"]: h for h in report.get("hosts", [])}
+        refusers = sorted(h for h, r in hosts.items() if FANOUT_SHARD in (r.get("refused") or {}).get(FANOUT_PEER, []))
+        digests = {h: _digest(node_path(h, f"{FANOUT_DEST}/{FANOUT_SHARD}")) for h in sorted(hosts)}
+        wrong = sorted(h for h, d in digests.items() if d != good)
+        expect(corrupted, f"{FANOUT_PEER}'s copy corrupted while the fan-out ran")
+        expect(rc == 0 and report.get("verified") is True, "the push ends with every node verified (exit 0)")
+        expect(bool(refusers), f"a receiver of {FANOUT_PEER} refused its corrupted copy, naming the shard")
+        expect(all(hosts[h].get("via") not in ("", FANOUT_PEER) for h in refusers),
+               f"each refuser pulled it from a verified source, not {FANOUT_PEER}")
+        expect(not wrong, "every node's copy matches the signed manifest, the corrupted peer's too")
+        expect(report.get("controller_ratio", 99) <= 1.2 + 0.2 * len(report.get("fallback") or []),
+               "the controller sent the bundle about once")
+        expect(not load.failed, "0 client requests failed")
+        observed = (f"fan-out exit {rc}, verified={report.get('verified')}, rounds {report.get('rounds')}, "
+                    f"controller x{report.get('controller_ratio')}; byte flipped in {FANOUT_PEER}'s {FANOUT_SHARD} "
+                    f"while it served: {corrupted}; refused by {', '.join(refusers) or 'nobody'}; sources "
+                    + ", ".join(f"{h} <- {r.get('via')}" for h, r in sorted(hosts.items()))
+                    + f"; copies that differ from the manifest at the end: {', '.join(wrong) or 'none'}; "
+                    f"{load_text(load)}" + (f"; stderr {one_line(err, 200)}" if rc else ""))
+        lost = ("none: every node's copy verifies against the signed manifest, the corrupted one was refused and "
+                "repaired" if not wrong and rc == 0 else f"copies not verified: {', '.join(wrong) or '?'}")
+        return Outcome(observed, len(load.failed), lost, expect.unmet)
+    finally:
+        for host in lab_hosts():
+            shutil.rmtree(node_path(host, FANOUT_DEST), ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 # --- 10. missing and expired API key; 11. a key rotated by a rollout ------------------------------------
 
 class KeyedInventory:
@@ -1345,6 +1417,11 @@ DRILLS = [
     Drill("concurrent-rollouts", "a second `atlasctl rollout` while one runs",
           "second refused (exit 2, 'already running'); the first runs its course; fleet unchanged; 0 failed",
           concurrent_rollouts),
+    Drill("corrupt-fanout-peer", f"a byte of {FANOUT_PEER}'s copy flipped while a `bundle push --fan-out` runs "
+          "(its receivers pull from it in the last round)",
+          "the receivers refuse the corrupted copy naming the shard and pull it from a verified source; the corrupted "
+          "peer is repaired; every node verified, the controller sends the bundle about once; 0 failed",
+          corrupted_fanout_peer),
     Drill("bad-flag-release", "rollout of a release with an unknown engine flag, lint overridden",
           "canary fails to start and is rolled back; rollout stops; fleet on the old release; 0 failed",
           bad_flag_release),

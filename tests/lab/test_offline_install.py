@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from labtools import ENV, ROOT, atlasctl, cann_versions, lab, on_node, playbook
+from labtools import ENV, ROOT, atlasctl, cann_versions, lab, lab_hosts, on_node, playbook
 
 from atlasctl.bundle import write_manifest
 from atlaslab.paths import bundle_dir
@@ -145,6 +145,35 @@ def test_tampered_bundle_is_refused_before_anything_runs(small_bundle, kind, sta
     verify = atlasctl("bundle", "push", "-i", "inventory/lab", "--limit", SCRATCH, "--src", str(small_bundle),
                       "--dest", PUSHED, check=False, timeout=300)
     assert verify.returncode == 0  # pushing again repairs the node's copy
+
+
+FANOUT = "/var/lib/atlas/fanout-bundle"
+
+
+def test_fanout_push_sends_the_bundle_once_and_every_node_verifies_it(small_bundle):
+    """docs/fleet-scale.md on the lab: the controller sends to the plan's root only, the other serving nodes pull
+    from peers that verified the bundle, each verifying it; a second push moves nothing; no staging server stays."""
+    def push() -> tuple[subprocess.CompletedProcess, dict]:
+        run = atlasctl("bundle", "push", "-i", "inventory/lab", "--src", str(small_bundle), "--dest", FANOUT,
+                       "--fan-out", "--json", check=False, timeout=900)
+        return run, json.loads(run.stdout or "{}")
+
+    nodes = sorted(lab_hosts())
+    try:
+        run, report = push()
+        assert run.returncode == 0 and report.get("verified") is True, run.stdout[-3000:] + run.stderr[-3000:]
+        assert report["mode"] == "fan-out" and report["controller_ratio"] <= 1.2, report
+        via = {h["host"]: h["via"] for h in report["hosts"]}
+        assert sorted(via) == nodes and [h for h, v in via.items() if v == "controller"] == report["roots"]
+        assert all(v in nodes for h, v in via.items() if h not in report["roots"]), via  # from a peer
+        run, again = push()
+        assert run.returncode == 0 and again["verified"] is True, run.stderr[-3000:]
+        assert all(h["files_sent"] == 0 and h["bytes_received"] == 0 for h in again["hosts"]), again
+        for node in nodes:
+            assert "gone" in ssh(node, "sh", "-c", "test -e /run/atlas-fanout || echo gone"), node
+    finally:
+        for node in nodes:
+            ssh(node, "rm", "-rf", FANOUT, check=False)
 
 
 def test_power_off_during_toolkit_install_recovers(fresh_lab):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import jinja2
@@ -78,11 +79,12 @@ def test_bad_ports_and_sources_are_refused():
         fw.rules("n1", HOSTVARS, GROUPS, ssh_sources=["controller"])
 
 
-def render(rules) -> str:
+def render(rules, sets=()) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(ROOT / "roles/firewall/templates"),
                              undefined=jinja2.StrictUndefined)
     env.filters["comment"] = lambda text: "# " + text
-    return env.get_template("atlas-firewall.nft.j2").render(ansible_managed="managed", __firewall_rules=rules)
+    return env.get_template("atlas-firewall.nft.j2").render(ansible_managed="managed", __firewall_rules=rules,
+                                                            __firewall_sets=list(sets))
 
 
 def test_the_rendered_chain_drops_what_no_rule_accepts():
@@ -98,8 +100,51 @@ def test_the_rendered_chain_drops_what_no_rule_accepts():
 def test_nft_accepts_the_rendered_file(tmp_path: Path):  # pragma: no cover - where nft exists
     path = tmp_path / "atlas.nft"
     path.write_text(render(fw.rules("n1", HOSTVARS, GROUPS, engine_port=8000, exporter_ports=[9100],
-                                    ssh_sources=["10.9.0.0/24", "fd00::1"], serving_instances=INSTANCE)))
+                                    ssh_sources=["10.9.0.0/24", "fd00::1"], serving_instances=INSTANCE,
+                                    fanout_port=8873), fw.sets()))
     # in a network namespace of its own: the check needs netlink, and nothing here touches the host's rules
     run = subprocess.run(["unshare", "--net", "nft", "-c", "-f", str(path)], capture_output=True, text=True,
                          check=False)
     assert run.returncode == 0, run.stderr + path.read_text()
+
+
+def test_the_fanout_port_admits_only_the_members_of_its_sets():
+    rules = fw.rules("n1", HOSTVARS, GROUPS, engine_port=8000, fanout_port=8873)
+    staging = rules[-1]
+    assert staging == {"comment": "fan-out staging: the node's planned receivers, while it stages",
+                       "sets": {"ip": "atlas_fanout4", "ip6": "atlas_fanout6"}, "proto": "tcp", "ports": [8873]}
+    text = render(rules, fw.sets())
+    assert "set atlas_fanout4 { type ipv4_addr; flags timeout; }" in text
+    assert 'ip saddr @atlas_fanout4 tcp dport { 8873 } accept comment "fan-out staging' in text
+    assert 'ip6 saddr @atlas_fanout6 tcp dport { 8873 } accept' in text
+    assert "fan-out" not in render(fw.rules("n1", HOSTVARS, GROUPS, engine_port=8000))  # no port: no rule
+    with pytest.raises(fw.FirewallError, match="atlas_fanout_port"):
+        fw.rules("n1", HOSTVARS, GROUPS, fanout_port=70000)
+
+
+@pytest.mark.skipif(shutil.which("nft") is None or shutil.which("unshare") is None,
+                    reason="nft is not installed on this machine")
+def test_a_staging_admits_its_receivers_into_the_loaded_rules(tmp_path: Path):  # pragma: no cover - where nft exists
+    """The rules file loaded, then what a staging runs (module_utils/fanout_stage.firewall_open): the receivers with
+    a timeout in the sets, then flushed; all in a network namespace of the test's own, gone when it ends."""
+    rules = tmp_path / "atlas.nft"
+    rules.write_text(render(fw.rules("n1", HOSTVARS, GROUPS, engine_port=8000, fanout_port=8873), fw.sets()))
+    script = tmp_path / "stage.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(ROOT / "collections")!r})
+from ansible_collections.atlas.serving.plugins.module_utils import fanout_stage as s
+print(s.firewall_open(["10.0.0.12", "fd00::7"], 8873, 600))
+import subprocess
+print(subprocess.run(["nft", "list", "set", "inet", "atlas", "atlas_fanout4"], capture_output=True, text=True).stdout)
+print(s.firewall_close())
+print(subprocess.run(["nft", "list", "set", "inet", "atlas", "atlas_fanout4"], capture_output=True, text=True).stdout)
+""")
+    run = subprocess.run(["unshare", "--net", "sh", "-c", f"nft -f {rules} && {sys.executable} {script}"],
+                         capture_output=True, text=True, check=False)
+    if "Operation not permitted" in run.stderr:
+        pytest.skip("no network namespace for this user")
+    assert run.returncode == 0, run.stderr
+    opened, closed = run.stdout.split("receivers removed")
+    assert "admitted 2 receiver(s) to port 8873 for 600 s" in opened
+    assert "10.0.0.12 timeout" in opened and "10.0.0.12" not in closed

@@ -109,3 +109,27 @@ def test_models_verify_never_prints_the_digest_of_a_file_outside_its_root(tmp_pa
     # the node's module: the same (tree_check is what model_verify runs)
     report, _stamp = tree_check.check_tree(str(model), checksum_files=[str(sums)], stamps=False)
     assert not any(d in json.dumps(report.as_dict()) for d in digests)
+
+
+def test_a_bundle_whose_model_is_staged_by_hard_links_is_still_its_own(tmp_path):
+    """One copy per node: the models stage hard-links models/<name>/ of the bundle into
+    <models_root>/<name>/versions/<v>/; the bundle's check (links=refuse, what `bundle push` runs on the node) takes
+    those names as its own with linked_models_root, and still refuses a third name elsewhere."""
+    root = tmp_path / "bundle"
+    (root / "models" / "m").mkdir(parents=True)
+    (root / "models" / "m" / "w.bin").write_bytes(b"weights")
+    bundle.write_manifest(root, "t")
+    version = tmp_path / "models" / "m" / "versions" / "0123456789abcdef"
+    version.mkdir(parents=True)
+    os.link(root / "models" / "m" / "w.bin", version / "w.bin")
+    expected = manifest.load_manifest(str(root / "manifest.json"))
+    refused = checksums.verify_tree(str(root), expected, links="refuse", ignore={"manifest.json"})
+    assert [(r.path, r.problem) for r in refused.bad] == [("models/m/w.bin", "hardlink")]
+    trees = checksums.linked_trees(str(tmp_path / "models"))
+    assert trees == [(str(version), "models/m/")]
+    assert checksums.verify_tree(str(root), expected, links="refuse", ignore={"manifest.json"},
+                                 linked_from=trees).bad == []
+    os.link(version / "w.bin", tmp_path / "elsewhere")
+    again = checksums.verify_tree(str(root), expected, links="refuse", ignore={"manifest.json"}, linked_from=trees)
+    assert [r.problem for r in again.bad] == ["hardlink"]
+    assert checksums.linked_trees(str(tmp_path / "none")) == []

@@ -1,4 +1,5 @@
-"""Room for a model version before staging: what must be written, against the free space."""
+"""Room for a model version before staging: what must be written, against the free space; where the bundle is on
+the models filesystem the version is hard-linked from it (one copy per node) and costs nothing."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def copy_of(tmp_path: Path, directory: Path, name: str, *, mtime: int = 1_700_00
 def test_a_model_that_does_not_fit_is_refused_naming_path_need_and_free(tmp_path: Path) -> None:
     m = manifest(tmp_path, {"a.safetensors": 600 * MIB, "b.safetensors": 600 * MIB})
     version = tmp_path / "node/versions/v2"
-    result = space.check(str(m), "m", str(version), None, 64 * MIB, free=lambda p: 1000 * MIB)
+    result = space.check(str(m), "m", str(version), None, 64 * MIB, free=lambda p: 1000 * MIB, link=False)
     assert result["ok"] is False
     assert result["need_bytes"] == 1200 * MIB and result["filesystem_of"] == str(tmp_path)
     msg = result["message"]
@@ -51,7 +52,8 @@ def test_files_current_already_holds_are_hard_linked_not_counted(tmp_path: Path)
     m = manifest(tmp_path, {"a.safetensors": 600 * MIB, "config.json": 100})
     current = tmp_path / "node/versions/v1"
     copy_of(tmp_path, current, "a.safetensors")
-    result = space.check(str(m), "m", str(tmp_path / "node/versions/v2"), str(current), 0, free=lambda p: 1000)
+    result = space.check(str(m), "m", str(tmp_path / "node/versions/v2"), str(current), 0, free=lambda p: 1000,
+                         link=False)
     assert (result["ok"], result["need_bytes"], result["model_bytes"]) == (True, 100, 600 * MIB + 100)
 
 
@@ -60,7 +62,8 @@ def test_a_new_shard_of_the_same_size_is_copied_and_counted(tmp_path: Path) -> N
     m = manifest(tmp_path, {"a.safetensors": 600 * MIB})
     current = tmp_path / "node/versions/v1"
     copy_of(tmp_path, current, "a.safetensors", mtime=1_600_000_000)
-    result = space.check(str(m), "m", str(tmp_path / "node/versions/v2"), str(current), 0, free=lambda p: MIB)
+    result = space.check(str(m), "m", str(tmp_path / "node/versions/v2"), str(current), 0, free=lambda p: MIB,
+                         link=False)
     assert (result["ok"], result["need_bytes"]) == (False, 600 * MIB)
 
 
@@ -76,7 +79,7 @@ def test_a_symlink_of_the_right_size_is_not_a_copy(tmp_path: Path) -> None:
     version = tmp_path / "node/v"
     version.mkdir(parents=True)
     (version / "a.safetensors").symlink_to(tmp_path / "models/m/a.safetensors")
-    assert space.check(str(m), "m", str(version), None, 0, free=lambda p: 0)["need_bytes"] == 10
+    assert space.check(str(m), "m", str(version), None, 0, free=lambda p: 0, link=False)["need_bytes"] == 10
 
 
 def test_the_real_free_space_is_measured(tmp_path: Path) -> None:
@@ -89,3 +92,31 @@ def test_a_manifest_without_the_model_is_a_clear_error(tmp_path: Path) -> None:
     m = manifest(tmp_path, {"a": 1})
     with pytest.raises(ManifestError, match="no files under prefix 'models/other'"):
         space.check(str(m), "other", str(tmp_path / "v"), None, 0)
+
+
+def test_a_bundle_on_the_models_filesystem_is_hard_linked_and_costs_nothing(tmp_path: Path) -> None:
+    """One copy per node: the bundle and the version on one mount (here both under tmp_path)."""
+    m = manifest(tmp_path, {"a.safetensors": 600 * MIB, "config.json": 100})
+    os.chmod(tmp_path / "models/m/a.safetensors", 0o644)
+    os.chmod(tmp_path / "models/m/config.json", 0o600)  # a mode the version cannot keep: copied
+    result = space.check(str(m), "m", str(tmp_path / "node/versions/v2"), None, 0, free=lambda p: 1000)
+    assert result["same_filesystem"] is True
+    assert (result["ok"], result["need_bytes"], result["linked_bytes"]) == (True, 100, 600 * MIB)
+    assert "do not have mode 0644" in result["note"]
+
+
+def test_a_bundle_on_another_filesystem_is_a_second_copy_and_the_check_says_so(tmp_path: Path) -> None:
+    m = manifest(tmp_path, {"a.safetensors": 600 * MIB})
+    result = space.check(str(m), "m", str(tmp_path / "node/versions/v2"), None, 0, free=lambda p: 10**12, link=False)
+    assert (result["ok"], result["need_bytes"], result["linked_bytes"]) == (True, 600 * MIB, 0)
+    assert "second copy of 600.0 MiB" in result["note"] and "atlasctl bundle push --dest" in result["note"]
+
+
+def test_a_filesystem_mounted_twice_is_two_mounts_for_a_hard_link(tmp_path: Path, monkeypatch) -> None:
+    """link(2) fails across mount points even of one filesystem (a bind mount, as the lab's bundle share)."""
+    assert space.same_mount(str(tmp_path / "a"), str(tmp_path / "b/c")) is True
+    points = {str(tmp_path / "share"): str(tmp_path / "share"), str(tmp_path / "node"): "/"}
+    monkeypatch.setattr(space, "mount_point",
+                        lambda path: next((v for k, v in points.items() if path.startswith(k)), "/"))
+    (tmp_path / "share").mkdir()
+    assert space.same_mount(str(tmp_path / "share"), str(tmp_path / "node/v")) is False

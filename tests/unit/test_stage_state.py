@@ -237,7 +237,8 @@ def test_module_reports_converged_or_the_differences_and_changes_nothing(tmp_pat
 
 # --- mirror: what rsync --recursive --times --delete would itemize (the models stage's copy) ------------------------
 
-RSYNC = ["rsync", "--recursive", "--times", "--delete", "--itemize-changes", "--chmod=D0755,F0644"]
+RSYNC = ["rsync", "--recursive", "--times", "--perms", "--delete", "--itemize-changes", "--chmod=D0755,F0644"]
+MODES = {"file_mode": 0o644, "dir_mode": 0o755}
 
 
 def _rsync(src: Path, dst: Path, *flags: str) -> str:
@@ -269,13 +270,15 @@ def _touch(path: Path, when: float) -> None:
     (lambda s, d: _touch(d / "sub", 1_600_000_000), "sub has another mtime"),
     (lambda s, d: (shutil.rmtree(d / "sub"), (d / "sub").write_text("")), "sub is not a directory"),
     (lambda s, d: (s / "link").symlink_to("config.json"), "is neither a file nor a directory"),
+    (lambda s, d: (d / "config.json").chmod(0o600), "config.json has mode 0600, not 0644"),
+    (lambda s, d: (d / "sub").chmod(0o700), "sub has mode 0700, not 0755"),
 ])
 def test_each_mirror_difference_is_one_rsync_would_act_on(tmp_path: Path, damage, says: str) -> None:
     src, dst = _mirrored(tmp_path)
-    assert state.mirror_differences(str(src), str(dst)) == [] and _rsync(src, dst, "--dry-run") == ""
+    assert state.mirror_differences(str(src), str(dst), **MODES) == [] and _rsync(src, dst, "--dry-run") == ""
     damage(src, dst)
     _touch(src, 1_700_000_300)
-    found = state.mirror_differences(str(src), str(dst))
+    found = state.mirror_differences(str(src), str(dst), **MODES)
     assert any(says in line for line in found), found
     if "neither" not in says:  # rsync skips a symlink without --links; the fast path does not reason about it
         assert _rsync(src, dst, "--dry-run") != "", "rsync agrees that it would act"
@@ -284,7 +287,7 @@ def test_each_mirror_difference_is_one_rsync_would_act_on(tmp_path: Path, damage
 def test_a_mirror_equal_to_the_second_is_converged_as_rsync_says(tmp_path: Path) -> None:
     src, dst = _mirrored(tmp_path)
     _touch(dst / "config.json", 1_700_000_000.4)  # same second, other nanoseconds: rsync's quick check passes
-    assert state.mirror_differences(str(src), str(dst)) == [] and _rsync(src, dst, "--dry-run") == ""
+    assert state.mirror_differences(str(src), str(dst), **MODES) == [] and _rsync(src, dst, "--dry-run") == ""
     assert state.mirror_differences(str(src), str(tmp_path / "none")) == [f"{tmp_path / 'none'} does not exist"]
 
 

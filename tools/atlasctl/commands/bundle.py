@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from atlasctl import bundle, bundle_push, bundle_trust, exitcodes
+from atlasctl.errors import UsageError
 from atlasctl.paths import cache_dir
 from atlasctl.runner import resolve_inventory
 
@@ -49,14 +50,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     verify.add_argument("--json", action="store_true", help="print the result as JSON")
     verify.set_defaults(func=_verify)
 
-    push = bsub.add_parser("push", help="copy a bundle to nodes (resumable, delta) and verify it there")
+    push = bsub.add_parser("push", help="copy a bundle to nodes (resumable, delta) and verify it there; from "
+                                        f"{bundle_push.FANOUT_MIN_NODES} nodes on along a fan-out tree")
     push.add_argument("-i", "--inventory", required=True, help="inventory (hosts of group atlas_nodes)")
     push.add_argument("--src", type=Path, required=True, help="bundle directory")
     push.add_argument("--dest", default=bundle_push.DEFAULT_DEST, help="path on the nodes (default: %(default)s)")
     push.add_argument("--limit", default=None, help="Ansible host pattern narrowing atlas_nodes")
-    push.add_argument("--no-verify", action="store_true", help="skip the verification on the nodes")
+    push.add_argument("--no-verify", action="store_true",
+                      help="skip the nodes' verification after a direct push (a fan-out verifies every file at every "
+                           "hop whatever this says)")
     push.add_argument("--allow-downgrade", action="store_true",
                       help="push a bundle built before the one a node accepted last (going back on purpose)")
+    push.add_argument("--fan-out", action=argparse.BooleanOptionalAction, default=None,
+                      help="send the bundle to the plan's roots only and have every other node pull it from a peer "
+                           "that verified it (docs/fleet-scale.md); default: from "
+                           f"{bundle_push.FANOUT_MIN_NODES} nodes on")
+    push.add_argument("--per-source", type=int, default=2, metavar="N",
+                      help="fan-out: pulls a node serves at once (default: %(default)s)")
+    push.add_argument("--roots", type=int, default=1, metavar="N",
+                      help="fan-out: nodes the controller sends to (default: %(default)s)")
     _trust_options(push)
     push.add_argument("--json", action="store_true", help="print the result as JSON")
     push.set_defaults(func=_push)
@@ -154,6 +166,9 @@ def _sign(args: argparse.Namespace) -> int:
 def _push(args: argparse.Namespace) -> int:
     src = args.src
     dest = bundle_push.check_dest(args.dest)  # never / or a system directory: a push deletes what is not the bundle's
+    for name, value in (("--per-source", args.per_source), ("--roots", args.roots)):
+        if value < 1:
+            raise UsageError(f"{name} {value}: a fan-out needs at least 1", fix=f"e.g. {name} 2")
     manifest = bundle.load(src)  # read once: the bytes whose signature is checked are the bytes sent
     inventory = resolve_inventory(args.inventory)
     signature, refused = _check_signature(manifest, _trust(args, inventory))
@@ -164,22 +179,46 @@ def _push(args: argparse.Namespace) -> int:
     if bad:
         _print_problems(src, bad, "not pushing it")
         return exitcodes.FAILED
-    targets = bundle_push.inventory_targets(inventory, args.limit)
-    results = bundle_push.push(manifest, targets, dest, judge_release=bool(signature.get("signed")),
-                               allow_downgrade=args.allow_downgrade)
-    verified = None
-    if not args.no_verify and all(r.ok for r in results):
-        proc = bundle_push.verify_on_nodes(inventory, dest, args.limit, manifest.sha256)
-        verified = proc.returncode == 0
-        if not verified:
+    targets, groups = bundle_push.inventory_fleet(inventory, args.limit)
+    fan_out = bundle_push.use_fanout(args.fan_out, len(targets))
+    signed = bool(signature.get("signed"))
+    plan, fallback = None, []
+    if fan_out:  # each node verified every file it received: the play's verdict; a direct push's get checked here
+        report = bundle_push.push_fanout(manifest, targets, groups, inventory, dest, judge_release=signed,
+                                         allow_downgrade=args.allow_downgrade, per_source=args.per_source,
+                                         roots=args.roots)
+        results, plan, fallback, verified = report.results, report.plan, report.fallback, report.verified
+        check = [t for t in targets if t.name in fallback]
+    else:
+        results = bundle_push.push(manifest, targets, dest, judge_release=signed, allow_downgrade=args.allow_downgrade)
+        verified, check = None, targets
+    if check and not args.no_verify and all(r.ok for r in results):
+        proc = bundle_push.verify_on_nodes(inventory, dest, args.limit, manifest.sha256, check)
+        verified = verified is not False and proc.returncode == 0
+        if proc.returncode != 0:
             print(proc.stdout[-4000:] + proc.stderr[-2000:], file=sys.stderr)
     ok = all(r.ok for r in results) and verified is not False
+    size = bundle_push.bundle_bytes(manifest)
+    sent = sum(r.bytes_sent for r in results)
     if args.json:
-        print(json.dumps({"bundle": str(src), "dest": dest, "ok": ok, "verified": verified,
-                          "hosts": [r.__dict__ for r in results]}, indent=2))
+        document = {"bundle": str(src), "dest": dest, "ok": ok, "verified": verified,
+                    "mode": "fan-out" if fan_out else "direct", "bundle_bytes": size, "controller_bytes": sent,
+                    "controller_ratio": round(sent / size, 3) if size else 0.0,
+                    "hosts": [r.__dict__ for r in results]}
+        if plan is not None:
+            document |= {"rounds": plan.get("rounds", 0), "roots": plan.get("roots", []), "fallback": fallback,
+                         "transfers": plan.get("transfers", [])}
+        print(json.dumps(document, indent=2))
     else:
         for r in results:
-            print(f"{r.host:<20} {'ok' if r.ok else 'FAILED'} {r.files_sent} file(s) sent {r.message}".rstrip())
+            via = f" via {r.via}" if fan_out and r.via else ""
+            print(f"{r.host:<20} {'ok' if r.ok else 'FAILED'} {r.files_sent} file(s) sent{via} {r.message}".rstrip())
+            for peer, files in r.refused.items():
+                print(f"{'':<20} refused {peer}'s copy (failed verification, not kept): {', '.join(files[:5])}")
+        if plan is not None:
+            print(f"fan-out: {plan.get('rounds', 0)} round(s) from {', '.join(plan.get('roots', [])) or 'no root'}; "
+                  f"the controller sent {sent / 2**20:.1f} MiB for a bundle of {size / 2**20:.1f} MiB"
+                  + (f"; pushed directly to {', '.join(fallback)}" if fallback else ""))
         if verified is not None:
             print(f"verified against {dest}/manifest.json on the nodes: {'ok' if verified else 'FAILED'}")
     return exitcodes.OK if ok else exitcodes.FAILED

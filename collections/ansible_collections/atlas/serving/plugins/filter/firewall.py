@@ -3,6 +3,7 @@
 """Filters of the node firewall (plugin_utils/firewall.py):
 
 ``firewall_rules``  a host + the inventory -> the accepting rules of its nftables input chain
+``firewall_sets``   anything -> the named sets the table declares (the fan-out staging peers)
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ def firewall_rules(host, hostvars, groups, **options):
         raise AnsibleFilterError(f"{host}: {exc}") from None
 
 
+def firewall_sets(_unused=None):
+    return firewall.sets()
+
+
 class FilterModule:
     def filters(self):
-        return {"firewall_rules": firewall_rules}
+        return {"firewall_rules": firewall_rules, "firewall_sets": firewall_sets}

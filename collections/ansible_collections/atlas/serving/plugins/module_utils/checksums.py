@@ -533,12 +533,15 @@ def scan_tree(root: str) -> tuple[list[str], list[str]]:
     return sorted(files), sorted(odd)
 
 
-def foreign_links(root: str, rels: list[str], linked_from: tuple[str, ...] | list[str] = ()) -> list[str]:
+def foreign_links(root: str, rels: list[str], linked_from: tuple | list = ()) -> list[str]:
     """The files among ``rels`` (every regular file under root, relative, as :func:`scan_tree` lists them)
     that are hard links to a file with a name outside root: more links (``st_nlink``) than names of the same
     file (``st_dev``, ``st_ino``) under root. A file at the same relative path under a ``linked_from`` root
     that is the same file counts as inside: a verified file hard-linked from the node's bundle (one copy per
-    node), or from the version it replaces. One lstat per file; nothing is read."""
+    node), or from the version it replaces. An entry ``(directory, prefix)`` maps the other way: a file at
+    ``<prefix><rest>`` under root counts as inside when ``<directory>/<rest>`` is the same file (the bundle's
+    ``models/<name>/`` and a model version staged from it by hard links, :func:`linked_trees`). One lstat per
+    file (and per entry that names it); nothing is read."""
     stats: dict[str, os.stat_result] = {}
     for rel in rels:
         try:
@@ -554,8 +557,11 @@ def foreign_links(root: str, rels: list[str], linked_from: tuple[str, ...] | lis
             continue
         inside = names[(st.st_dev, st.st_ino)]
         for other in linked_from:
+            directory, prefix = (other, "") if isinstance(other, str) else other
+            if not rel.startswith(prefix):
+                continue
             try:
-                twin = os.lstat(os.path.join(other, rel))
+                twin = os.lstat(os.path.join(directory, rel[len(prefix):]))
             except OSError:
                 continue
             if (twin.st_dev, twin.st_ino) == (st.st_dev, st.st_ino) and stat.S_ISREG(twin.st_mode):
@@ -563,6 +569,26 @@ def foreign_links(root: str, rels: list[str], linked_from: tuple[str, ...] | lis
         if st.st_nlink > inside:
             foreign.append(rel)
     return sorted(foreign)
+
+
+def linked_trees(models_root: str) -> list[tuple[str, str]]:
+    """``linked_from`` entries for a bundle on a node whose models are staged by hard links: every version
+    directory ``<models_root>/<name>/versions/<v>`` with the prefix ``models/<name>/`` under which the
+    bundle holds that model's files. A models root that does not exist gives none."""
+    out = []
+    try:
+        names = sorted(os.listdir(models_root))
+    except OSError:
+        return out
+    for name in names:
+        versions = os.path.join(models_root, name, "versions")
+        try:
+            found = sorted(os.listdir(versions))
+        except OSError:
+            continue
+        out += [(os.path.join(versions, v), f"models/{name}/") for v in found
+                if os.path.isdir(os.path.join(versions, v)) and not os.path.islink(os.path.join(versions, v))]
+    return out
 
 
 def list_files(root: str, ignore: set[str] | frozenset[str] = frozenset()) -> list[str]:
@@ -780,7 +806,7 @@ def verify_tree(
     links: str = "follow",
     listed_in: str = "the checksum list",
     read: bool = True,
-    linked_from: tuple[str, ...] | list[str] = (),
+    linked_from: tuple | list = (),
 ) -> Report:
     """Verify every expected file under root; report ok/mismatch/missing/extra/error per file.
 

@@ -192,11 +192,12 @@ def _tree(root):
     return out
 
 
-def mirror_differences(source, dest):
+def mirror_differences(source, dest, file_mode=None, dir_mode=None):
     """What ``rsync --recursive --times --delete source/ dest/`` would itemize, one line each: an entry
     missing, extra (deleted) or of another kind, a file of another size or mtime (rsync's quick check,
     whole seconds: its default --modify-window 0), a directory of another mtime (--times sets them).
-    Anything in ``source`` that is neither a file nor a directory is a difference: rsync without
+    With ``file_mode``/``dir_mode`` (``--perms --chmod=D<dir_mode>,F<file_mode>``), an entry of another
+    mode too. Anything in ``source`` that is neither a file nor a directory is a difference: rsync without
     --links skips it, and the fast path does not reason about what it skips."""
     try:
         want = _tree(source)
@@ -220,6 +221,10 @@ def mirror_differences(source, dest):
             out.append(f"{path} has {found.st_size} bytes, not {st.st_size}")
         elif int(found.st_mtime) != int(st.st_mtime):
             out.append(f"{path} has another mtime than {os.path.join(source, rel)}")
+        else:
+            mode = dir_mode if stat.S_ISDIR(st.st_mode) else file_mode
+            if mode is not None and stat.S_IMODE(found.st_mode) != mode:
+                out.append(f"{path} has mode {stat.S_IMODE(found.st_mode):04o}, not {mode:04o}")
     out += [f"{os.path.normpath(os.path.join(dest, rel))} is not in {source} (rsync --delete removes it)"
             for rel in sorted(set(have) - set(want))]
     return out

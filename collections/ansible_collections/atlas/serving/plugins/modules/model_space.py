@@ -15,6 +15,9 @@ description:
     file, rsync's quick check, are not counted, as rsync keeps or
     hard-links them) and compares them with the free space of the filesystem that will hold the
     version, plus I(headroom_mib). The current version stays on disk for a rollback.
+  - Where the bundle's model directory is on the version's mounted filesystem, its files of mode C(0644) are
+    hard-linked into the version (one copy per node) and not counted; where it is not, every file is a second
+    copy, and the module warns so, with the bytes.
   - Fails with the path, the need and the space free when it does not fit. Changes nothing.
 options:
   manifest:
@@ -65,6 +68,14 @@ filesystem_of:
   description: The existing directory whose filesystem was measured.
   returned: always
   type: str
+linked_bytes:
+  description: Bytes hard-linked from the bundle (no space).
+  returned: always
+  type: int
+same_filesystem:
+  description: Whether the bundle's model directory is on the version's mounted filesystem (staged by hard links).
+  returned: always
+  type: bool
 """
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
@@ -93,6 +104,8 @@ def main():
     if not result["ok"]:
         module.fail_json(msg=result.pop("message"), **result)
     result.pop("message")
+    if result["note"]:
+        module.warn(result["note"])
     module.exit_json(changed=False, **result)
 
 

@@ -81,6 +81,12 @@ options:
     type: list
     elements: path
     default: []
+  linked_models_root:
+    description:
+      - A node's models root whose model versions are staged from this bundle by hard links (one copy per node,
+        docs/fleet-scale.md). A file under C(models/<name>/) of O(path) that is the same file as the one at the same
+        place under C(<linked_models_root>/<name>/versions/<v>/) counts as a name inside O(path).
+    type: path
   full:
     description: Read every file even when a stamp vouches for it.
     type: bool
@@ -175,7 +181,7 @@ stamps_written:
 
 # Imports follow the documentation blocks, as in ansible-core's modules.
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible_collections.atlas.serving.plugins.module_utils.checksums import VerifyError  # noqa: E402
+from ansible_collections.atlas.serving.plugins.module_utils.checksums import VerifyError, linked_trees  # noqa: E402
 from ansible_collections.atlas.serving.plugins.module_utils.tree_check import check_tree  # noqa: E402
 
 
@@ -191,6 +197,7 @@ def run_module():
             full=dict(type="bool", default=False),
             links=dict(type="str", default="follow", choices=["follow", "refuse"]),
             linked_from=dict(type="list", elements="path", default=[]),
+            linked_models_root=dict(type="path"),
             stamps=dict(type="bool", default=True),
             stamp_file=dict(type="path", aliases=["stamp_path"]),
             workers=dict(type="int"),
@@ -206,7 +213,7 @@ def run_module():
             p["path"], p["manifest"], p["checksum_files"], prefix=p["prefix"], manifest_sha256=p["manifest_sha256"],
             stamps=p["stamps"], stamp_file=p["stamp_file"], full=p["full"], workers=p["workers"],
             allow_extra=p["allow_extra"], write_stamps=not module.check_mode, links=p["links"], files=p["files"],
-            linked_from=p["linked_from"])
+            linked_from=list(p["linked_from"]) + linked_trees(p["linked_models_root"] or ""))
     except VerifyError as exc:
         module.fail_json(msg=str(exc))
     for warning in report.warnings:

@@ -44,6 +44,8 @@ options:
     description:
       - C(source) and C(dest) directories; C(dest) must be what C(rsync --recursive --times --delete
         source/ dest/) leaves, so that rsync would itemize nothing (its quick check compares size and mtime).
+      - With C(file_mode) and C(dir_mode) (octal strings, as C(--perms --chmod=D<dir_mode>,F<file_mode>) sets
+        them), an entry of another mode is a difference too.
     type: dict
   verified:
     description:
@@ -154,7 +156,15 @@ def main():
     if mirror is not None:
         if not all(isinstance(mirror.get(k), str) for k in ("source", "dest")):
             module.fail_json(msg=f"mirror needs source and dest (directories), got {mirror!r}")
-        differences += mirror_differences(mirror["source"], mirror["dest"])
+        modes = {}
+        for key in ("file_mode", "dir_mode"):
+            value = mirror.get(key)
+            if value not in (None, ""):
+                try:
+                    modes[key] = int(str(value), 8)
+                except ValueError:
+                    module.fail_json(msg=f"mirror {key} must be an octal mode such as 0644, got {value!r}")
+        differences += mirror_differences(mirror["source"], mirror["dest"], **modes)
     for entry in p["verified"]:
         unknown = sorted(set(entry) - set(VERIFIED_KEYS))
         if unknown or not isinstance(entry.get("path"), str):

@@ -13,7 +13,10 @@ always pass):
   hosts whose ``gateway_branch`` is the node's branch) and the monitoring hosts, and ``engine_sources``;
 - the exporters' ports: from the monitoring hosts;
 - every port: from the other ranks of the node's multi-node instance (HCCL, Gloo and the engine's own
-  ranks talk on ports they choose), at their ``ansible_host`` and ``npu_network_comm_address``.
+  ranks talk on ports they choose), at their ``ansible_host`` and ``npu_network_comm_address``;
+- the fan-out staging port (``fanout_port``, docs/fleet-scale.md): from the members of two sets of the table,
+  empty in the rules file; a staging fills them with the node's planned receivers, each with a timeout, and
+  flushes them after (module_utils/fanout_stage.py: one definition of the sets and their rules).
 
 Addresses must be IP addresses (an nftables set matches addresses, not names): a host whose ``ansible_host``
 is a name is refused, naming the variable to set.
@@ -23,7 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from ansible_collections.atlas.serving.plugins.module_utils import npu_network, serving_instance
+from ansible_collections.atlas.serving.plugins.module_utils import fanout_stage, npu_network, serving_instance
 
 
 class FirewallError(ValueError):
@@ -61,11 +64,17 @@ def _rule(comment, sources, ports=None, proto="tcp"):
             "proto": proto if ports else None, "ports": sorted(set(ports)) if ports else []}
 
 
+def sets():
+    """The named sets the table declares (``set <name> { ... }`` lines): the fan-out staging peers."""
+    return fanout_stage.nft_declarations()
+
+
 def rules(host, hostvars, groups, *, engine_port=None, ssh_port=22, ssh_sources=(), engine_sources=(),
           exporter_ports=(), serving_instances=None, branch_prefix="branch_", gateway_group="gateway",
-          monitoring_group="monitoring"):
+          monitoring_group="monitoring", fanout_port=None):
     """The accepting rules of ``host``'s input chain, in order: each ``{comment, sources: {ip, ip6} or None
-    (any), proto, ports}``. A rule whose sources are an empty set is left out (nobody to admit)."""
+    (any), proto, ports}``, or for the fan-out staging port ``{comment, sets: {ip, ip6: a set's name}, proto,
+    ports}``. A rule whose sources are an empty set is left out (nobody to admit)."""
     serving_instances = serving_instances or {}
     out = [_rule("ssh from the controllers" if ssh_sources else "ssh",
                  [_address(s, "firewall_ssh_sources") for s in ssh_sources] or None,
@@ -96,4 +105,9 @@ def rules(host, hostvars, groups, *, engine_port=None, ssh_port=22, ssh_sources=
             if comm:
                 peers.append(_address(comm, f"{node}: npu_network_comm_address"))
         out.append(_rule(f"instance {found[0]}: its other ranks", peers))
-    return [r for r in out if r["sources"] is None or r["sources"]]
+    out = [r for r in out if r["sources"] is None or r["sources"]]
+    if fanout_port not in (None, ""):
+        sets = {entry[0]: entry[1] for entry in fanout_stage.NFT_SETS}
+        out.append({"comment": fanout_stage.NFT_COMMENT, "sets": sets, "proto": "tcp",
+                    "ports": [_port(fanout_port, "atlas_fanout_port")]})
+    return out
