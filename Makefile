@@ -14,7 +14,7 @@ IMPORT_CONTRACTS := $(VENV)/bin/lint-imports --no-cache
 # ansible-test sanity on the collection, from the venv with a private HOME (tests/ansible_test_sanity.py)
 SANITY := $(PY) tests/ansible_test_sanity.py
 UNIT_TESTS := $(VENV)/bin/pytest -ra -m "not lab" tests --ignore=tests/drills
-LAB_TESTS := $(VENV)/bin/pytest -ra -m lab tests --ignore=tests/drills
+LAB_TESTS := $(VENV)/bin/pytest -ra -m "lab and not ci_lab" tests --ignore=tests/drills
 HOST_PACKAGES := debootstrap systemd-container nftables zstd openssh-client iproute2 rsync curl gnupg gpgv
 # Tools only: installed without their Recommends, and a service the package starts on a host that runs
 # systemd is stopped and disabled. prometheus: promtool, which tests/unit/test_monitoring_rules.py runs
@@ -25,7 +25,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help demo test unit lint lab-test drills ci-drills wheel host-deps venv lab-up lab-down bundle site \
+.PHONY: help demo test unit lint lab-test drills ci-drills ci-lab wheel host-deps venv lab-up lab-down bundle site \
 	bench-verify bench-client bench-rollout bench-stage bench-wheelhouse clean
 
 help: ## list the targets
@@ -70,6 +70,11 @@ drills: host-deps venv ## every fault drill on a lab of its own (~32 minutes)
 CI_DRILLS ?= node-lost
 ci-drills: host-deps venv ## the drill rows CI runs after make test (CI_DRILLS)
 	$(VENV)/bin/pytest -ra tests/drills -k "$(CI_DRILLS)"
+
+# The lab tests marked ci_lab (the container releases: minutes of lab time), on a lab of their own; `.ci/run`
+# runs them after make test.
+ci-lab: host-deps venv ## the lab tests CI runs after make test (marker ci_lab)
+	$(VENV)/bin/pytest -ra -m ci_lab tests --ignore=tests/drills
 
 # The atlasctl wheel and the atlas.serving collection tarball (dist/): the product and the suite it
 # drives, no lab code (DESIGN.md, "Installing"); execution-environment.yml installs both.

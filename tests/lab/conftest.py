@@ -137,13 +137,15 @@ class FullFleet:
 
 
 @pytest.fixture(scope="session")
-def full_fleet(converged_lab, tmp_path_factory):
+def full_fleet(converged_lab, tmp_path_factory, request):
     """The converged lab with what the product adds on top, declared in an inventory beside the lab's
     (labtools.fleet_inventory): the two-node serving instance of branch west (test_instance) and the container
     node of branch east (test_containers), converged by site.yml twice: one pair of runs for both, the second
     from the site's controller (atlas-ctl) with the same inventory carried there (test_controller)."""
     assert converged_lab.first.returncode == 0, converged_lab.first.stdout[-6000:]
-    inventory = fleet_inventory(tmp_path_factory.mktemp("fleet-inventory"))
+    # the container node only where its tests run (make ci-lab): loading its image is a minute of lab time
+    containers = any(item.get_closest_marker("ci_lab") for item in request.session.items)
+    inventory = fleet_inventory(tmp_path_factory.mktemp("fleet-inventory"), containers=containers)
     # The release the fleet runs now, where the rollout tests left one release on every node, as a site names
     # the release it rolled out: site.yml then restarts only what the new declarations change. (After
     # test_monitoring's canary-only rollout the canary runs a release of its own; then site.yml converges the

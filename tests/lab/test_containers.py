@@ -23,6 +23,7 @@ from labtools import (
     LAB_IMAGE,
     Load,
     atlasctl,
+    lab_api_key,
     lab_hosts,
     layout,
     model_service,
@@ -31,7 +32,8 @@ from labtools import (
     rollout,
 )
 
-pytestmark = pytest.mark.lab
+# Minutes of lab time (a 3.3 GB image loaded, two rollouts): after make test, on a lab of its own (make ci-lab).
+pytestmark = [pytest.mark.lab, pytest.mark.ci_lab]
 
 CTR, VENV = CONTAINER_NODE, "atlas-n1"
 # atlas-n2 alone: atlas-n1 serves the branch while it restarts
@@ -71,6 +73,7 @@ def test_site_yml_converges_a_container_node_beside_a_venv_node_and_a_second_run
     body = json.dumps({"model": "atlas-tiny-llama", "prompt": "Hello", "max_tokens": 4})
     for host in (CTR, VENV):
         out = json.loads(on_node(host, f"curl -sf -m 60 -H 'Content-Type: application/json' -d '{body}' "
+                                       f"-H 'Authorization: Bearer {lab_api_key()}' "
                                        f"http://{lab_hosts()[host]['ansible_host']}:8000/v1/completions").stdout)
         assert out["usage"]["completion_tokens"] >= 1, (host, out)
 

@@ -158,13 +158,14 @@ def test_injected_fault_is_found_then_cleared(converged, fault):
 
 
 def test_hdk_installed_but_not_running_is_a_pending_reboot(converged):
-    # As a driver stage run without driver_allow_reboot leaves a node: the record new, npu-smi old.
+    # As a driver stage run without driver_allow_reboot leaves a node: the record new, npu-smi old (a driver still
+    # in CANN 8.5.0's window, 25.0.X to 25.5.X, so this is the one finding).
     info = "/usr/local/Ascend/driver/version.info"
-    on_doctor_node(f"cp -p {info} {info}.doctor-test && sed -i 's/^Version=.*/Version=26.0.rc1/' {info}")
+    on_doctor_node(f"cp -p {info} {info}.doctor-test && sed -i 's/^Version=.*/Version=25.5.1/' {info}")
     try:
         rc, doc, out = doctor("-l", NODE, *NO_HANG)
         found = [f for f in doc["hosts"][NODE]["findings"] if f["check"] == "reboot-pending"]
-        assert rc == 0 and found and "driver 26.0.rc1 is installed but 25.5.0 runs" in found[0]["message"], out
+        assert rc == 0 and found and "driver 25.5.1 is installed but 25.5.0 runs" in found[0]["message"], out
         assert "driver_allow_reboot=true" in found[0]["fix"]
     finally:
         on_doctor_node(f"mv -f {info}.doctor-test {info}")

@@ -205,9 +205,9 @@ def test_release_configuration_behind_current(site_runs):
                        "atlas-serving.args atlas-serving.json && ls releases/lab-2026.11.1", timeout=60).stdout.split()
         assert out[:4] == ["releases/lab-2026.11.1", "current/atlas-serving.env", "current/atlas-serving.args",
                            "current/atlas-serving.json"], (host, out)
-        # the lab serves with an API key: its --config keys file is the release's too
-        assert sorted(out[4:]) == ["atlas-serving.args", "atlas-serving.env", "atlas-serving.json",
-                                   "atlas-serving.keys.yaml"], (host, out)
+        # the lab serves with an API key (its --config keys file) on a pinned CANN (.cann): the release's files too
+        assert sorted(out[4:]) == ["atlas-serving.args", "atlas-serving.cann", "atlas-serving.env",
+                                   "atlas-serving.json", "atlas-serving.keys.yaml"], (host, out)
 
 
 def test_a_branch_with_its_own_layout_keeps_nothing_at_the_default_paths(site_runs):

@@ -43,8 +43,9 @@ from typing import Any
 from atlasctl import exitcodes
 from atlasctl.errors import AtlasError
 from atlasctl.paths import repo_root
-from atlaslab.benchmarks.rollout import BenchError, code_version, lab_lock
+from atlaslab.benchmarks.rollout import BenchError, code_version
 from atlaslab.benchmarks.rollout import _run as run_logged
+from atlaslab.lock import hold_lab
 
 GOAL_RATIO = 1.2
 LAB_INVENTORY = Path("inventory/lab")
@@ -214,7 +215,7 @@ def lab_up(logdir: Path) -> bool:
 
 def bench_lab(size_mib: int, logdir: Path) -> list[dict[str, Any]]:
     rows = []
-    with lab_lock():
+    with hold_lab("make bench-stage"):
         brought = lab_up(logdir)
         scratch = Path(tempfile.mkdtemp(prefix="atlas-stage-bench-"))
         try:
