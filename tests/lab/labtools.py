@@ -478,7 +478,10 @@ def instance_inventory(folder: Path) -> Path:
 def fleet_inventory(folder: Path, containers: bool = True) -> Path:
     """The lab's inventory plus the two-node instance and (``containers``) the container node: the whole fleet
     the lab tests' last modules run (conftest.py, ``full_fleet``)."""
-    return overlay_inventory(folder, {"instance.yml": INSTANCE, **({"containers.yml": CONTAINER} if containers else {})})
+    files = {"instance.yml": INSTANCE}
+    if containers:
+        files["containers.yml"] = CONTAINER
+    return overlay_inventory(folder, files)
 
 
 def node_path(host: str, path: str) -> Path:
