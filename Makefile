@@ -13,7 +13,8 @@ ANSIBLE_LINT := $(VENV)/bin/ansible-lint --offline -q
 IMPORT_CONTRACTS := $(VENV)/bin/lint-imports --no-cache
 # ansible-test sanity on the collection, from the venv with a private HOME (tests/ansible_test_sanity.py)
 SANITY := $(PY) tests/ansible_test_sanity.py
-UNIT_TESTS := $(VENV)/bin/pytest -ra -m "not lab" tests --ignore=tests/drills
+UNIT_TESTS := $(VENV)/bin/pytest -ra -m "not lab and not slow" tests --ignore=tests/drills
+SLOW_TESTS := $(VENV)/bin/pytest -ra -m "slow and not lab" tests --ignore=tests/drills
 LAB_TESTS := $(VENV)/bin/pytest -ra -m "lab and not ci_lab" tests --ignore=tests/drills
 HOST_PACKAGES := debootstrap systemd-container nftables zstd openssh-client iproute2 rsync curl gnupg gpgv
 # Tools only: installed without their Recommends, and a service the package starts on a host that runs
@@ -25,7 +26,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help demo test unit lint lab-test drills ci-drills ci-lab wheel host-deps venv lab-up lab-down bundle site \
+.PHONY: help demo test unit lint lab-test drills ci-drills ci-lab ci-slow wheel host-deps venv lab-up lab-down bundle site \
 	bench-verify bench-client bench-rollout bench-stage bench-wheelhouse clean
 
 help: ## list the targets
@@ -47,8 +48,9 @@ test: host-deps venv ## lint, unit tests and lab integration tests (root; brings
 	  --beside '$(UNIT_TESTS) --durations=15' \
 	  -- $(LAB_TESTS) --durations=20
 
-unit: lint ## the fast loop: lint and unit tests, no lab
+unit: lint ## lint and every unit test (the slow ones too), no lab
 	$(UNIT_TESTS)
+	$(SLOW_TESTS)
 
 lint: venv ## ruff, yamllint, ansible-lint, the import contracts and ansible-test sanity
 	$(RUFF)
@@ -75,6 +77,11 @@ ci-drills: host-deps venv ## the drill rows CI runs after make test (CI_DRILLS)
 # runs them after make test.
 ci-lab: host-deps venv ## the lab tests CI runs after make test (marker ci_lab)
 	$(VENV)/bin/pytest -ra -m ci_lab tests --ignore=tests/drills
+
+# The unit tests marked slow (a role's whole stack converged several times over: minutes beside the lab tests);
+# `.ci/run` runs them after make test, `make unit` with the others.
+ci-slow: venv ## the slow unit tests CI runs after make test (marker slow)
+	$(SLOW_TESTS) --durations=10
 
 # The atlasctl wheel and the atlas.serving collection tarball (dist/): the product and the suite it
 # drives, no lab code (DESIGN.md, "Installing"); execution-environment.yml installs both.

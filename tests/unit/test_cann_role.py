@@ -144,6 +144,7 @@ def test_check_mode_then_install_then_idempotent(node: Node) -> None:
     assert second["changed"] == 0
 
 
+@pytest.mark.slow
 def test_a_new_version_installs_beside_and_stays_while_a_release_pins_it(node: Node) -> None:
     node.release("r1", "8.2.RC1")
     ok(node.play("8.2.RC1"))
@@ -170,6 +171,7 @@ def test_a_new_version_installs_beside_and_stays_while_a_release_pins_it(node: N
     assert json.loads((node.tmp / "var/cann-versions.json").read_text()) == ["8.2.RC1"]
 
 
+@pytest.mark.slow
 def test_a_release_that_pins_nothing_keeps_every_version(node: Node) -> None:
     ok(node.play("8.2.RC1"))
     node.release("old", None)
@@ -179,6 +181,7 @@ def test_a_release_that_pins_nothing_keeps_every_version(node: Node) -> None:
     assert sorted(node.facts()["cann"]["versions"]) == ["8.2.RC1", "8.3.RC1"]
 
 
+@pytest.mark.slow
 def test_a_version_installed_by_other_hands_is_never_pruned(node: Node, bundle: Path) -> None:
     toolkit = bundle / "cann/Ascend-cann-toolkit_8.2.RC1_linux-x86_64.run"
     by_hand = subprocess.run(["bash", str(toolkit), "--nox11", "--install", f"--install-path={node.install_path}",
@@ -189,6 +192,7 @@ def test_a_version_installed_by_other_hands_is_never_pruned(node: Node, bundle: 
     assert sorted(node.facts()["cann"]["versions"]) == ["8.2.RC1", "8.3.RC1"]
 
 
+@pytest.mark.slow
 def test_70rc1_from_the_zip_without_nnal(node: Node) -> None:
     ok(node.play("7.0.RC1"))
     facts = node.facts()["cann"]
@@ -197,6 +201,7 @@ def test_70rc1_from_the_zip_without_nnal(node: Node) -> None:
     assert ok(node.play("7.0.RC1"))["changed"] == 0
 
 
+@pytest.mark.slow
 def test_upgrade_across_the_85_layout_and_back(node: Node) -> None:
     """Into the 8.5 layout the toolkit takes --upgrade, which removes the earlier one (the installers cannot keep
     it); back from it every 8.5+ toolkit is uninstalled first."""

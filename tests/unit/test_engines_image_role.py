@@ -125,6 +125,7 @@ def node(tmp_path: Path) -> Node:
     return Node(tmp_path)
 
 
+@pytest.mark.slow
 def test_check_mode_then_load_then_nothing(node: Node) -> None:
     check = recap(node.play("--check"))
     assert check["changed"] >= 1 and node.store_ids() == {}

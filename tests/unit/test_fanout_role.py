@@ -75,6 +75,7 @@ def recap(text: str) -> dict[str, dict[str, int]]:
     return out
 
 
+@pytest.mark.slow
 def test_the_root_bundle_reaches_every_node_verified_and_a_second_run_moves_nothing(tmp_path):
     sha = make_bundle(tmp_path / "n1" / "bundle")
     rc, out = run(tmp_path, sha)
@@ -90,6 +91,7 @@ def test_the_root_bundle_reaches_every_node_verified_and_a_second_run_moves_noth
         "skipping" in again  # nothing served on a converged fleet
 
 
+@pytest.mark.slow
 def test_a_rotten_copy_and_a_node_that_was_down_are_made_whole_from_verified_peers(tmp_path):
     sha = make_bundle(tmp_path / "n1" / "bundle")
     assert run(tmp_path, sha)[0] == 0

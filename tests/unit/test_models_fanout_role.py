@@ -77,6 +77,7 @@ def shm():
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_a_version_on_a_mirror_share_fans_out_from_one_node_and_is_verified_on_each(tmp_path, shm):
     share = shm / "bundle"
     sha = share_bundle(share)
@@ -94,6 +95,7 @@ def test_a_version_on_a_mirror_share_fans_out_from_one_node_and_is_verified_on_e
     assert rc == 0 and all(r["changed"] == 0 for r in recap(again).values()), again[-6000:]
 
 
+@pytest.mark.slow
 def test_a_bundle_on_the_models_filesystem_is_hard_linked_one_copy_per_node(tmp_path):
     share = tmp_path / "bundle"
     sha = share_bundle(share)
