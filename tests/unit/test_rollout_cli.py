@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -39,7 +41,7 @@ def _events(fail: bool) -> list[dict]:
 
 
 def _fake(fail: bool, seen: list[dict]):
-    def run_fn(playbook, inv, *, extravars, limit, on_event):
+    def run_fn(playbook, inv, *, extravars, limit, on_event, vars_files=None):
         seen.append(extravars)
         for event in _events(fail):
             on_event(event)
@@ -192,3 +194,70 @@ def test_a_fresh_rollout_keeps_an_unreadable_state_aside(inv, caplog):
         (folder / "state.json").write_text("{")
         rollout.run(inv, "r2", resume=True, run_fn=_fake(False, []))
     assert (folder / "state.json").read_text() == "{"
+
+
+def _interrupted(inv: Path, tmp_path: Path) -> tuple[Path, dict]:
+    """A release rolled with a --vars file, -e values and a --limit, failed at its second wave."""
+    level = tmp_path / "level-c.yml"
+    level.write_text("driver_version: 25.5.2\n")
+    extra = {"rollout_slo": {"e2el_ms": 60000}}
+    rollout.run(inv, "r2", extravars=extra, limit="branch_east", vars_files=[level], run_fn=_fake(True, []),
+                inputs=rollout.run_inputs([level], extra, "branch_east"))
+    return level, extra
+
+
+def test_resume_runs_with_the_interrupted_rollouts_vars_files(inv, tmp_path):
+    level, extra = _interrupted(inv, tmp_path)
+    state = rollout.last_state(inv)
+    assert state["inputs"]["vars_files"] == [{"path": str(level.resolve()),
+                                              "sha256": hashlib.sha256(level.read_bytes()).hexdigest()}]
+    assert "60000" not in json.dumps(state)  # the -e values by digest only
+    assert rollout.resume_vars(state, [], extra, "branch_east") == [level.resolve()]
+    assert rollout.resume_vars(state, [level], extra, "branch_east") == [level]
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ("other-vars", "the interrupted rollout ran with --vars"),
+    ("edited", "changed since the interrupted rollout read it"),
+    ("gone", "cannot be read"),
+    ("extravars", "-e values other than the interrupted rollout's"),
+    ("limit", "--limit branch_west: the interrupted rollout ran with --limit branch_east"),
+])
+def test_resume_with_other_inputs_is_refused(inv, tmp_path, change, said):
+    level, extra = _interrupted(inv, tmp_path)
+    files, limit = [], "branch_east"
+    if change == "other-vars":
+        files = [tmp_path / "level-b.yml"]
+        files[0].write_text("driver_version: 25.5.1\n")
+    elif change == "edited":
+        level.write_text("driver_version: 25.5.0\n")
+    elif change == "gone":
+        level.unlink()
+    elif change == "extravars":
+        extra = {"rollout_slo": {"e2el_ms": 1}}
+    else:
+        limit = "branch_west"
+    with pytest.raises(UsageError, match=re.escape(said)) as refused:
+        rollout.resume_vars(rollout.last_state(inv), files, extra, limit)
+    assert "without --resume" in refused.value.fix
+
+
+def test_a_state_that_kept_no_inputs_resumes_with_what_is_given(inv, tmp_path):
+    rollout.run(inv, "r2", run_fn=_fake(True, []))
+    given = [tmp_path / "x.yml"]
+    assert rollout.resume_vars(rollout.last_state(inv), given, {}, None) == given
+
+
+def test_a_resumed_run_keeps_the_inputs_for_the_next_resume(inv, tmp_path):
+    level, extra = _interrupted(inv, tmp_path)
+    rollout.run(inv, "r2", extravars=extra, resume=True, limit="branch_east", run_fn=_fake(True, []))
+    assert rollout.last_state(inv)["inputs"]["vars_files"][0]["path"] == str(level.resolve())
+
+
+def test_state_with_malformed_inputs_is_refused_naming_the_file(inv, tmp_path):
+    rollout.run(inv, "r2", run_fn=_fake(True, []))
+    path = rollout.rollouts_dir() / rollout.inventory_key(inv) / rollout.STATE_FILE
+    state = json.loads(path.read_text())
+    path.write_text(json.dumps({**state, "inputs": {"vars_files": "level-c.yml"}}))
+    with pytest.raises(UsageError, match="inputs is not an object"):
+        rollout.last_state(inv)

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import fcntl
+import hashlib
 import html
 import json
 import logging
@@ -115,7 +116,66 @@ def parse_state(text: str, path: Path) -> dict[str, Any]:
         raise bad("completed is not a list of wave names")
     if state.get("failure") is not None and not isinstance(state["failure"], dict):
         raise bad("failure is not an object")
+    inputs = state.get("inputs")
+    if inputs is not None and not (
+            isinstance(inputs, dict) and isinstance(inputs.get("vars_files"), list)
+            and all(isinstance(v, dict) and isinstance(v.get("path"), str) and isinstance(v.get("sha256"), str)
+                    for v in inputs["vars_files"])
+            and isinstance(inputs.get("extravars_sha256"), str) and isinstance(inputs.get("limit"), str)):
+        raise bad("inputs is not an object of vars_files (path, sha256), extravars_sha256 and limit")
     return state
+
+
+def _sha256_file(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _extravars_sha256(extravars: dict | None) -> str:
+    return hashlib.sha256(json.dumps(extravars or {}, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def run_inputs(vars_files: list[Path] | None, extravars: dict | None, limit: str | None) -> dict[str, Any]:
+    """What a rollout runs with, as its state keeps it for ``--resume``: the --vars files by path and sha256 and
+    the -e values by digest (their values, keys among them, stay out of the state), and the --limit."""
+    return {"vars_files": [{"path": str(p.resolve()), "sha256": _sha256_file(p) or ""} for p in vars_files or []],
+            "extravars_sha256": _extravars_sha256(extravars), "limit": limit or ""}
+
+
+def last_state(inventory: str | Path) -> dict[str, Any]:
+    """The inventory's last rollout state, read without its lock (``run`` reads it again under the lock)."""
+    return load_state(rollouts_dir() / inventory_key(resolve_inventory(inventory)))
+
+
+def resume_vars(state: dict[str, Any], vars_files: list[Path] | None, extravars: dict | None,
+                limit: str | None) -> list[Path]:
+    """The --vars files a ``--resume`` runs with: the interrupted rollout's when none are given. A resume runs
+    the rest of the same rollout, so --vars files other than its own (or one changed since), other -e values or
+    another --limit are refused, naming what differs: the rest of the waves would move to something else."""
+    inputs = state.get("inputs")
+    if not inputs:
+        return list(vars_files or [])  # a state that kept no inputs: nothing to hold the resume to
+    recorded = [Path(v["path"]) for v in inputs["vars_files"]]
+    chosen = list(vars_files) if vars_files else recorded
+    again = "resume with the interrupted rollout's inputs, or start the release again without --resume"
+    if [str(p.resolve()) for p in chosen] != [str(p) for p in recorded]:
+        raise UsageError(f"--resume with --vars {' '.join(map(str, chosen)) or '(none)'}: the interrupted rollout "
+                         f"ran with --vars {' '.join(map(str, recorded)) or '(none)'}",
+                         fix=f"give the same --vars files or none (its own are used); {again}")
+    for entry, path in zip(inputs["vars_files"], recorded, strict=True):
+        found = _sha256_file(path)
+        if found != entry["sha256"]:
+            what = "cannot be read" if found is None else "changed since the interrupted rollout read it"
+            raise UsageError(f"--vars {path} {what}", fix=f"put back the file the rollout ran with; {again}")
+    if _extravars_sha256(extravars) != inputs["extravars_sha256"]:
+        raise UsageError("--resume with -e values other than the interrupted rollout's",
+                         fix=f"pass the same -e values as the interrupted run; {again}")
+    if (limit or "") != inputs["limit"]:
+        raise UsageError(f"--resume with --limit {limit or '(none)'}: the interrupted rollout ran with "
+                         f"--limit {inputs['limit'] or '(none)'}", fix=f"pass the same --limit; {again}")
+    return chosen
 
 
 def load_state(folder: Path) -> dict[str, Any]:
@@ -257,8 +317,10 @@ class Progress:
 
 def run(inventory: str | Path, release: str, *, extravars: dict | None = None, resume: bool = False,
         limit: str | None = None, out: TextIO | None = None,
-        run_fn: Callable[..., Any] = run_playbook, vars_files: list[Path] | None = None) -> dict[str, Any]:
-    """Run a rollout under the inventory's lock; returns the report (also kept as JSON)."""
+        run_fn: Callable[..., Any] = run_playbook, vars_files: list[Path] | None = None,
+        inputs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run a rollout under the inventory's lock; returns the report (also kept as JSON). ``inputs``
+    (:func:`run_inputs`) is kept in the state for a later ``--resume`` (:func:`resume_vars`)."""
     inv = resolve_inventory(inventory)
     with inventory_lock(inv, release) as folder:
         try:
@@ -299,9 +361,13 @@ def run(inventory: str | Path, release: str, *, extravars: dict | None = None, r
         if not ok and progress.failure is None:
             report["failure"] = {"host": "-", "gate": "playbook", "wave": progress.wave_name(progress.wave_index),
                                  "why": f"ansible-playbook exited {result.rc}; see {result.artifacts}", "measured": {}}
+        kept = inputs or (state.get("inputs") if resume else None)
         save_state(folder, {"release": release, "status": report["status"],
                             "plan": progress.plan or state.get("plan", []),
-                            "completed": report["completed"], "failure": report["failure"]})
+                            "completed": report["completed"], "failure": report["failure"],
+                            **({"inputs": kept} if kept else {})})
+        report["resume_inputs"] = bool(kept and (kept["vars_files"] or kept["limit"]
+                                                 or kept["extravars_sha256"] != _extravars_sha256({})))
         report["evidence"] = evidence.complete(pack, report)
         path = folder / f"{stem}.json"
         path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")

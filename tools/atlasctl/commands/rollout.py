@@ -32,7 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "to Ansible by path (-e @FILE), so secrets such as serving_api_key belong here, not in -e")
     p.add_argument("-e", "--extra", action="append", default=[], metavar="KEY=VALUE",
                    help="one release variable (VALUE parsed as YAML)")
-    p.add_argument("--resume", action="store_true", help="start at the wave that failed last time")
+    p.add_argument("--resume", action="store_true",
+                   help="start at the wave that failed last time, with that run's --vars files "
+                        "(the same -e values and --limit)")
     p.add_argument("--allow-downgrade", action="store_true",
                    help="accept a bundle built before the one the nodes accepted last (atlas_allow_downgrade)")
     p.add_argument("--plan", action="store_true",
@@ -87,7 +89,9 @@ def _summary(report: dict) -> str:
         if failure.get("measured"):
             lines.append(f"  measured: {json.dumps(failure['measured'].get('metrics', failure['measured']))[:600]}")
         lines.append(f"  resume after fixing: atlasctl rollout -i {report['inventory']} --release "
-                     f"{report['release']} --resume")
+                     f"{report['release']} --resume"
+                     + (" (its --vars files are used again; give the same -e values and --limit)"
+                        if report.get("resume_inputs") else ""))
     lines.append(f"  report: {report['report']}")
     pack = report.get("evidence") or {}
     if pack.get("dir"):
@@ -101,6 +105,9 @@ def _summary(report: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     check_release(args.release)
     variables, files = extravars(args.extra), check_vars_files(args.vars)
+    if args.resume:  # the rest of the interrupted rollout, with its own --vars files, -e values and --limit
+        files = rollout.resume_vars(rollout.last_state(args.inventory), files, variables, args.limit)
+    inputs = rollout.run_inputs(files, variables, args.limit)
     if args.allow_downgrade:
         variables["atlas_allow_downgrade"] = True  # roles/bundle_trust: going back on purpose
     planned = rollout.plan(args.inventory, args.release, extravars=variables, vars_files=files, limit=args.limit,
@@ -117,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout if sys.stdout.isatty() and not args.json else None
     try:
         report = rollout.run(args.inventory, args.release, extravars=variables, resume=args.resume,
-                             limit=args.limit, out=out, vars_files=files)
+                             limit=args.limit, out=out, vars_files=files, inputs=inputs)
     except rollout.RolloutBusy as exc:
         print(f"atlasctl rollout: {exc.render()}", file=sys.stderr)
         return exitcodes.USAGE
