@@ -409,8 +409,9 @@ def platform_of(host: str) -> dict[str, Any]:
     ascend = on_node(host, "ls -d /usr/local/Ascend/cann-* /usr/local/Ascend/ascend-toolkit/[0-9]* 2>/dev/null",
                      check=False, timeout=60).stdout.split()
     release_dir = layout(host)["serving_release_dir"]
-    records = on_node(host, f"for f in {release_dir}/*/atlas-serving.json; do echo \"$f $(cat $f)\"; done",
-                      check=False, timeout=60).stdout.splitlines()
+    # one line per record: a record is written indented, over several lines
+    records = on_node(host, f"for f in {release_dir}/*/atlas-serving.json; do printf '%s ' \"$f\"; "
+                            "tr -d '\\n' < \"$f\"; echo; done", check=False, timeout=60).stdout.splitlines()
     pins = {}
     for line in records:
         path, _, text = line.partition(" ")
