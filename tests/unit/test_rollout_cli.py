@@ -196,61 +196,54 @@ def test_a_fresh_rollout_keeps_an_unreadable_state_aside(inv, caplog):
     assert (folder / "state.json").read_text() == "{"
 
 
-def _interrupted(inv: Path, tmp_path: Path) -> tuple[Path, dict]:
-    """A release rolled with a --vars file, -e values and a --limit, failed at its second wave."""
+def _interrupted(inv: Path, tmp_path: Path) -> Path:
+    """A release rolled with a --vars file (a platform level), failed at its second wave."""
     level = tmp_path / "level-c.yml"
-    level.write_text("driver_version: 25.5.2\n")
-    extra = {"rollout_slo": {"e2el_ms": 60000}}
-    rollout.run(inv, "r2", extravars=extra, limit="branch_east", vars_files=[level], run_fn=_fake(True, []),
-                inputs=rollout.run_inputs([level], extra, "branch_east"))
-    return level, extra
+    level.write_text("driver_version: 25.5.2\nserving_api_key: atlas-secret-key\n")
+    rollout.run(inv, "r2", limit="branch_east", vars_files=[level], run_fn=_fake(True, []),
+                inputs=rollout.run_inputs([level]))
+    return level
 
 
 def test_resume_runs_with_the_interrupted_rollouts_vars_files(inv, tmp_path):
-    level, extra = _interrupted(inv, tmp_path)
+    level = _interrupted(inv, tmp_path)
     state = rollout.last_state(inv)
     assert state["inputs"]["vars_files"] == [{"path": str(level.resolve()),
                                               "sha256": hashlib.sha256(level.read_bytes()).hexdigest()}]
-    assert "60000" not in json.dumps(state)  # the -e values by digest only
-    assert rollout.resume_vars(state, [], extra, "branch_east") == [level.resolve()]
-    assert rollout.resume_vars(state, [level], extra, "branch_east") == [level]
+    assert "atlas-secret-key" not in json.dumps(state)  # the files by path and digest only
+    assert rollout.resume_vars(state, []) == [level.resolve()]
+    assert rollout.resume_vars(state, [level]) == [level]
 
 
 @pytest.mark.parametrize(("change", "said"), [
     ("other-vars", "the interrupted rollout ran with --vars"),
     ("edited", "changed since the interrupted rollout read it"),
     ("gone", "cannot be read"),
-    ("extravars", "-e values other than the interrupted rollout's"),
-    ("limit", "--limit branch_west: the interrupted rollout ran with --limit branch_east"),
 ])
-def test_resume_with_other_inputs_is_refused(inv, tmp_path, change, said):
-    level, extra = _interrupted(inv, tmp_path)
-    files, limit = [], "branch_east"
+def test_resume_with_other_vars_files_is_refused(inv, tmp_path, change, said):
+    level = _interrupted(inv, tmp_path)
+    files = []
     if change == "other-vars":
         files = [tmp_path / "level-b.yml"]
         files[0].write_text("driver_version: 25.5.1\n")
     elif change == "edited":
         level.write_text("driver_version: 25.5.0\n")
-    elif change == "gone":
-        level.unlink()
-    elif change == "extravars":
-        extra = {"rollout_slo": {"e2el_ms": 1}}
     else:
-        limit = "branch_west"
+        level.unlink()
     with pytest.raises(UsageError, match=re.escape(said)) as refused:
-        rollout.resume_vars(rollout.last_state(inv), files, extra, limit)
+        rollout.resume_vars(rollout.last_state(inv), files)
     assert "without --resume" in refused.value.fix
 
 
 def test_a_state_that_kept_no_inputs_resumes_with_what_is_given(inv, tmp_path):
     rollout.run(inv, "r2", run_fn=_fake(True, []))
     given = [tmp_path / "x.yml"]
-    assert rollout.resume_vars(rollout.last_state(inv), given, {}, None) == given
+    assert rollout.resume_vars(rollout.last_state(inv), given) == given
 
 
 def test_a_resumed_run_keeps_the_inputs_for_the_next_resume(inv, tmp_path):
-    level, extra = _interrupted(inv, tmp_path)
-    rollout.run(inv, "r2", extravars=extra, resume=True, limit="branch_east", run_fn=_fake(True, []))
+    level = _interrupted(inv, tmp_path)
+    rollout.run(inv, "r2", resume=True, limit="branch_east", run_fn=_fake(True, []))
     assert rollout.last_state(inv)["inputs"]["vars_files"][0]["path"] == str(level.resolve())
 
 

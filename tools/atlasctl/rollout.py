@@ -120,9 +120,8 @@ def parse_state(text: str, path: Path) -> dict[str, Any]:
     if inputs is not None and not (
             isinstance(inputs, dict) and isinstance(inputs.get("vars_files"), list)
             and all(isinstance(v, dict) and isinstance(v.get("path"), str) and isinstance(v.get("sha256"), str)
-                    for v in inputs["vars_files"])
-            and isinstance(inputs.get("extravars_sha256"), str) and isinstance(inputs.get("limit"), str)):
-        raise bad("inputs is not an object of vars_files (path, sha256), extravars_sha256 and limit")
+                    for v in inputs["vars_files"])):
+        raise bad("inputs is not an object of vars_files (path, sha256)")
     return state
 
 
@@ -133,15 +132,10 @@ def _sha256_file(path: Path) -> str | None:
         return None
 
 
-def _extravars_sha256(extravars: dict | None) -> str:
-    return hashlib.sha256(json.dumps(extravars or {}, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def run_inputs(vars_files: list[Path] | None, extravars: dict | None, limit: str | None) -> dict[str, Any]:
-    """What a rollout runs with, as its state keeps it for ``--resume``: the --vars files by path and sha256 and
-    the -e values by digest (their values, keys among them, stay out of the state), and the --limit."""
-    return {"vars_files": [{"path": str(p.resolve()), "sha256": _sha256_file(p) or ""} for p in vars_files or []],
-            "extravars_sha256": _extravars_sha256(extravars), "limit": limit or ""}
+def run_inputs(vars_files: list[Path] | None) -> dict[str, Any]:
+    """What defines the release a rollout moves the fleet to, as its state keeps it for ``--resume``: the --vars
+    files by path and sha256 (their values, keys among them, stay out of the state)."""
+    return {"vars_files": [{"path": str(p.resolve()), "sha256": _sha256_file(p) or ""} for p in vars_files or []]}
 
 
 def last_state(inventory: str | Path) -> dict[str, Any]:
@@ -149,17 +143,16 @@ def last_state(inventory: str | Path) -> dict[str, Any]:
     return load_state(rollouts_dir() / inventory_key(resolve_inventory(inventory)))
 
 
-def resume_vars(state: dict[str, Any], vars_files: list[Path] | None, extravars: dict | None,
-                limit: str | None) -> list[Path]:
+def resume_vars(state: dict[str, Any], vars_files: list[Path] | None) -> list[Path]:
     """The --vars files a ``--resume`` runs with: the interrupted rollout's when none are given. A resume runs
-    the rest of the same rollout, so --vars files other than its own (or one changed since), other -e values or
-    another --limit are refused, naming what differs: the rest of the waves would move to something else."""
+    the rest of the same rollout, so other --vars files, or one changed since, are refused: the rest of the waves
+    would move to another release (-e values and --limit may change: a gate's threshold, a wait, the hosts)."""
     inputs = state.get("inputs")
     if not inputs:
         return list(vars_files or [])  # a state that kept no inputs: nothing to hold the resume to
     recorded = [Path(v["path"]) for v in inputs["vars_files"]]
     chosen = list(vars_files) if vars_files else recorded
-    again = "resume with the interrupted rollout's inputs, or start the release again without --resume"
+    again = "resume with the interrupted rollout's --vars files, or start the release again without --resume"
     if [str(p.resolve()) for p in chosen] != [str(p) for p in recorded]:
         raise UsageError(f"--resume with --vars {' '.join(map(str, chosen)) or '(none)'}: the interrupted rollout "
                          f"ran with --vars {' '.join(map(str, recorded)) or '(none)'}",
@@ -169,12 +162,6 @@ def resume_vars(state: dict[str, Any], vars_files: list[Path] | None, extravars:
         if found != entry["sha256"]:
             what = "cannot be read" if found is None else "changed since the interrupted rollout read it"
             raise UsageError(f"--vars {path} {what}", fix=f"put back the file the rollout ran with; {again}")
-    if _extravars_sha256(extravars) != inputs["extravars_sha256"]:
-        raise UsageError("--resume with -e values other than the interrupted rollout's",
-                         fix=f"pass the same -e values as the interrupted run; {again}")
-    if (limit or "") != inputs["limit"]:
-        raise UsageError(f"--resume with --limit {limit or '(none)'}: the interrupted rollout ran with "
-                         f"--limit {inputs['limit'] or '(none)'}", fix=f"pass the same --limit; {again}")
     return chosen
 
 
@@ -366,8 +353,7 @@ def run(inventory: str | Path, release: str, *, extravars: dict | None = None, r
                             "plan": progress.plan or state.get("plan", []),
                             "completed": report["completed"], "failure": report["failure"],
                             **({"inputs": kept} if kept else {})})
-        report["resume_inputs"] = bool(kept and (kept["vars_files"] or kept["limit"]
-                                                 or kept["extravars_sha256"] != _extravars_sha256({})))
+        report["resume_inputs"] = bool(kept and kept["vars_files"])
         report["evidence"] = evidence.complete(pack, report)
         path = folder / f"{stem}.json"
         path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
