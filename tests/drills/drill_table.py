@@ -223,10 +223,23 @@ def backend_states() -> dict[str, str]:
 MULTI: dict[str, Path | None] = {"inventory": None}
 
 
+def platform_levels() -> dict[str, dict[str, str]]:
+    """Each serving node's platform level where the platform drills moved it (LEVEL_B, LEVEL_C, told by the driver
+    it runs), as host variables: site.yml then keeps it there (the inventory's own level is older, and a driver
+    is never moved back by the driver stage)."""
+    levels = {level["driver_version"]: level for level in (LEVEL_B, LEVEL_C)}
+    drivers = {host: platform_of(host)["driver"] for host in SERVING}
+    return {host: dict(levels[driver]) for host, driver in drivers.items() if driver in levels}
+
+
 def instance_mode() -> Path:
-    """The instance inventory, converged with site.yml the first time (the fleet stays so for later drills)."""
+    """The instance inventory, converged with site.yml the first time (the fleet stays so for later drills), each
+    node on the platform level it runs."""
     if MULTI["inventory"] is None:
         inv = instance_inventory(Path(tempfile.mkdtemp(prefix="atlas-drill-instance-")))
+        levels = platform_levels()
+        if levels:
+            (inv / "platform.yml").write_text(yaml.safe_dump({"all": {"hosts": levels}}))
         run = playbook("-i", str(inv), "site.yml")
         if run.returncode != 0:
             raise AssertionError("site.yml with the two-node instance failed:\n" + run.stdout[-4000:])
