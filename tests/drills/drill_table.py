@@ -15,6 +15,7 @@ import hashlib
 import json
 import re
 import secrets
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -193,10 +194,21 @@ def node_url(host: str, path: str) -> str:
     return f"http://{lab_hosts()[host]['ansible_host']}:{PORTS[host]}{path}"
 
 
+def node_health(host: str, timeout: float = 10) -> int:
+    """The status of ``host``'s engine /health (0: no answer). A non-head rank of the two-node instance is asked
+    from the node itself: its firewall admits only the instance's other ranks to its port (docs/security.md)."""
+    if MULTI["inventory"] is None or host not in INSTANCE_NODES[1:]:
+        return http_status(node_url(host, "/health"), timeout=timeout)
+    url = shlex.quote(node_url(host, "/health"))
+    out = sh(host, f"curl -s -o /dev/null -w '%{{http_code}}' -m {int(timeout)} {url}", check=False,
+             timeout=int(timeout) + 60)
+    return int(out.strip()) if out.strip().isdigit() else 0
+
+
 def wait_node_healthy(host: str, timeout: float = 180) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if http_status(node_url(host, "/health"), timeout=5) == 200:
+        if node_health(host, timeout=5) == 200:
             return True
         time.sleep(1)
     return False
@@ -251,7 +263,7 @@ def fleet_problems() -> list[str]:
     """What keeps the fleet from being converged and serving (empty: ready for the next drill)."""
     problems = []
     for host in SERVING:
-        if http_status(node_url(host, "/health"), timeout=10) != 200:
+        if node_health(host, timeout=10) != 200:
             problems.append(f"{host} /health not 200")
     ranks = INSTANCE_NODES[1:] if MULTI["inventory"] else []  # no backend: it serves no HTTP of its own
     problems += [f"{host} is {state} at its gateway" for host, state in backend_states().items()

@@ -210,8 +210,9 @@ def release_hdk() -> str:
 
 @contextlib.contextmanager
 def fresh_lab_session(*, bundle: bool, hdk: str | None = None):
-    """A lab brought up from scratch (and its bundle built), always brought down after. ``hdk``: the
-    HDK its nodes start on (``atlas-lab up --hdk``; default lab.yml's older one, which site.yml upgrades)."""
+    """A lab brought up from scratch (and its bundle built), brought down after (left up where ATLAS_LAB_KEEP is
+    set, to look at what a failure left). ``hdk``: the HDK its nodes start on (``atlas-lab up --hdk``; default
+    lab.yml's older one, which site.yml upgrades)."""
     with lab_lock():
         lab("down", check=False)
         try:
@@ -220,7 +221,8 @@ def fresh_lab_session(*, bundle: bool, hdk: str | None = None):
                 lab("bundle", timeout=1800)
             yield
         finally:
-            lab("down", check=False)
+            if not os.environ.get("ATLAS_LAB_KEEP"):
+                lab("down", check=False)
 
 
 # --- shared by the lab tests and the fault drills (tests/drills) ----------------------------------
