@@ -64,7 +64,7 @@ lab-test: host-deps venv ## the lab integration tests alone
 
 # The fault drills: one lab, each fault injected in turn, a table of fault / expected / observed / client
 # requests failed / data lost (artifacts/drills/). docs/lab.md, "Fault drills".
-drills: host-deps venv ## every fault drill on a lab of its own (~32 minutes)
+drills: host-deps venv ## every fault drill on a lab of its own (~50 minutes)
 	$(VENV)/bin/pytest -ra tests/drills
 
 # The drill rows that stand in for lab tests (rollouts too long for `make test`); `.ci/run` runs them after
