@@ -120,6 +120,7 @@ def node(tmp_path: Path, bundle: Path) -> Node:
     return Node(tmp_path, bundle)
 
 
+@pytest.mark.slow
 def test_check_mode_then_install_then_idempotent(node: Node) -> None:
     check = ok(node.play("8.3.RC1", "--check"))
     assert check["failed"] == 0

@@ -122,6 +122,7 @@ def node(tmp_path: Path, bundle: Path) -> FakeNode:
     return FakeNode(tmp_path, bundle)
 
 
+@pytest.mark.slow
 def test_check_mode_plans_and_changes_nothing(node: FakeNode) -> None:
     check = node.play("--check")
     assert check.returncode == 0, check.stdout[-4000:]

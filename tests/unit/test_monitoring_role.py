@@ -179,6 +179,7 @@ def test_a_file_promtool_refuses_is_not_written(stage: Stage) -> None:
     assert "30s" not in (stage.etc / "prometheus.yml").read_text()
 
 
+@pytest.mark.slow
 def test_a_reload_waits_until_prometheus_answers(tmp_path: Path) -> None:
     """A SIGHUP before Prometheus has its handler for it ends it, and systemd leaves it down (roles/monitoring/
     handlers/main.yml). With nothing answering /-/ready the run fails there, and the reload is never sent."""
@@ -260,6 +261,7 @@ def _wait_ready(url: str, server: subprocess.Popen, timeout: float = 60) -> None
     raise AssertionError(f"prometheus was not ready at {url} in {timeout} s")
 
 
+@pytest.mark.slow
 def test_the_stage_playbook_in_check_mode_carries_each_node_s_record_to_the_targets(stage: Stage) -> None:
     """playbooks/monitoring.yml: its first play reads the node's service record (roles/gateway, port.yml) and
     resolves its profile; the second play's targets carry them. Check mode: nothing is installed or written."""

@@ -85,6 +85,7 @@ def test_check_mode_on_bare_nodes_changes_nothing(stage: Stage) -> None:
     assert not (stage.tmp / "n1-hccn.conf").exists()
 
 
+@pytest.mark.slow
 def test_converge_then_nothing_changes(stage: Stage) -> None:
     first = stage.play()
     assert first.returncode == 0, first.stdout[-4000:]
