@@ -179,7 +179,6 @@ def test_a_file_promtool_refuses_is_not_written(stage: Stage) -> None:
     assert "30s" not in (stage.etc / "prometheus.yml").read_text()
 
 
-@pytest.mark.slow
 def test_a_reload_waits_until_prometheus_answers(tmp_path: Path) -> None:
     """A SIGHUP before Prometheus has its handler for it ends it, and systemd leaves it down (roles/monitoring/
     handlers/main.yml). With nothing answering /-/ready the run fails there, and the reload is never sent."""
