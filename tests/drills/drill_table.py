@@ -194,10 +194,15 @@ def node_url(host: str, path: str) -> str:
     return f"http://{lab_hosts()[host]['ansible_host']}:{PORTS[host]}{path}"
 
 
+def non_head_ranks() -> list[str]:
+    """The two-node instance's ranks other than its head, once the instance is converged: no gateway backend, and
+    their firewall admits only the instance's other ranks to the engine's port (docs/security.md)."""
+    return INSTANCE_NODES[1:] if MULTI["inventory"] else []
+
+
 def node_health(host: str, timeout: float = 10) -> int:
-    """The status of ``host``'s engine /health (0: no answer). A non-head rank of the two-node instance is asked
-    from the node itself: its firewall admits only the instance's other ranks to its port (docs/security.md)."""
-    if MULTI["inventory"] is None or host not in INSTANCE_NODES[1:]:
+    """The status of ``host``'s engine /health (0: no answer); a non-head rank is asked from the node itself."""
+    if host not in non_head_ranks():
         return http_status(node_url(host, "/health"), timeout=timeout)
     url = shlex.quote(node_url(host, "/health"))
     out = sh(host, f"curl -s -o /dev/null -w '%{{http_code}}' -m {int(timeout)} {url}", check=False,
@@ -265,9 +270,8 @@ def fleet_problems() -> list[str]:
     for host in SERVING:
         if node_health(host, timeout=10) != 200:
             problems.append(f"{host} /health not 200")
-    ranks = INSTANCE_NODES[1:] if MULTI["inventory"] else []  # no backend: it serves no HTTP of its own
     problems += [f"{host} is {state} at its gateway" for host, state in backend_states().items()
-                 if state != "up" and host not in ranks]
+                 if state != "up" and host not in non_head_ranks()]
     for branch, url in GATEWAYS.items():
         body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2}
         if http_status(f"{url}/v1/completions", key=lab_api_key(), body=body, timeout=60) != 200:
