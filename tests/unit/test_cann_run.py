@@ -28,11 +28,28 @@ def run(pkg: Path, *args: str, env: dict[str, str], stdin: str | None = None) ->
 
 
 def install(pkg: Path, root: Path, env: dict[str, str], op: str = "--install") -> subprocess.CompletedProcess:
-    return run(pkg, "--nox11", op, f"--install-path={root}", "--quiet", "--install-for-all", env=env)
+    """Install ``pkg`` as Huawei's images do: NNAL with the toolkit's set_env.sh sourced (its check_owner)."""
+    args = ["--nox11", op, f"--install-path={root}", "--quiet", "--install-for-all"]
+    if "nnal" not in pkg.name:
+        return run(pkg, *args, env=env)
+    argv = ["bash", "-c", '. "$1" && shift && exec "$@"', "nnal", str(root / "ascend-toolkit/set_env.sh"),
+            "bash", str(pkg), *args]
+    return subprocess.run(argv, env=env, input="", capture_output=True, text=True, timeout=60)
 
 
 def read_info(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def read_nnal_info(path: Path) -> dict[str, str]:
+    """NNAL's version.info: indented ``Key : Value`` lines."""
+    lines = path.read_text().splitlines()
+    return {key.strip(): value.strip() for key, _, value in (line.partition(" : ") for line in lines)}
+
+
+def latest_toolkit(root: Path) -> str:
+    """The toolkit version ascend-toolkit/latest names (a real directory before 8.5)."""
+    return read_info(root / "ascend-toolkit/latest/x86_64-linux/ascend_toolkit_install.info")["version"]
 
 
 @pytest.fixture(scope="module")
@@ -151,14 +168,19 @@ def test_install_pre_85_layout(packages: dict[str, list[Path]], env: dict[str, s
         result = install(pkg, root, env)
         assert result.returncode == 0, result.stdout + result.stderr
     toolkit = root / "ascend-toolkit"
-    assert os.readlink(toolkit / "latest") == "8.3.RC1"
-    info = read_info(toolkit / "latest/x86_64-linux/ascend_toolkit_install.info")
+    latest = toolkit / "latest"
+    assert latest.is_dir() and not latest.is_symlink() and (latest / "version.cfg").is_file()
+    assert os.readlink(latest / "opp_kernel") == "../8.3.RC1/opp_kernel"
+    info = read_info(latest / "x86_64-linux/ascend_toolkit_install.info")
     assert info["package_name"] == "Ascend-cann-toolkit"
     assert info["version"] == "8.3.RC1"
     assert info["arch"] == "x86_64" and info["os"] == "linux"
-    assert read_info(toolkit / "8.3.RC1/opp_kernel/version.info")["Version"] == "8.3.RC1"
+    kernels = read_info(toolkit / "8.3.RC1/opp_kernel/version.info")
+    assert kernels["version_dir"] == "8.3.RC1" and kernels["Version"] != "8.3.RC1"  # Version= is the build
+    assert (toolkit / "8.3.RC1/opp_kernel/script/uninstall.sh").is_file()
     assert (toolkit / "8.3.RC1/opp/built-in/op_impl/ai_core/tbe/kernel/ascend910b").is_dir()
-    assert read_info(root / "nnal/atb/latest/version.info")["Version"] == "8.3.RC1"
+    assert read_nnal_info(root / "nnal/atb/latest/version.info")["Ascend-cann-atb"] == "8.3.RC1"
+    assert (root / "nnal/atb/8.3.RC1/scripts/uninstall.sh").is_file()
     log = Path(env["ATLAS_CANN_SYSROOT"]) / "var/log/ascend_seclog/ascend_toolkit_install.log"
     assert "install success" in log.read_text()
 
@@ -200,7 +222,12 @@ def test_install_85_layout(packages: dict[str, list[Path]], env: dict[str, str],
         assert result.returncode == 0, result.stdout + result.stderr
     assert os.readlink(root / "cann") == "cann-8.5.0"
     assert read_info(root / "cann/x86_64-linux/ascend_toolkit_install.info")["version"] == "8.5.0"
-    assert read_info(root / "cann/opp_kernel/version.info")["package_name"] == "Ascend-cann-910b-ops"
+    assert os.readlink(root / "ascend-toolkit/latest") == str(root / "cann")
+    ops = read_info(root / "cann/x86_64-linux/ascend_ops_install.info")
+    assert (ops["package_name"], ops["version"]) == ("Ascend-cann-910b-ops", "8.5.0")
+    assert (root / "cann-8.5.0/x86_64-linux/script/ops_uninstall.sh").is_file()
+    assert not (root / "cann-8.5.0/opp_kernel").exists()
+    assert (root / "nnal/nnal_uninstall.sh").is_file()
     home = sourced(root / "ascend-toolkit/set_env.sh", "ASCEND_HOME_PATH")["ASCEND_HOME_PATH"]
     assert home == f"{root}/cann-8.5.0"  # what Huawei's 8.5+ images set: the version's own directory
     assert sourced(root / "cann/set_env.sh", "ASCEND_OPP_PATH")["ASCEND_OPP_PATH"] == f"{root}/cann-8.5.0/opp"
@@ -249,10 +276,10 @@ def test_versions_of_one_layout_live_side_by_side(
         for pkg in packages[version]:
             result = install(pkg, root, env)
             assert result.returncode == 0, result.stdout + result.stderr
-    assert os.readlink(root / "ascend-toolkit/latest") == "8.3.RC1"
+    assert latest_toolkit(root) == "8.3.RC1"
     for version in ("8.2.RC1", "8.3.RC1"):
         vdir = root / "ascend-toolkit" / version
-        assert read_info(vdir / "opp_kernel/version.info")["Version"] == version
+        assert read_info(vdir / "opp_kernel/version.info")["version_dir"] == version
         assert sourced(vdir / "bin/setenv.bash", "ASCEND_HOME_PATH")["ASCEND_HOME_PATH"] == str(vdir)
         atb = root / "nnal/atb" / version / "atb"
         assert sourced(atb / "set_env.sh", "ATB_HOME_PATH")["ATB_HOME_PATH"] == f"{atb}/cxx_abi_1"
@@ -262,12 +289,12 @@ def test_versions_of_one_layout_live_side_by_side(
     assert gone.returncode == 0, gone.stderr
     assert not (root / "ascend-toolkit/8.2.RC1").exists()
     assert (root / "ascend-toolkit/8.3.RC1/bin/setenv.bash").is_file()
-    assert os.readlink(root / "ascend-toolkit/latest") == "8.3.RC1"
+    assert latest_toolkit(root) == "8.3.RC1"
     # the last installed removed: `latest` falls back to the newest left
     assert install(packages["8.2.RC1"][0], root, env).returncode == 0
-    assert os.readlink(root / "ascend-toolkit/latest") == "8.2.RC1"
+    assert latest_toolkit(root) == "8.2.RC1"
     assert run(packages["8.2.RC1"][0], "--uninstall", f"--install-path={root}", env=env).returncode == 0
-    assert os.readlink(root / "ascend-toolkit/latest") == "8.3.RC1"
+    assert latest_toolkit(root) == "8.3.RC1"
 
 
 def test_the_two_layouts_never_live_side_by_side(
@@ -355,3 +382,33 @@ def test_the_install_path_and_the_global_record(packages: dict[str, list[Path]],
     assert install(packages["8.2.RC1"][0], other, env).returncode == 0
     record = Path(env["ATLAS_CANN_SYSROOT"]) / "etc/Ascend/ascend_cann_install.info"
     assert read_info(record)["Install_Path"] == str(other)
+
+
+@pytest.mark.parametrize(("environment", "message"), [
+    ({}, "Check owner failed, please check env ASCEND_TOOLKIT_HOME or ASCEND_NNAE_HOME is set."),
+    ({"ASCEND_TOOLKIT_HOME": "{root}/ascend-toolkit/latest"},
+     "Check owner failed, please check env ASCEND_HOME_PATH is set."),
+    ({"ASCEND_TOOLKIT_HOME": "{root}/x", "ASCEND_HOME_PATH": "{root}/x"},
+     "Check owner failed, can not find cann in {root}/x."),
+    ({"ASCEND_TOOLKIT_HOME": "{root}/other", "ASCEND_HOME_PATH": "{root}/other"},
+     "Check owner failed, current owner is not same with CANN."),
+])
+def test_nnal_needs_the_toolkit_environment(packages: dict[str, list[Path]], env: dict[str, str], tmp_path: Path,
+                                            environment: dict[str, str], message: str) -> None:
+    """ATB's check_owner (hicann/ascend-transformer-boost scripts/install.sh): NNAL's --install stops with exit 1
+    unless the toolkit's set_env.sh was sourced and $ASCEND_HOME_PATH is a directory owned by the caller."""
+    root = tmp_path / "Ascend"
+    assert install(packages["8.3.RC1"][0], root, env).returncode == 0
+    (root / "other").mkdir()
+    os.chown(root / "other", 65534, 65534)
+    clean = {k: v for k, v in env.items() if not k.startswith(("ASCEND_TOOLKIT", "ASCEND_HOME", "ASCEND_NNAE"))}
+    clean |= {key: value.format(root=root) for key, value in environment.items()}
+    refused = run(packages["8.3.RC1"][2], "--install", f"--install-path={root}", "--quiet", env=clean)
+    assert refused.returncode == 1
+    assert "[cann-atb] " in refused.stdout and f"[ERROR] {message.format(root=root)}" in refused.stdout
+    assert not (root / "nnal").exists()
+    sourced_env = clean | {"ASCEND_TOOLKIT_HOME": str(root / "ascend-toolkit/latest"),
+                           "ASCEND_HOME_PATH": str(root / "ascend-toolkit/latest")}
+    relative = run(packages["8.3.RC1"][2], "--install", "--install-path=rel/dir", "--quiet", env=sourced_env)
+    assert relative.returncode == 1
+    assert "[ERROR] Install failed, [ERROR] use absolute path for --install-path argument" in relative.stdout

@@ -4,7 +4,12 @@ Huawei's CANN packages cannot run without an NPU, so the lab bundle carries stan
 that behave like them: the real file names, the real installer options and exit codes,
 an embedded SHA256 of the payload checked before extraction, and an installation at the
 real paths (``ascend-toolkit/<v>`` before 8.5, ``cann-<v>`` from 8.5, ``nnal/atb/<v>``),
-with ``set_env.sh`` and the ``ascend_toolkit_install.info`` version record.
+with ``set_env.sh``, the uninstallers and Huawei's version records in their formats:
+``<arch>-linux/ascend_toolkit_install.info``, the kernels' ``opp_kernel/version.info``
+(``Version=<build>``, ``version_dir=<release>``), from 8.5 the ops'
+``<arch>-linux/ascend_ops_install.info``, NNAL's indented ``Key : Value`` ``version.info``
+(``tests/fixtures/vendor/cann`` holds real-format records of each line; the contract test
+``tests/unit/test_vendor_contract_cann.py`` keeps the two alike).
 
 A ``.run`` file is a bash header (``cann_installer/header.sh``) followed by a gzip tar
 payload holding ``install.sh`` (``cann_installer/install.sh``), ``package.info`` and
@@ -28,6 +33,7 @@ import io
 import os
 import re
 import tarfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,6 +149,28 @@ def innerversion(version: str) -> str:
     return f"V100R001C{key[0]}{key[1]}{release}B{100 + sum(key[4:])}"
 
 
+def component_build(version: str) -> str:
+    """A component build number distinct from the release, as Huawei's records carry one (8.0.0's kernels:
+    ``Version=7.6.0.1.220``, ``version_dir=8.0.0``); synthetic but stable per version."""
+    key = version_key(version)
+    return f"{key[0]}.{key[1]}.{key[2]}.{key[3]}.220"
+
+
+def _record_values(version: str) -> dict[str, str]:
+    """The values the double's records carry besides the release (examples of the real records' shapes)."""
+    key = version_key(version)
+    built = time.gmtime(BUILD_MTIME)
+    return {
+        "BUILD": component_build(version),
+        "TIMESTAMP": time.strftime("%Y%m%d_%H%M%S000", built),
+        "REQUIRED_RANGE": f">={key[0]}.0, <={key[0]}.{key[1]}",
+        "COMPATIBLE_VERSION": f"[{innerversion(version)[:11]}]",
+        "NNAL_BUILD": f"B{100 + key[3]:03d}",
+        "NNAL_BRANCH": f"br_release_cann_{version}_{time.strftime('%Y%m%d', built)}",
+        "COMMIT_ID": hashlib.sha1(f"atb {version}".encode()).hexdigest(),
+    }
+
+
 def _validate(version: str, arch: str, soc: str) -> None:
     version_key(version)
     if arch not in ARCHES:
@@ -163,6 +191,7 @@ def _payload_files(spec: CannPackageSpec, version: str, arch: str, soc: str) -> 
         "SOC": soc,
         "LAYOUT": layout,
         "LOG_TAG": _LOG_TAGS[spec.kind],
+        **_record_values(version),
     }
     package_info = "".join(f'{key}="{value}"\n' for key, value in info.items()).encode()
     files: dict[str, tuple[bytes, int]] = {
@@ -186,8 +215,9 @@ def _component_files(kind: str, version: str, arch: str, soc: str) -> dict[str, 
             "lib64/libhccl.so": stub,
             "python/site-packages/acl/__init__.py": f'"""CANN {version} stand-in."""\n',
             "opp/built-in/op_impl/ai_core/tbe/config/ascend910b/aic-ascend910b-ops-info.json": "{}\n",
-            "opp/version.info": f"Version={version}\n",
-            "compiler/version.info": f"Version={version}\n",
+            # the toolkit's own components (not the kernels' or ops' record): Version=<build>, version_dir=<release>
+            "opp/version.info": f"Version={component_build(version)}\nversion_dir={version}\n",
+            "compiler/version.info": f"Version={component_build(version)}\nversion_dir={version}\n",
         }
     if kind in ("kernels", "ops"):
         base = f"opp/built-in/op_impl/ai_core/tbe/kernel/ascend{soc}"

@@ -1,5 +1,6 @@
 #!/bin/bash
-# Install logic of an atlas lab CANN test-double package (toolkit, kernels, ops, nnal).
+# Install logic of an atlas lab CANN test-double package (toolkit, kernels, ops, nnal): Huawei's records at their
+# real paths (docs/ascend-platform.md section 5.3).
 # Reads package.info next to this script. Runtime: bash and coreutils only.
 # Lab-only hook: ATLAS_CANN_SYSROOT prefixes /etc and /var/log (default: empty, the real paths).
 SELF_DIR=$(cd "$(dirname "$0")" && pwd)
@@ -62,6 +63,32 @@ fi
 if [ "$MODE" = devel ] && [ "$KIND" != toolkit ] && [ "$KIND" != kernels ]; then
     die "--devel is supported by the toolkit and kernels packages only; install $PKG_NAME with --install"
 fi
+# NNAL (ATB's scripts/install.sh): --install and --upgrade first check the toolkit's environment (check_owner: the
+# toolkit's set_env.sh sourced, $ASCEND_HOME_PATH a directory owned by the caller), then that --install-path is
+# absolute; each refusal prints ATB's own message and exits 1.
+atb_fail() {
+    local line
+    line="[cann-atb] [$(date +%Y%m%d-%H:%M:%S)] [ERROR] $*"
+    echo "$line"
+    mkdir -p "$LOG_DIR" 2>/dev/null && echo "$line" >> "$LOG_FILE" 2>/dev/null
+    exit 1
+}
+check_owner() {
+    if [ -z "${ASCEND_TOOLKIT_HOME:-}" ] && [ -z "${ASCEND_NNAE_HOME:-}" ]; then
+        atb_fail "Check owner failed, please check env ASCEND_TOOLKIT_HOME or ASCEND_NNAE_HOME is set."
+    fi
+    [ -n "${ASCEND_HOME_PATH:-}" ] || atb_fail "Check owner failed, please check env ASCEND_HOME_PATH is set."
+    [ -d "$ASCEND_HOME_PATH" ] || atb_fail "Check owner failed, can not find cann in ${ASCEND_HOME_PATH}."
+    if [ "$(stat -c %U "$ASCEND_HOME_PATH")" != "$(id -un)" ]; then
+        atb_fail "Check owner failed, current owner is not same with CANN."
+    fi
+}
+if [ "$KIND" = nnal ] && [ "$OP" != uninstall ]; then
+    check_owner
+    if [ "$PATH_GIVEN" = 1 ] && [[ "$INSTALL_PATH" != /* ]]; then
+        atb_fail "Install failed, [ERROR] use absolute path for --install-path argument"
+    fi
+fi
 INSTALL_PATH="${INSTALL_PATH:-$DEFAULT_PATH}"
 case "$INSTALL_PATH" in
     /*) ;;
@@ -83,15 +110,20 @@ if [ "$PATH_GIVEN" = 1 ] && [ "$OP" != uninstall ] && [ -f "$CANN_RECORD" ]; the
 fi
 
 # --- where things live ------------------------------------------------------------
-# Versions live side by side (platform-upgrade-facts section 3): before 8.5 in ascend-toolkit/<v> with
-# `latest` on the last installed (CANN's multi-version installation: the latest_manager of
-# gitcode.com/cann/asc-devkit), from 8.5 in cann-<v> with `cann` on the last installed, NNAL in
-# nnal/atb/<v> with `latest` on the last installed (MindIE's installation guide). The two toolkit layouts do
-# not live together: moving to 8.5 takes --upgrade or uninstalling the earlier versions, going back from
-# 8.5 takes --uninstall, then --install (CANN 8.5.0 installation guide and release notes).
+# Versions live side by side (platform-upgrade-facts section 3), each record at its real path
+# (docs/ascend-platform.md section 5.3; tests/fixtures/vendor/cann holds one install of each line, and
+# tests/unit/test_vendor_contract_cann.py holds this script to them):
+# - before 8.5: ascend-toolkit/<v>; ascend-toolkit/latest is a real directory of links into the last installed
+#   plus version.cfg (CANN's latest_manager); ascend-toolkit/set_env.sh follows it
+# - from 8.5: cann-<v>; `cann` links to the last installed, ascend-toolkit/latest links to `cann`;
+#   cann-<v>/set_env.sh, and ascend-toolkit/set_env.sh sources cann/set_env.sh
+# - NNAL: nnal/atb/<v>, nnal/atb/latest -> <v> (ATB's installer: ln -snf), nnal/atb/set_env.sh
+# The two toolkit layouts do not live together: moving to 8.5 takes --upgrade or uninstalling the earlier
+# versions, going back from 8.5 takes --uninstall, then --install (CANN 8.5.0 installation guide and release notes).
 ARCHDIR="$ARCH-linux"
 TK_BASE="$INSTALL_PATH/ascend-toolkit"
 NNAL_BASE="$INSTALL_PATH/nnal/atb"
+TOOLKIT_INFO=ascend_toolkit_install.info
 
 layout_of() { if [[ "$(ver_key "$1")" < "$(ver_key 8.5.0)" ]]; then echo ascend-toolkit; else echo cann; fi; }
 vdir_of() {  # vdir_of VERSION: the toolkit's version directory
@@ -104,39 +136,62 @@ toolkit_versions() {  # toolkit_versions LAYOUT: the installed versions of that 
     if [ "$1" = cann ]; then
         for dir in "$INSTALL_PATH"/cann-*/; do
             v="${dir%/}"; v="${v##*/cann-}"
-            [ -f "$dir$ARCHDIR/ascend_toolkit_install.info" ] && echo "$v"
+            [ -f "$dir$ARCHDIR/$TOOLKIT_INFO" ] && echo "$v"
         done
     else
         for dir in "$TK_BASE"/*/; do
             v="${dir%/}"; v="${v##*/}"
-            [ -L "${dir%/}" ] || [ ! -f "$dir$ARCHDIR/ascend_toolkit_install.info" ] || echo "$v"
+            [ "$v" = latest ] || [ -L "${dir%/}" ] || [ ! -f "$dir$ARCHDIR/$TOOLKIT_INFO" ] || echo "$v"
         done
     fi | while read -r v; do echo "$(ver_key "$v") $v"; done | sort | cut -d' ' -f2
 }
 
-current_toolkit_dir() {  # the version directory `cann` or ascend-toolkit/latest points at
-    if [ -f "$INSTALL_PATH/cann/$ARCHDIR/ascend_toolkit_install.info" ]; then readlink -f "$INSTALL_PATH/cann"
-    elif [ -f "$TK_BASE/latest/$ARCHDIR/ascend_toolkit_install.info" ]; then readlink -f "$TK_BASE/latest"
-    fi
+current_toolkit_version() {  # the toolkit version `cann` or ascend-toolkit/latest names
+    local home
+    for home in "$INSTALL_PATH/cann" "$TK_BASE/latest"; do
+        if [ -f "$home/$ARCHDIR/$TOOLKIT_INFO" ]; then info_value "$home/$ARCHDIR/$TOOLKIT_INFO" version; return; fi
+    done
+}
+
+nnal_value() {  # nnal_value FILE KEY -> the value of NNAL's indented "KEY : value" line
+    [ -f "$1" ] || return 1
+    sed -n "s/^ *$2 : //p" "$1" | head -n 1
 }
 
 record_of() {  # record_of VERSION: this kind's version record of that version
     case "$KIND" in
-        toolkit) echo "$(vdir_of "$1")/$ARCHDIR/ascend_toolkit_install.info" ;;
-        kernels|ops) echo "$(vdir_of "$1")/opp_kernel/version.info" ;;
+        toolkit) echo "$(vdir_of "$1")/$ARCHDIR/$TOOLKIT_INFO" ;;
+        kernels) echo "$(vdir_of "$1")/opp_kernel/version.info" ;;
+        ops) echo "$(vdir_of "$1")/$ARCHDIR/ascend_ops_install.info" ;;
         nnal) echo "$NNAL_BASE/$1/version.info" ;;
     esac
 }
 
-current_version() {  # the version of this kind the links name (the one --upgrade replaces)
-    local rec=""
+release_in() {  # release_in RECORD: the CANN release a record of this kind names
     case "$KIND" in
-        toolkit) rec="$(current_toolkit_dir)/$ARCHDIR/ascend_toolkit_install.info" ;;
-        kernels|ops) [ -n "$(current_toolkit_dir)" ] && rec="$(current_toolkit_dir)/opp_kernel/version.info" ;;
+        toolkit|ops) info_value "$1" version ;;
+        kernels) info_value "$1" version_dir ;;
+        nnal) nnal_value "$1" Ascend-cann-atb ;;
+    esac
+}
+
+uninstaller_of() {  # uninstaller_of VERSION: this kind's uninstall script of that version, at its real path
+    case "$KIND" in
+        toolkit) echo "$(vdir_of "$1")/$ARCHDIR/script/uninstall.sh" ;;
+        kernels) echo "$(vdir_of "$1")/opp_kernel/script/uninstall.sh" ;;
+        ops) echo "$(vdir_of "$1")/$ARCHDIR/script/ops_uninstall.sh" ;;
+        nnal) echo "$NNAL_BASE/$1/scripts/uninstall.sh" ;;
+    esac
+}
+
+current_version() {  # the version of this kind the links name (the one --upgrade replaces)
+    local rec="" tk
+    case "$KIND" in
+        toolkit|kernels|ops) tk=$(current_toolkit_version); [ -n "$tk" ] && rec=$(record_of "$tk") ;;
         nnal) rec="$NNAL_BASE/latest/version.info" ;;
     esac
     [ -n "$rec" ] && [ -f "$rec" ] || return 0
-    info_value "$rec" version
+    release_in "$rec"
 }
 
 has_version() { [ -f "$(record_of "$1")" ]; }
@@ -147,18 +202,20 @@ set_permissions() {
     if [ "$FOR_ALL" = 1 ]; then chmod -R u+rwX,go+rX,go-w "$dir"; else chmod -R u+rwX,g+rX,g-w,o-rwx "$dir"; fi
 }
 
-install_script_copy() {  # install_script_copy DIR: keep an uninstaller with the installed files
-    mkdir -p "$1" || die "cannot create $1"
-    cp "$SELF_DIR/install.sh" "$SELF_DIR/common.sh" "$SELF_DIR/package.info" "$1/"
-    cat > "$1/uninstall.sh" <<UNINSTALL
+install_uninstaller() {  # install_uninstaller SCRIPT: SCRIPT runs this package's --uninstall (a copy beside it)
+    local script="$1" copy
+    copy="$(dirname "$script")/.$(basename "$script" .sh)"
+    mkdir -p "$copy" || die "cannot create $copy"
+    cp "$SELF_DIR/install.sh" "$SELF_DIR/common.sh" "$SELF_DIR/package.info" "$copy/"
+    cat > "$script" <<UNINSTALL
 #!/bin/bash
 # Uninstalls $PKG_NAME $VERSION from $INSTALL_PATH.
 for arg in "\$@"; do
-    case "\$arg" in --quiet|-q) ;; *) echo "uninstall.sh: unrecognized parameter \$arg" >&2; exit 1 ;; esac
+    case "\$arg" in --quiet|-q) ;; *) echo "$(basename "$script"): unrecognized parameter \$arg" >&2; exit 1 ;; esac
 done
-exec bash "\$(cd "\$(dirname "\$0")" && pwd)/install.sh" --uninstall --install-path=$INSTALL_PATH
+exec bash "$copy/install.sh" --uninstall --install-path=$INSTALL_PATH
 UNINSTALL
-    chmod 0750 "$1/uninstall.sh"
+    chmod 0750 "$script"
 }
 
 write_toolkit_set_env() {  # write_toolkit_set_env FILE TOOLKIT_HOME
@@ -176,19 +233,46 @@ SETENV
     chmod 0755 "$1"
 }
 
+write_version_cfg() {  # write_version_cfg FILE VDIR: the latest_manager's record of the components in VDIR
+    local file="$1" vdir="$2" kind comp components="toolkit"
+    [ -f "$vdir/opp_kernel/version.info" ] && components="toolkit opp_kernel"
+    {
+        echo "# version: 1.0"
+        for kind in running upgrade installed; do
+            for comp in $components; do echo "${comp}_${kind}_version=[$BUILD:$(basename "$vdir")]"; done
+        done
+    } > "$file"
+}
+
+point_latest_dir() {  # point_latest_dir VERSION: before 8.5, ascend-toolkit/latest as a real directory of links
+    local latest="$TK_BASE/latest" vdir entry name
+    vdir=$(vdir_of "$1")
+    rm -rf "$latest"
+    mkdir -p "$latest/$ARCHDIR"
+    for entry in "$vdir"/*; do
+        name=$(basename "$entry")
+        [ "$name" = "$ARCHDIR" ] || ln -s "../$1/$name" "$latest/$name"
+    done
+    for entry in "$vdir/$ARCHDIR"/*; do
+        ln -s "../../$1/$ARCHDIR/$(basename "$entry")" "$latest/$ARCHDIR/$(basename "$entry")"
+    done
+    write_version_cfg "$latest/version.cfg" "$vdir"
+    write_toolkit_set_env "$TK_BASE/set_env.sh" "$latest"
+}
+
 point_toolkit_links() {  # point_toolkit_links VERSION: `cann` or ascend-toolkit/latest (and set_env.sh) at it
     if [ "$(layout_of "$1")" = cann ]; then
         ln -sfn "cann-$1" "$INSTALL_PATH/cann"
         mkdir -p "$TK_BASE"
-        ln -sfn "../cann-$1" "$TK_BASE/latest"
+        rm -rf "$TK_BASE/latest"
+        ln -s "$INSTALL_PATH/cann" "$TK_BASE/latest"
         cat > "$TK_BASE/set_env.sh" <<COMPAT
 # Kept for scripts written for CANN before 8.5: the toolkit lives in $INSTALL_PATH/cann.
 . $INSTALL_PATH/cann/set_env.sh
 COMPAT
         chmod 0755 "$TK_BASE/set_env.sh"
     else
-        ln -sfn "$1" "$TK_BASE/latest"
-        write_toolkit_set_env "$TK_BASE/set_env.sh" "$TK_BASE/latest"
+        point_latest_dir "$1"
     fi
 }
 
@@ -201,22 +285,16 @@ install_toolkit() {
         sleep "$(cat "$SYSROOT/etc/atlas-lab/cann-install-delay")"
     fi
     mkdir -p "$vdir/$ARCHDIR"
-    cat > "$vdir/$ARCHDIR/ascend_toolkit_install.info" <<INFOFILE
+    cat > "$vdir/$ARCHDIR/$TOOLKIT_INFO" <<INFOFILE
 package_name=$PKG_NAME
 version=$VERSION
 innerversion=$INNERVERSION
+compatible_version=$COMPATIBLE_VERSION
 arch=$ARCH
 os=linux
 path=$vdir/$ARCHDIR
 INFOFILE
-    cat > "$vdir/$ARCHDIR/ascend_install.info" <<INSTINFO
-Toolkit_UserName=$(id -un)
-Toolkit_UserGroup=$(id -gn)
-Toolkit_Install_Type=$MODE
-Toolkit_Install_Path_Param=$INSTALL_PATH
-Toolkit_Install_For_All=$([ "$FOR_ALL" = 1 ] && echo yes || echo no)
-INSTINFO
-    install_script_copy "$vdir/$ARCHDIR/script"
+    install_uninstaller "$(uninstaller_of "$VERSION")"
     # This version's own environment, whatever the links name later: 8.5+ cann-<v>/set_env.sh (what Huawei's
     # 8.5+ images set, ASCEND_TOOLKIT_HOME=<path>/cann-<v>), before 8.5 <v>/bin/setenv.bash.
     if [ "$LAYOUT" = cann ]; then
@@ -232,16 +310,15 @@ INSTINFO
     fi
 }
 
-uninstall_toolkit() {
-    local vdir="$OWN_VDIR" pointed="" rest
-    [ "$(current_toolkit_dir)" = "$(readlink -f "$vdir")" ] && pointed=1
-    rm -rf "$vdir"
-    if [ -n "$pointed" ]; then
+uninstall_toolkit() {  # the toolkit takes its kernels/ops with it
+    local rest
+    rm -rf "$OWN_VDIR"
+    if [ "$(current_toolkit_version)" = "" ]; then
         rest=$(toolkit_versions "$LAYOUT" | tail -n 1)
         if [ -n "$rest" ]; then
             point_toolkit_links "$rest"
         else
-            rm -f "$INSTALL_PATH/cann" "$TK_BASE/latest" "$TK_BASE/set_env.sh"
+            rm -rf "$INSTALL_PATH/cann" "$TK_BASE/latest" "$TK_BASE/set_env.sh"
         fi
     fi
     rmdir "$TK_BASE" 2>/dev/null
@@ -251,25 +328,49 @@ uninstall_toolkit() {
     return 0
 }
 
-install_kernels() {  # kernels (< 8.5) and ops (8.5+) go into their toolkit's version directory
-    local vdir="$OWN_VDIR" rec
+install_kernels() {  # before 8.5: into the toolkit's version directory, recorded in opp_kernel/version.info
+    local vdir="$OWN_VDIR"
     cp -a "$SELF_DIR/files/." "$vdir/" || die "copying files to $vdir failed (disk full?)"
-    rec="$vdir/opp_kernel"
-    mkdir -p "$rec"
-    cat > "$rec/version.info" <<VINFO
-Version=$VERSION
-package_name=$PKG_NAME
-soc_version=$SOC
-innerversion=$INNERVERSION
-arch=$ARCH
+    mkdir -p "$vdir/opp_kernel"
+    cat > "$vdir/opp_kernel/version.info" <<VINFO
+Version=$BUILD
+version_dir=$VERSION
+timestamp=$TIMESTAMP
+ops_version=$BUILD
+adk_version=$BUILD
+required_package_runtime_version="$REQUIRED_RANGE"
+required_package_toolkit_version="$REQUIRED_RANGE"
 VINFO
-    install_script_copy "$rec/script"
-    set_permissions "$rec"
+    install_uninstaller "$(uninstaller_of "$VERSION")"
+    set_permissions "$vdir/opp_kernel"
+    set_permissions "$vdir/opp"
+    [ "$(current_toolkit_version)" = "$VERSION" ] && point_latest_dir "$VERSION"
+    return 0
+}
+
+install_ops() {  # 8.5 and later: into cann-<v>, recorded in <arch>-linux/ascend_ops_install.info
+    local vdir="$OWN_VDIR"
+    cp -a "$SELF_DIR/files/." "$vdir/" || die "copying files to $vdir failed (disk full?)"
+    cat > "$vdir/$ARCHDIR/ascend_ops_install.info" <<VINFO
+package_name=$PKG_NAME
+version=$VERSION
+arch=$ARCH
+path=$vdir
+VINFO
+    install_uninstaller "$(uninstaller_of "$VERSION")"
     set_permissions "$vdir/opp"
 }
 
 uninstall_kernels() {
-    rm -rf "$OWN_VDIR/opp_kernel" "$OWN_VDIR/opp/built-in/op_impl/ai_core/tbe/kernel/ascend$SOC"
+    local vdir="$OWN_VDIR"
+    rm -rf "$vdir/opp/built-in/op_impl/ai_core/tbe/kernel/ascend$SOC"
+    if [ "$KIND" = ops ]; then
+        rm -rf "$vdir/$ARCHDIR/ascend_ops_install.info" "$vdir/$ARCHDIR/script/ops_uninstall.sh"
+    else
+        rm -rf "$vdir/opp_kernel"
+        [ "$(current_toolkit_version)" = "$VERSION" ] && point_latest_dir "$VERSION"
+    fi
+    return 0
 }
 
 write_nnal_set_env() {  # write_nnal_set_env FILE ATB_BASE
@@ -294,20 +395,35 @@ SETENV
     chmod 0755 "$1"
 }
 
+# From 8.5 the installation guides uninstall NNAL with nnal/nnal_uninstall.sh. What it does with several versions
+# is not documented: this double's removes the version nnal/atb/latest names, with that version's uninstaller.
+write_nnal_uninstall() {
+    cat > "$1" <<'UNINSTALL'
+#!/bin/bash
+here=$(cd "$(dirname "$0")" && pwd)
+version=$(readlink "$here/atb/latest") || { echo "nnal_uninstall.sh: no NNAL is installed in $here" >&2; exit 1; }
+exec bash "$here/atb/$version/scripts/uninstall.sh" "$@"
+UNINSTALL
+    chmod 0750 "$1"
+}
+
 install_nnal() {
     local vdir="$NNAL_BASE/$VERSION"
     mkdir -p "$vdir" || die "cannot create $vdir; check that $INSTALL_PATH is writable"
     cp -a "$SELF_DIR/files/." "$vdir/" || die "copying files to $vdir failed (disk full?)"
+    # ATB's scripts/release.sh writes version.info from an indented heredoc: "Key : Value", four spaces first.
     cat > "$vdir/version.info" <<VINFO
-Version=$VERSION
-package_name=$PKG_NAME
-innerversion=$INNERVERSION
-arch=$ARCH
+    Ascend-cann-atb : $VERSION
+    Ascend-cann-atb Version : $VERSION.$NNAL_BUILD
+    Platform : $ARCH
+    branch : $NNAL_BRANCH
+    commit id : $COMMIT_ID
 VINFO
-    install_script_copy "$vdir/script"
-    write_nnal_set_env "$vdir/atb/set_env.sh" "$vdir/atb"   # this version's own (assumed path)
+    install_uninstaller "$(uninstaller_of "$VERSION")"
+    write_nnal_set_env "$vdir/atb/set_env.sh" "$vdir/atb"   # this version's own (the suite's per-version pin)
     ln -sfn "$VERSION" "$NNAL_BASE/latest"
     write_nnal_set_env "$NNAL_BASE/set_env.sh" "$NNAL_BASE/latest/atb"
+    [ "$LAYOUT" = cann ] && write_nnal_uninstall "$INSTALL_PATH/nnal/nnal_uninstall.sh"
     set_permissions "$vdir"
 }
 
@@ -318,16 +434,22 @@ uninstall_nnal() {
         rest=$(for d in "$NNAL_BASE"/*/; do d="${d%/}"; [ -L "$d" ] || [ ! -f "$d/version.info" ] || echo "$(ver_key "${d##*/}") ${d##*/}"; done | sort | tail -n 1 | cut -d' ' -f2)
         if [ -n "$rest" ]; then ln -sfn "$rest" "$NNAL_BASE/latest"; else rm -f "$NNAL_BASE/latest" "$NNAL_BASE/set_env.sh"; fi
     fi
-    rmdir "$NNAL_BASE" "$INSTALL_PATH/nnal" 2>/dev/null
+    rmdir "$NNAL_BASE" 2>/dev/null
+    [ -d "$NNAL_BASE" ] || rm -f "$INSTALL_PATH/nnal/nnal_uninstall.sh"
+    rmdir "$INSTALL_PATH/nnal" 2>/dev/null
     return 0
 }
 
-do_install() { case "$KIND" in toolkit) install_toolkit ;; kernels|ops) install_kernels ;; nnal) install_nnal ;; esac; }
-do_uninstall() { case "$KIND" in toolkit) uninstall_toolkit ;; kernels|ops) uninstall_kernels ;; nnal) uninstall_nnal ;; esac; }
+do_install() {
+    case "$KIND" in toolkit) install_toolkit ;; kernels) install_kernels ;; ops) install_ops ;; nnal) install_nnal ;; esac
+}
+do_uninstall() {
+    case "$KIND" in toolkit) uninstall_toolkit ;; kernels|ops) uninstall_kernels ;; nnal) uninstall_nnal ;; esac
+}
 
 require_toolkit() {  # kernels/ops and NNAL need the toolkit of their own version (it may sit beside others)
     [ "$KIND" = toolkit ] && return 0
-    [ -f "$OWN_VDIR/$ARCHDIR/ascend_toolkit_install.info" ] && return 0
+    [ -f "$OWN_VDIR/$ARCHDIR/$TOOLKIT_INFO" ] && return 0
     local others
     others=$( { toolkit_versions ascend-toolkit; toolkit_versions cann; } | tr '\n' ' ')
     if [ -z "$others" ]; then
@@ -352,8 +474,7 @@ require_layout() {
 # Remove an installed version of this kind (its own uninstaller does the work).
 remove_version() {
     local old="$1" script
-    script="$(dirname "$(record_of "$old")")/script/uninstall.sh"
-    [ "$KIND" = toolkit ] && script="$(vdir_of "$old")/$ARCHDIR/script/uninstall.sh"
+    script=$(uninstaller_of "$old")
     if [ -f "$script" ]; then
         bash "$script" --quiet >/dev/null || die "uninstalling $PKG_NAME $old with $script failed"
     else

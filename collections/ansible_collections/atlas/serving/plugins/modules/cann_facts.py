@@ -13,7 +13,14 @@ description:
   - Reads the version records that Huawei's installers write and returns them under
     C(ansible_facts.cann). Changes nothing.
   - Knows both toolkit layouts, C(ascend-toolkit/<version>) before CANN 8.5 and
-    C(cann-<version>) from 8.5, and every version installed side by side (C(versions)).
+    C(cann-<version>) from 8.5, and every version installed side by side (C(versions)); the
+    links and, before 8.5, the real directory C(ascend-toolkit/latest) are never taken for a version.
+  - >-
+    Records read (docs/ascend-platform.md names the source of each) are the toolkit's
+    C(<arch>-linux/ascend_toolkit_install.info); the kernels' C(opp_kernel/version.info) before 8.5 (the release
+    is C(version_dir), C(Version) the component build); the ops' C(<arch>-linux/ascend_ops_install.info) from 8.5
+    (else C(share/info/<pkg>/version.info)); NNAL's C(nnal/atb/<v>/version.info) (indented C(Key : Value) lines,
+    else the directory name); C(driver/version.info) and C(firmware/version.info).
   - With I(release_dir) and I(service), also the CANN version each kept serving release pins (C(pins)).
 options:
   release_dir:
@@ -61,23 +68,37 @@ ansible_facts:
           sample: x86_64
         toolkit:
           description: >-
-            Installed toolkit: installed, layout (C(ascend-toolkit) or C(cann)), version,
-            innerversion, arch, package_name, home, version_dir, info_file, uninstall_script.
+            The toolkit the links name (the last installed): installed, layout (C(ascend-toolkit) or C(cann)),
+            version, innerversion, arch, package_name, home (the link read through), version_dir, arch_dir,
+            info_file, uninstall_script (C(<version_dir>/<arch>-linux/script/uninstall.sh)).
           type: dict
           sample: {installed: true, layout: ascend-toolkit, version: 8.3.RC1}
         kernels:
-          description: Kernels (before 8.5) or ops (8.5+) package, installed, version, package_name, soc_version.
+          description: >-
+            Kernels (before 8.5) or ops (8.5+) package installed with that toolkit: installed, component
+            (C(kernels) or C(ops)), version (the release), build (the kernels' component build), package_name
+            (the ops record's; the kernels record names none), info_file, uninstall_script
+            (C(opp_kernel/script/uninstall.sh), from 8.5 C(<arch>-linux/script/ops_uninstall.sh)).
           type: dict
+          sample: {installed: true, component: ops, version: 9.1.0, package_name: Ascend-cann-910b-ops}
         nnal:
-          description: NNAL (Ascend Transformer Boost), installed, version, home, uninstall_script.
+          description: >-
+            NNAL (Ascend Transformer Boost) that C(nnal/atb/latest) names: installed, version, build, platform,
+            home, info_file, uninstall_script (C(nnal/atb/<v>/scripts/uninstall.sh) before 8.5,
+            C(nnal/nnal_uninstall.sh) from 8.5).
           type: dict
         driver:
-          description: NPU driver from driver/version.info, installed and version.
+          description: >-
+            NPU driver from driver/version.info: installed, version (C(package_version), else C(Version)),
+            package_version, info_file.
           type: dict
-          sample: {installed: true, version: 24.1.rc1}
+          sample: {installed: true, version: 24.1.rc2.2, package_version: 24.1.rc2.2}
         firmware:
-          description: NPU firmware from firmware/version.info, installed and version.
+          description: >-
+            NPU firmware from firmware/version.info: installed, version (C(Version), the firmware build that names
+            the firmware package), package_version (the HDK release), info_file.
           type: dict
+          sample: {installed: true, version: 7.1.0.11.220, package_version: 23.0.7}
         set_env_scripts:
           description: Every set_env.sh of the stack that exists.
           type: list
@@ -91,8 +112,9 @@ ansible_facts:
         versions:
           description: >-
             Every CANN version installed side by side, by version: layout, version_dir, the installed version of
-            toolkit, kernels and nnal (or null), set_env_scripts (that version's own environment scripts, which
-            pin it whatever the links name), uninstall_scripts.
+            toolkit, kernels (the ops package from 8.5) and nnal (or null), set_env_scripts (that version's own
+            environment scripts, which pin it whatever the links name), uninstall_scripts (toolkit, kernels: the
+            kernels' or ops' uninstaller, nnal: that version's own C(nnal/atb/<v>/scripts/uninstall.sh)).
           type: dict
           sample: {"8.5.0": {layout: cann, toolkit: 8.5.0, kernels: 8.5.0, nnal: 8.5.0}}
         pins:
