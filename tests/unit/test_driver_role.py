@@ -1,9 +1,11 @@
 """The driver role against localhost on a fake node root (the lab's NPU layer written by atlaslab.npu):
 plan and order, the installers' argument rules kept for a first install and for an upgrade (the doubles refuse
-what Huawei's install.sh refuses), the hot reset (a new driver runs at once unless a process holds an NPU),
-manifest check before anything runs, reboot refused unless allowed, found again on the next run, nothing to do
-after the boot, check mode, going back refused, a package swapped in the bundle after its check never runs (the
-checked copy does), a bundle another account can write refused."""
+what Huawei's install.sh refuses), one installer at a time (a failed firmware leaves the driver untouched), the
+installers' exit 2 in the reboot decision (a first install ends so), the hot reset (a new driver runs at once unless
+a process holds an NPU), manifest check before anything runs, reboot refused unless allowed, found again on the next
+run, nothing to do after the boot, check mode, going back refused unless asked for and then run as --upgrade, a
+package swapped in the bundle after its check never runs (the checked copy does), a bundle another account can write
+refused."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import pytest
 from test_cann_role import ok, recap, swap_at_exec
 
 from atlaslab import config, npu
-from atlaslab.doubles.hdk_run import build_hdk_packages
+from atlaslab.doubles.hdk_run import CHIPS_READY_REL, FAIL_INSTALL_REL, build_hdk_packages
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
@@ -39,16 +41,19 @@ PLAYBOOK = """
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="Huawei's HDK installers run as root")
 
 
-@pytest.fixture(scope="module")
-def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("bundle")
+def make_bundle(root: Path, driver: str, firmware: str) -> Path:
     files = []
-    for path in build_hdk_packages(root / "hdk", DRIVER, FIRMWARE):
+    for path in build_hdk_packages(root / "hdk", driver, firmware):
         data = path.read_bytes()
         files.append({"path": path.relative_to(root).as_posix(), "size": len(data),
                       "sha256": hashlib.sha256(data).hexdigest(), "md5": hashlib.md5(data).hexdigest()})
     (root / "manifest.json").write_text(json.dumps({"format": 1, "name": "test", "files": files}))
     return root
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_bundle(tmp_path_factory.mktemp("bundle"), DRIVER, FIRMWARE)
 
 
 class FakeNode:
@@ -111,10 +116,24 @@ class FakeNode:
         state = json.loads((self.root / npu.STATE_REL).read_text())
         return state["driver_version"], state["firmware_version"]
 
+    def installer_log(self) -> str:
+        """Huawei's installers' log, the driver's and the firmware's lines alike."""
+        log = self.sysroot / "var/log/ascend_seclog/ascend_install.log"
+        return log.read_text() if log.exists() else ""
+
     def installer_params(self, kind: str) -> list[str]:
-        """The arguments each run of the ``kind`` installer was given, from its log (InputParams)."""
-        log = self.sysroot / f"var/log/ascend_seclog/ascend_{kind}_install.log"
-        return [line.split("InputParams: ", 1)[1] for line in log.read_text().splitlines() if "InputParams: " in line]
+        """The arguments each run of the ``kind`` installer was given, from the log (InputParams)."""
+        tag = f"[{kind.capitalize()}] "
+        return [line.split("InputParams: ", 1)[1] for line in self.installer_log().splitlines()
+                if line.startswith(tag) and "InputParams: " in line]
+
+    def hook(self, rel: Path, text: str = "") -> None:
+        """A lab hook of the installer doubles (atlaslab.doubles.hdk_run), on this node."""
+        (self.sysroot / rel).parent.mkdir(parents=True, exist_ok=True)
+        (self.sysroot / rel).write_text(text)
+
+    def loaded(self) -> bool:
+        return json.loads((self.root / npu.STATE_REL).read_text()).get("driver_loaded", True)
 
 
 @pytest.fixture()
@@ -138,7 +157,8 @@ def test_upgrade_in_order_stops_for_the_reboot_and_is_idempotent_after_it(node: 
     out = " ".join(first.stdout.split())
     assert out.index("item=upgrade firmware 7.1.0.6.220 -> 7.8.0.2.212") < out.index("item=upgrade driver 24.1.rc1")
     # No process holds an NPU: the driver's hot reset runs it at once; the firmware waits for the reboot.
-    assert "installed but not running until the node reboots: firmware 7.8.0.2.212 (running: 7.1.0.6.220)" in out
+    assert ("installed but not running until the node reboots: firmware 7.8.0.2.212 (running: 7.1.0.6.220; its "
+            "installer (upgrade) exited 2: reboot needed).") in out
     assert node.running() == (DRIVER, "7.1.0.6.220")
     assert (node.installed("driver"), node.installed("firmware")) == (DRIVER, FIRMWARE)
     # The upgrade passes the installers' rules: no --install-path, no account with --upgrade.
@@ -154,19 +174,52 @@ def test_upgrade_in_order_stops_for_the_reboot_and_is_idempotent_after_it(node: 
 
 
 def test_first_install_passes_the_installers_rules(tmp_path: Path, bundle: Path) -> None:
-    """A bare node: the driver with its path and account (--full), then the firmware; the new driver is
-    loaded at once, the firmware waits for the reboot."""
+    """A bare node: the driver with its path and account (--full), then the firmware. Like a real first install
+    the driver's installer exits 2 (its chips do not all come up before a reboot): both wait for the reboot."""
     bare = FakeNode(tmp_path, bundle, installed=False)
     run = bare.play()
     out = " ".join(run.stdout.split())
     assert run.returncode != 0 and out.index("item=install driver") < out.index("item=install firmware")
-    assert "installed but not running until the node reboots: firmware 7.8.0.2.212 (running: 7.1.0.6.220)" in out
+    assert ("installed but not running until the node reboots: driver 25.5.0 (running: none; its installer (install) "
+            "exited 2: reboot needed), firmware 7.8.0.2.212 (running: none; its installer (install) exited 2: reboot "
+            "needed).") in out  # no driver loaded: npu-smi answers nothing
     path = bare.root / "usr/local/Ascend"
     assert bare.installer_params("driver") == [
         f"--full --quiet --install-path={path} --install-for-all --install-username=root --install-usergroup=root"]
     assert bare.installer_params("firmware") == ["--full --quiet"]
     assert (bare.installed("driver"), bare.installed("firmware")) == (DRIVER, FIRMWARE)
-    assert bare.running()[0] == DRIVER
+    assert not bare.loaded()
+    assert (bare.sysroot / "etc/ascend_install.info").read_text().splitlines()[-3:] == [
+        "Driver_Install_Status=complete", "Firmware_Install_Type=full", f"Firmware_Install_Path_Param={path}"]
+    bare.boot()
+    assert ok(bare.play())["changed"] == 0
+    assert bare.running() == (DRIVER, FIRMWARE)
+
+
+def test_a_first_install_whose_chips_come_up_runs_the_driver_at_once(tmp_path: Path, bundle: Path) -> None:
+    bare = FakeNode(tmp_path, bundle, installed=False)
+    bare.hook(CHIPS_READY_REL)
+    out = " ".join(bare.play().stdout.split())
+    assert ("installed but not running until the node reboots: firmware 7.8.0.2.212 (running: 7.1.0.6.220; its "
+            "installer (install) exited 2: reboot needed).") in out
+    assert bare.loaded() and bare.running()[0] == DRIVER
+
+
+def test_a_failed_firmware_step_stops_before_the_driver(node: FakeNode) -> None:
+    """Each installer runs only when every one before it succeeded: the firmware (first in an upgrade) fails, the
+    driver's installer never runs and the driver stays as it was; the play names the step and the log."""
+    node.hook(FAIL_INSTALL_REL, "firmware\n")
+    run = node.play()
+    out = " ".join(run.stdout.split())
+    assert run.returncode != 0, out[-3000:]
+    assert ("the firmware step failed (upgrade 7.1.0.6.220 -> 7.8.0.2.212, exit status 1). Not run after it: "
+            "upgrade driver 25.5.0. Its log on the node: /var/log/ascend_seclog/ascend_install.log.") in out
+    assert "fail-install names firmware" in out
+    assert node.installer_params("driver") == [] and node.installer_params("firmware") == ["--upgrade --quiet"]
+    assert (node.installed("driver"), node.installed("firmware")) == ("24.1.rc1", "7.1.0.6.220")
+    assert node.running() == ("24.1.rc1", "7.1.0.6.220")
+    assert "Driver | install | run the installer, upgrade firmware 7.8.0.2.212" in out
+    assert "Driver | install | run the installer, upgrade driver 25.5.0" not in out
 
 
 def test_a_process_holding_an_npu_stops_the_hot_reset(node: FakeNode) -> None:
@@ -183,10 +236,10 @@ def test_a_process_holding_an_npu_stops_the_hot_reset(node: FakeNode) -> None:
         holder.wait()
     out = " ".join(run.stdout.split())
     assert run.returncode != 0
-    assert ("installed but not running until the node reboots: driver 25.5.0 (running: 24.1.rc1), firmware "
-            "7.8.0.2.212") in out
+    assert ("installed but not running until the node reboots: driver 25.5.0 (running: 24.1.rc1; its installer "
+            "(upgrade) exited 2: reboot needed), firmware 7.8.0.2.212") in out
     assert node.running() == ("24.1.rc1", "7.1.0.6.220") and node.installed("driver") == DRIVER
-    log = (node.sysroot / "var/log/ascend_seclog/ascend_driver_install.log").read_text()
+    log = node.installer_log()
     assert f"hot reset not done: processes hold the NPUs: NPU 0: pid {holder.pid} (sleep)" in log
     assert "Reboot needed for installation/upgrade to take effect!" in log
 
@@ -204,11 +257,26 @@ def test_tampered_package_is_refused_before_anything_runs(node: FakeNode, tmp_pa
     assert node.installed("driver") == "24.1.rc1" and node.installed("firmware") == "7.1.0.6.220"
 
 
-def test_going_back_is_refused_naming_the_procedure(node: FakeNode) -> None:
+def test_going_back_is_refused_naming_the_opt_in(node: FakeNode) -> None:
     run = node.play(driver_version="23.0.rc3", driver_firmware_version="")
     out = " ".join(run.stdout.split())
-    assert run.returncode != 0 and "going back is not an upgrade" in out and "uninstall.sh" in out
+    assert run.returncode != 0 and "going back is a downgrade" in out and "driver_allow_downgrade=true" in out
     assert node.installed("driver") == "24.1.rc1"
+
+
+def test_a_downgrade_asked_for_runs_upgrade_firmware_then_driver(node: FakeNode, tmp_path: Path) -> None:
+    """driver_allow_downgrade: Huawei's installers' --upgrade to the older versions, firmware then driver."""
+    older = make_bundle(tmp_path / "older-bundle", "23.0.rc3", "7.1.0.5.220")
+    run = node.play(driver_version="23.0.rc3", driver_firmware_version="7.1.0.5.220", driver_bundle_dir=str(older),
+                    driver_allow_downgrade=True)
+    out = " ".join(run.stdout.split())
+    assert ("downgrade: firmware, then driver: firmware downgrade 7.1.0.6.220 7.1.0.5.220; driver downgrade "
+            "24.1.rc1 23.0.rc3") in out
+    assert out.index("item=downgrade firmware") < out.index("item=downgrade driver")
+    assert node.installer_params("driver") == ["--upgrade --quiet --install-for-all"]
+    assert node.installer_params("firmware") == ["--upgrade --quiet"]
+    assert (node.installed("driver"), node.installed("firmware")) == ("23.0.rc3", "7.1.0.5.220")
+    assert "firmware 7.1.0.5.220 (running: 7.1.0.6.220; its installer (downgrade) exited 2" in out
 
 
 def test_nothing_named_nothing_done(node: FakeNode) -> None:

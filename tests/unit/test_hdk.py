@@ -16,7 +16,7 @@ from atlasctl.bundle import BundleSpec, _kind_and_version
 from atlasctl.errors import UsageError
 from atlaslab.doubles import lab_driver
 from atlaslab.doubles.cann_run import CannBuildError
-from atlaslab.doubles.hdk_run import build_hdk_packages, hdk_package_files
+from atlaslab.doubles.hdk_run import CHIPS_READY_REL, FAIL_INSTALL_REL, build_hdk_packages, hdk_package_files
 
 DRV, FW = "hdk/drv.run", "hdk/fw.run"
 
@@ -42,9 +42,53 @@ def test_nothing_to_do_and_parts_left_alone() -> None:
     assert kinds_and_ops(hdk.plan("24.1.rc1", "7.1.0.6.220", "24.1.0", "", DRV, FW)) == [("driver", "upgrade")]
 
 
-def test_going_back_is_refused_with_the_procedure() -> None:
+def test_going_back_is_refused_naming_the_opt_in() -> None:
     plan = hdk.plan("25.5.0", "7.8.0.2.212", "24.1.rc1", "", DRV, FW)
-    assert plan["steps"] == [] and "uninstall.sh" in plan["problem"] and "24.1.rc1" in plan["problem"]
+    assert plan["steps"] == [] and plan["order"] == "refused"
+    assert "driver_allow_downgrade=true" in plan["problem"] and "24.1.rc1" in plan["problem"]
+
+
+def test_a_downgrade_asked_for_is_upgrade_steps_in_the_upgrade_order() -> None:
+    """Huawei's installer performs --upgrade to an older version: asked for, the plan is firmware then driver."""
+    plan = hdk.plan("25.5.0", "7.8.0.2.212", "24.1.rc1", "7.1.0.6.220", DRV, FW, allow_downgrade=True)
+    assert kinds_and_ops(plan) == [("firmware", "downgrade"), ("driver", "downgrade")]
+    assert plan["order"] == "downgrade: firmware, then driver" and plan["problem"] == ""
+    mixed = hdk.plan("25.5.0", "7.1.0.6.220", "24.1.rc1", "7.8.0.2.212", DRV, FW, allow_downgrade=True)
+    assert kinds_and_ops(mixed) == [("firmware", "upgrade"), ("driver", "downgrade")]
+    assert mixed["order"].startswith("downgrade")
+    # asked for, a newer version is still an upgrade
+    assert hdk.plan("24.1.rc1", "", "25.5.0", "", DRV, FW, allow_downgrade=True)["order"].startswith("upgrade")
+
+
+def test_installer_exit_statuses() -> None:
+    """hicann/driver install.sh: 0 running, 2 reboot needed, anything else failed; no run (check mode) is 0."""
+    assert [hdk.installer_outcome(rc) for rc in (0, 2, 1, 127, None)] == [
+        "running", "reboot", "failed", "failed", "running"]
+
+
+def test_installer_error_lines() -> None:
+    out = ("[Driver] [2025-01-01 10:00:00] [INFO]Start time: 2025-01-01 10:00:00\n"
+           "[Driver] [2025-01-01 10:00:00] [ERROR]ERR_NO:0x0095;ERR_DES:The user and group are not same with last "
+           "installation,do not support overwriting installation\n"
+           "[Driver] [2025-01-01 10:00:00] [ERROR]ERR_NO:0x0004;ERR_DES: Unrecognized parameters: --x. Try it\n"
+           "[Firmware] [2025-01-01 10:00:00] [ERROR]Failed to upgrade\n")
+    assert hdk.installer_errors(out) == [
+        {"code": "0x0095", "description": "The user and group are not same with last installation,do not support "
+                                          "overwriting installation"},
+        {"code": "0x0004", "description": "Unrecognized parameters: --x. Try it"}]
+    assert hdk.installer_errors("") == []
+
+
+def test_pending_merges_npu_smi_and_installer_exit_2() -> None:
+    wanted = {"driver": "25.5.0", "firmware": "7.8.0.2.212"}
+    step = {"kind": "firmware", "op": "upgrade", "from": "7.1.0.6.220", "to": "7.8.0.2.212", "file": FW}
+    assert hdk.pending(wanted, {"driver": "25.5.0", "firmware": "7.8.0.2.212"}) == []
+    assert hdk.pending(wanted, {"driver": "25.5.0", "firmware": "7.8.0.2.212"}, [step]) == [
+        "firmware 7.8.0.2.212 (its installer (upgrade) exited 2: reboot needed)"]
+    assert hdk.pending(wanted, {"driver": "none", "firmware": "7.1.0.6.220"}, [step]) == [
+        "driver 25.5.0 (running: none)",
+        "firmware 7.8.0.2.212 (running: 7.1.0.6.220; its installer (upgrade) exited 2: reboot needed)"]
+    assert hdk.pending({"driver": "", "firmware": ""}, {}) == []
 
 
 def test_firmware_without_any_driver_is_refused() -> None:
@@ -86,6 +130,10 @@ def test_bundle_spec_and_manifest_kinds(tmp_path: Path) -> None:
 
 @pytest.fixture()
 def node(tmp_path: Path) -> dict:
+    return make_node(tmp_path)
+
+
+def make_node(tmp_path: Path) -> dict:
     """A fake node: an Ascend root with driver 24.1.rc1 / firmware 7.1.0.6.220 installed (recorded in
     /etc/ascend_install.info, as the vendor's installer leaves it) and running."""
     ascend = tmp_path / "Ascend"
@@ -106,7 +154,8 @@ def node(tmp_path: Path) -> dict:
            # no npu-smi: the hot reset cannot tell who holds the NPUs, so it is not done
            "ATLAS_LAB_NPU_SMI": str(tmp_path / "no-npu-smi")}
     pkgs = build_hdk_packages(tmp_path / "hdk", "25.5.0", "7.8.0.2.212")
-    return {"ascend": ascend, "state": state, "env": env, "driver": pkgs[0], "firmware": pkgs[1], "helper": helper}
+    return {"ascend": ascend, "state": state, "env": env, "driver": pkgs[0], "firmware": pkgs[1], "helper": helper,
+            "sysroot": tmp_path / "sys"}
 
 
 def raw(node: dict, pkg: str, *args: str) -> subprocess.CompletedProcess:
@@ -150,18 +199,57 @@ def test_upgrade_exits_2_and_runs_after_the_boot_load(node: dict) -> None:
     assert again.returncode == 0, again.stdout + again.stderr
 
 
-@root_only
-def test_first_driver_install_loads_at_once_firmware_needs_the_driver(node: dict) -> None:
+def bare(node: dict) -> None:
+    """Nothing installed, nothing recorded, no driver loaded: a new server."""
     for kind in ("driver", "firmware"):
         (node["ascend"] / kind / "version.info").unlink()
+    (node["sysroot"] / "etc/ascend_install.info").unlink()
     node["state"].write_text(json.dumps({"driver_loaded": False, "driver_version": "",
                                          "firmware_version": "7.1.0.6.220"}))
+
+
+@root_only
+def test_a_first_driver_install_exits_2_and_runs_after_the_boot(node: dict) -> None:
+    """hicann/driver install.sh: a first install (no driver before, none loaded, no --force) exits 2 unless every
+    chip reports boot status 16; the driver runs after the reboot. The firmware needs the driver installed first."""
+    bare(node)
     fw_first = run(node, "firmware", "--full")
-    assert fw_first.returncode == 1 and "install the driver first" in fw_first.stderr
+    assert fw_first.returncode == 1 and "install the driver first" in fw_first.stdout
     drv = run(node, "driver", "--full")
-    assert drv.returncode == 0 and "Driver package installed successfully! The new version takes effect" in drv.stdout
-    assert running(node)[0] == "25.5.0"
+    assert drv.returncode == 2, drv.stdout + drv.stderr
+    assert "[WARNING]There are some chips not ready, please check after reboot" in drv.stdout
+    assert "[INFO]Driver package installed successfully! Reboot needed for installation/upgrade to take effect!" \
+        in drv.stdout
+    assert installed(node, "driver") == "25.5.0" and running(node)[0] == "none"
     assert run(node, "firmware", "--full").returncode == 2
+    subprocess.run([str(node["helper"]), "load"], env=node["env"], check=True)  # what the node does at boot
+    assert running(node) == ("25.5.0", "7.8.0.2.212")
+
+
+@root_only
+def test_a_first_driver_install_whose_chips_come_up_runs_at_once(node: dict) -> None:
+    bare(node)
+    (node["sysroot"] / CHIPS_READY_REL).parent.mkdir(parents=True, exist_ok=True)
+    (node["sysroot"] / CHIPS_READY_REL).touch()
+    drv = run(node, "driver", "--full")
+    assert drv.returncode == 0, drv.stdout + drv.stderr
+    assert "Driver package installed successfully! The new version takes effect immediately." in drv.stdout
+    assert running(node)[0] == "25.5.0"
+
+
+@root_only
+@pytest.mark.parametrize("kind", ["firmware", "driver"])
+def test_the_fail_install_hook_fails_that_installer_and_writes_nothing(node: dict, kind: str) -> None:
+    hook = node["sysroot"] / FAIL_INSTALL_REL
+    hook.parent.mkdir(parents=True, exist_ok=True)
+    hook.write_text(f"{kind}\n")
+    record = (node["sysroot"] / "etc/ascend_install.info").read_text()
+    failed = run(node, kind, "--upgrade")
+    assert failed.returncode == 1 and f"fail-install names {kind}" in failed.stdout
+    assert (installed(node, "driver"), installed(node, "firmware")) == ("24.1.rc1", "7.1.0.6.220")
+    assert (node["sysroot"] / "etc/ascend_install.info").read_text() == record
+    other = "driver" if kind == "firmware" else "firmware"
+    assert run(node, other, "--upgrade").returncode in (0, 2)
 
 
 @root_only
@@ -186,7 +274,7 @@ def test_first_driver_install_loads_at_once_firmware_needs_the_driver(node: dict
 def test_the_driver_installers_argument_rules(node: dict, pkg: str, args: list[str], message: str) -> None:
     refused = raw(node, pkg, "--nox11", *args)
     assert refused.returncode == 1, refused.stdout + refused.stderr
-    assert message in refused.stderr
+    assert f"[ERROR]{message}" in refused.stdout if message.startswith("ERR_NO") else message in refused.stdout
     assert (installed(node, "driver"), installed(node, "firmware")) == ("24.1.rc1", "7.1.0.6.220")
 
 
@@ -215,12 +303,23 @@ def test_the_hot_reset_runs_the_new_driver_unless_a_process_holds_an_npu(node: d
 def test_refusals_name_the_fix(node: dict) -> None:
     nouser = raw(node, "driver", "--nox11", "--quiet", f"--install-path={node['ascend']}", "--full",
                  "--install-username=atlas-no-such-user", "--install-usergroup=root", "--install-for-all")
-    assert nouser.returncode == 1 and "useradd" in nouser.stderr and installed(node, "driver") == "24.1.rc1"
-    (node["ascend"] / "driver/version.info").write_text("Version=26.0.rc1\n")
-    back = run(node, "driver", "--upgrade")
-    assert back.returncode == 1 and "does not downgrade" in back.stderr
+    assert nouser.returncode == 1 and "[ERROR]ERR_NO:0x0095;ERR_DES:The user and group are not same" in nouser.stdout
+    (node["sysroot"] / "etc/ascend_install.info").write_text(f"Driver_Install_Path_Param={node['ascend']}\n")
+    nouser = raw(node, "driver", "--nox11", "--quiet", f"--install-path={node['ascend']}", "--full",
+                 "--install-username=atlas-no-such-user", "--install-usergroup=root", "--install-for-all")
+    assert nouser.returncode == 1 and "useradd" in nouser.stdout and installed(node, "driver") == "24.1.rc1"
     assert raw(node, "firmware", "--uninstall").returncode == 1
     data = bytearray(node["driver"].read_bytes())
     data[-100] ^= 1
     node["driver"].write_bytes(bytes(data))
-    assert run(node, "driver", "--upgrade").returncode == 2 and installed(node, "driver") == "26.0.rc1"
+    # makeself's own integrity check exits 2 too (the role checks every copy's sha256 before it runs one)
+    assert run(node, "driver", "--upgrade").returncode == 2 and installed(node, "driver") == "24.1.rc1"
+
+
+@root_only
+def test_upgrade_to_an_older_driver_is_performed(node: dict) -> None:
+    """Huawei's driver installer has no "older refused" rule: --upgrade to an older version installs it."""
+    (node["ascend"] / "driver/version.info").write_text("Version=26.0.rc1\n")
+    back = run(node, "driver", "--upgrade")
+    assert back.returncode == 2, back.stdout + back.stderr
+    assert "Driver package upgraded successfully!" in back.stdout and installed(node, "driver") == "25.5.0"

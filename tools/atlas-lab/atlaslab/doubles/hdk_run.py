@@ -2,19 +2,30 @@
 
 Like the CANN doubles (:mod:`atlaslab.doubles.cann_run`, whose makeself header they share),
 they carry Huawei's file names and options and check their payload before they run; the
-install logic is ``hdk_installer/install.sh``:
+install logic is ``hdk_installer/install.sh``. They follow Huawei's installers (hicann/driver
+``scripts/package/custom/driver/common/scripts/{install.sh,args_parse.sh}`` @ ef377e95), not the suite:
 
 * driver: ``Ascend-hdk-<soc>-npu-driver_<ver>_linux-<arch>.run`` with the options of Huawei's driver
-  ``install.sh`` and its rules (hicann/driver, ``scripts/package/driver/common/scripts/install.sh``,
-  ``unsupportParam``): ``--full``/``--run`` or ``--upgrade``, ``--uninstall`` alone, ``--install-path=`` and
-  ``--install-username=``/``--install-usergroup=`` (a pair) only with a full install, each refusal the
-  vendor's message and exit 1; an upgrade keeps the path and account ``/etc/ascend_install.info`` records;
+  ``install.sh`` and its rules (``unsupportParam``): ``--full``/``--run`` or ``--upgrade``, ``--uninstall``
+  alone, ``--install-path=`` and ``--install-username=``/``--install-usergroup=`` (a pair) only with a full
+  install, each refusal the vendor's ``[ERROR]ERR_NO:0x0004;ERR_DES:...`` line and exit 1; an overwrite install
+  with another account than ``/etc/ascend_install.info`` records is ``ERR_NO:0x0095``, not root ``0x0093``; an
+  upgrade keeps the path and account the record names; ``--upgrade`` to an older version is performed;
 * firmware: ``Ascend-hdk-<soc>-npu-firmware_<fwver>.run`` (no arch: it is flashed onto the
-  NPU) with the options its documentation shows (``--full``, ``--upgrade``, ``--quiet``); needs an
+  NPU) with the options ascend-deployer gives it (``--full``, ``--upgrade``, ``--quiet``); needs an
   installed driver;
-* exit status 0 when the new version runs now (a first driver; an upgrade whose hot reset succeeded), 2 when
-  it runs only after a reboot (the hot reset fails while a process holds an NPU; any new firmware), 1 on
+* records with the vendor's keys in the vendor's order: ``<path>/driver/version.info``,
+  ``<path>/firmware/version.info``, ``/etc/ascend_install.info`` (``Driver_Install_Status=complete`` appended after
+  a successful driver install); output and log lines ``[Driver] [<date>] [INFO]...`` in
+  ``/var/log/ascend_seclog/ascend_install.log``;
+* exit status 0 when the new version runs now (a hot reset that succeeded; a first install whose chips all came
+  up), 2 when it runs only after a reboot (a first driver install, by default: "There are some chips not ready,
+  please check after reboot"; a hot reset that fails while a process holds an NPU; any new firmware), 1 on
   failure, as Huawei's installers do.
+
+Lab hooks, files on the node (under ``ATLAS_HDK_SYSROOT`` in unit tests): ``/etc/atlas-lab/chips-ready`` makes a
+first driver install find every chip up (exit 0, the driver runs at once); ``/etc/atlas-lab/fail-install`` names
+package kinds (``driver``, ``firmware``), one a line, whose installer then fails (exit 1) before it writes anything.
 
 In the lab the node's simulated NPU layer (:mod:`atlaslab.npu`) keeps the running
 versions apart from the installed ones, and loads the installed ones when the node boots.
@@ -33,6 +44,9 @@ INSTALLER = Path(__file__).with_name("hdk_installer") / "install.sh"
 _DRIVER_VERSION = re.compile(r"\d+\.\d+\.(?:rc\d+|RC\d+|\d+)(?:\.\d+)*")  # fullmatch
 _FIRMWARE_VERSION = re.compile(r"\d+(?:\.\d+){2,5}")  # fullmatch
 _LOG_TAGS = {"driver": "Driver", "firmware": "Firmware"}
+# The lab hooks of the installer doubles, relative to the node's root (see the module docstring).
+CHIPS_READY_REL = Path("etc/atlas-lab/chips-ready")
+FAIL_INSTALL_REL = Path("etc/atlas-lab/fail-install")
 
 
 @dataclass(frozen=True)
