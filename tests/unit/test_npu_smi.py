@@ -1,4 +1,5 @@
-"""npu-smi parsing (module_utils/npu_smi.py) and atlas.serving.npu_facts: tables of outputs -> facts."""
+"""npu-smi parsing (module_utils/npu_smi.py) and atlas.serving.npu_facts: tables of outputs -> facts; every
+layout over the vendor excerpts in tests/fixtures/vendor/npu_smi/ (SOURCES.md); every NPU's board checked."""
 
 from __future__ import annotations
 
@@ -68,6 +69,8 @@ SHIFTED = """\
 | No running processes found in NPU 5                                                                |
 +===============================+===============+==========================+=========================+
 """
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vendor" / "npu_smi"
 
 BOARD = """\
         NPU ID                         : 0
@@ -158,6 +161,106 @@ def test_parse_board() -> None:
     assert board["Chip Count"] == "1"
 
 
+# --- the vendor excerpts -----------------------------------------------------------------------------------
+
+
+def _fixture(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def test_parse_info_of_the_24_1_table_of_eight_npus() -> None:
+    got = npu_smi.parse_info(_fixture("info_910b_8npu_24.1.txt"))
+    assert got["version"] == "24.1.0.3" and got["processes"] == []
+    assert [d["id"] for d in got["devices"]] == list(range(8))
+    assert {d["name"] for d in got["devices"]} == {"910B2"} and {d["health"] for d in got["devices"]} == {"OK"}
+    assert got["devices"][0] == {"id": 0, "chip": 0, "name": "910B2", "health": "OK", "power_w": 96.4, "temp_c": 37,
+                                 "aicore_pct": 0, "hbm_used_mb": 3397, "hbm_total_mb": 65536, "memory_used_mb": 0,
+                                 "memory_total_mb": 0, "bus_id": "0000:C1:00.0"}
+
+
+def test_parse_info_of_the_wider_26_0_rc2_table_reads_the_same() -> None:
+    got = npu_smi.parse_info(_fixture("info_910b_26.0.rc2_wide.txt"))
+    assert got["version"] == "26.0.rc2"
+    assert [d for d in got["devices"]] == SECTION_6_DEVICES
+
+
+def test_parse_health_without_c() -> None:
+    assert npu_smi.parse_health(_fixture("health_910b.txt")) == {
+        "npu_id": 0, "chip_count": 1, "chips": [{"chip": 0, "health": "OK"}], "others": []}
+    assert npu_smi.parse_health(_fixture("health_910b_mcu.txt"))["others"] == [{"name": "MCU", "health": "OK"}]
+
+
+def test_parse_health_of_a_310b_reads_chip_id_before_health() -> None:
+    text = "\tNPU ID                         : 0\n\tChip Count                     : 1\n\n" \
+           "\tChip ID                        : 0\n\tHealth                         : Alarm\n\n"
+    assert npu_smi.parse_health(text)["chips"] == [{"chip": 0, "health": "Alarm"}]
+
+
+def test_parse_chip_health_with_and_without_errors() -> None:
+    assert npu_smi.parse_chip_health(_fixture("health_chip_ok.txt")) == {
+        "health": "OK", "error_codes": [], "error_information": []}
+    got = npu_smi.parse_chip_health(_fixture("health_chip_errors.txt"))
+    assert got["health"] == "Alarm" and got["error_codes"] == ["80E18005", "80E38003"]
+    assert len(got["error_information"]) == 2 and "overtemperature" in got["error_information"][1]
+
+
+def test_parse_board_reads_compatibility() -> None:
+    ok, nok = npu_smi.parse_board(_fixture("board_910b_ok.txt")), npu_smi.parse_board(_fixture("board_910b_nok.txt"))
+    assert list(ok)[:8] == ["NPU ID", "Product Name", "Model", "Manufacturer", "Serial Number", "Software Version",
+                            "Firmware Version", "Compatibility"]
+    assert (ok["Compatibility"], nok["Compatibility"]) == ("OK", "NOK")
+    assert nok["Software Version"] == "24.1.rc2" and nok["Firmware Version"] == "7.1.0.6.220"
+
+
+def test_parse_boards_splits_prints_of_several_npus() -> None:
+    second = _fixture("board_910b_nok.txt").replace(f"\t{'NPU ID':<30} : 0", f"\t{'NPU ID':<30} : 1")
+    text = _fixture("board_910b_ok.txt") + "\n" + second
+    boards = npu_smi.parse_boards(text)
+    assert [(b["NPU ID"], b["Compatibility"]) for b in boards] == [("0", "OK"), ("1", "NOK")]
+    assert npu_smi.parse_boards("") == []
+
+
+def test_parse_list() -> None:
+    got = npu_smi.parse_list(_fixture("list_910b_8npu.txt"))
+    assert got == {"total": 8, "npus": [{"id": i, "chip_count": 1} for i in range(8)]}
+
+
+# --- check_boards(): every NPU's board -------------------------------------------------------------------
+
+
+def _board(compat: str = "OK", driver: str = "24.1.rc2", firmware: str = "7.5.0.1.129") -> dict[str, str]:
+    return {"Software Version": driver, "Firmware Version": firmware, "Compatibility": compat}
+
+
+def test_check_boards_all_ok() -> None:
+    assert npu_smi.check_boards([0, 1], [_board(), _board()]) == {"errors": [], "warnings": []}
+
+
+def test_check_boards_nok_names_the_npus_versions_and_fix() -> None:
+    got = npu_smi.check_boards([0, 1, 2], [_board(), _board("NOK", firmware="7.1.0.6.220"),
+                                           _board("NOK", firmware="7.1.0.6.220")])
+    nok = [e for e in got["errors"] if "Compatibility NOK" in e]
+    assert len(nok) == 1 and nok[0].startswith("NPU 1, 2: ")
+    assert "driver 24.1.rc2" in nok[0] and "firmware 7.1.0.6.220" in nok[0] and "reboot" in nok[0]
+    assert any("do not run the same driver and firmware" in e for e in got["errors"])
+
+
+@pytest.mark.parametrize(
+    ("board", "words"),
+    [
+        (_board("UNKNOWN"), ["Compatibility UNKNOWN", "broken", "23.0.RC2"]),
+        (_board("NOT SUPPORT"), ["not run as root"]),
+        ({"Software Version": "24.1.rc2", "Firmware Version": "7.5.0.1.129"}, ["no Compatibility line"]),
+        ({}, ["npu-smi info -t board failed"]),
+    ],
+    ids=["unknown", "not-root", "no-field", "unread"],
+)
+def test_check_boards_warnings(board: dict, words: list[str]) -> None:
+    got = npu_smi.check_boards([3], [board])
+    assert got["errors"] == [] and len(got["warnings"]) == 1
+    assert got["warnings"][0].startswith("NPU 3: ") and all(w in got["warnings"][0] for w in words)
+
+
 # --- gather(): the real simulator CLI run as npu-smi ----------------------------------------
 
 
@@ -188,6 +291,28 @@ def test_gather_from_simulator(tmp_path: Path) -> None:
     assert facts["hbm_used_mb"] == 58626 + 7 * 3318
     assert facts["board"]["PCI Device ID"] == "0xD802"
     assert facts["board"]["Firmware Version"] == "7.5.0.1.129"
+    assert facts["npu_ids"] == list(range(8)) and len(facts["boards"]) == 8
+    assert [b["NPU ID"] for b in facts["boards"]] == [str(i) for i in range(8)] and facts["board"] == facts["boards"][0]
+    assert facts["board_errors"] == [] and facts["board_warnings"] == []
+
+
+def test_gather_reads_every_npu_board_and_reports_nok(tmp_path: Path) -> None:
+    state = _sim_state()
+    state["devices"][5]["compatibility"] = "NOK"
+    facts = npu_smi.gather(_runner, npu_smi_path=str(_install_sim(tmp_path, state)))
+    assert facts["boards"][5]["Compatibility"] == "NOK" and facts["board"]["Compatibility"] == "OK"
+    assert len(facts["board_errors"]) == 1 and facts["board_errors"][0].startswith("NPU 5: ")
+
+
+def test_gather_without_boards_runs_npu_smi_once(tmp_path: Path) -> None:
+    calls = []
+
+    def runner(argv: list) -> tuple[int, str, str]:
+        calls.append(argv[1:])
+        return _runner(argv)
+
+    facts = npu_smi.gather(runner, npu_smi_path=str(_install_sim(tmp_path, _sim_state())), read_boards=False)
+    assert calls == [["info"]] and facts["count"] == 8 and facts["board"] == {} and facts["boards"] == []
 
 
 def test_gather_all_ok_is_health_ok(tmp_path: Path) -> None:

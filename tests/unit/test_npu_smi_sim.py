@@ -1,4 +1,5 @@
-"""The npu-smi simulator against the real tool's layout (docs/ascend-platform.md section 6, an 8 x 910B3 machine)."""
+"""The npu-smi simulator against the real tool's layout (docs/ascend-platform.md section 6, an 8 x 910B3 machine;
+test_vendor_contract_npu_smi.py holds every layout to the vendor excerpts), and its Compatibility rule."""
 
 from __future__ import annotations
 
@@ -92,14 +93,82 @@ def test_health_and_processes_render_in_their_columns(tmp_path: Path, monkeypatc
 def test_board_key_value_lines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     code, text = run_sim(["info", "-t", "board", "-i", "1"], sample_state(), tmp_path, monkeypatch)
     assert code == 0
-    assert "        NPU ID                         : 1\n" in text
-    fields = dict(line.strip().split(" : ", 1) for line in text.splitlines())
-    fields = {k.strip(): v for k, v in fields.items()}
+    assert "\tNPU ID                         : 1\n" in text  # "\t%-30s : %s\n", as npu-smi prints it
+    fields = npu_smi_parser.parse_board(text)
     assert fields["Software Version"] == "24.1.rc1.b030"
     assert fields["Firmware Version"] == "7.1.0.6.220"
     assert fields["PCIe Bus Info"] == "0000:C2:00.0"
     assert fields["PCI Device ID"] == "0xD802"
     assert fields["Compatibility"] == "OK" and fields["Chip Count"] == "1"
+
+
+def test_health_without_c_is_the_card_view(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``-t health -i N``: the card header, the chip's Health and Chip ID, the MCU's block; no error codes."""
+    state = sample_state()
+    state["devices"][1]["health"] = "Critical"
+    _, text = run_sim(["info", "-t", "health", "-i", "1"], state, tmp_path, monkeypatch)
+    assert npu_smi_parser.parse_health(text) == {"npu_id": 1, "chip_count": 1,
+                                                 "chips": [{"chip": 0, "health": "Critical"}],
+                                                 "others": [{"name": "MCU", "health": "OK"}]}
+    assert "Error Code" not in text and "Health Status" not in text
+
+
+def test_health_with_c_names_the_error_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = sample_state()
+    state["devices"][1]["health"] = "Critical"
+    _, text = run_sim(["info", "-t", "health", "-i", "1", "-c", "0"], state, tmp_path, monkeypatch)
+    got = npu_smi_parser.parse_chip_health(text)
+    assert got["health"] == "Critical" and got["error_codes"] == [npu_smi.HEALTH_ERROR_CODE]
+    _, text = run_sim(["info", "-t", "health", "-i", "0", "-c", "0"], state, tmp_path, monkeypatch)
+    assert npu_smi_parser.parse_chip_health(text) == {"health": "OK", "error_codes": [], "error_information": []}
+
+
+def _records(tmp_path: Path, driver: str = "", firmware: str = "") -> None:
+    """The installed HDK records beside the test's state file (where the double looks for them)."""
+    for kind, text in (("driver", driver), ("firmware", firmware)):
+        if text:
+            (tmp_path / "Ascend" / kind).mkdir(parents=True, exist_ok=True)
+            (tmp_path / "Ascend" / kind / "version.info").write_text(text)
+
+
+def _compatibility(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: dict | None = None) -> str:
+    _, text = run_sim(["info", "-t", "board", "-i", "0"], state or sample_state(), tmp_path, monkeypatch)
+    return npu_smi_parser.parse_board(text)["Compatibility"]
+
+
+@pytest.mark.parametrize(
+    ("driver", "firmware", "expected"),
+    [
+        ("", "", "OK"),  # no record: nothing to judge by
+        ("Version=24.1.rc1.b030\ncompatible_version_fw=[7.0.0,8.9.9]\n", "", "OK"),
+        ("Version=24.1.rc1.b030\ncompatible_version_fw=[7.3.0,7.5.99]\n", "", "NOK"),
+        ("Version=24.1.rc1.b030\ncompatible_version_fw=[7.0.0,7.0.9],[7.1.0,7.1.9]\n", "", "OK"),
+        ("Version=25.5.0\ncompatible_version_fw=[7.3.0,7.5.99]\n", "", "OK"),  # installed, not running
+        ("", "Version=7.1.0.6.220\ncompatible_version_drv=[24.1.rc1,24.1.rc1.],[24.1.0,24.1.0.]\n", "OK"),
+        ("", "Version=7.1.0.6.220\ncompatible_version_drv=[23.0.rc3,23.0.rc3.],[23.0.0,23.0.0.]\n", "NOK"),
+    ],
+    ids=["no-records", "fw-in-range", "fw-outside", "fw-in-second-range", "record-not-running",
+         "drv-in-range", "drv-outside"],
+)
+def test_compatibility_follows_the_running_versions_records(driver, firmware, expected, tmp_path, monkeypatch) -> None:
+    _records(tmp_path, driver, firmware)
+    assert _compatibility(tmp_path, monkeypatch) == expected
+
+
+def test_compatibility_set_in_the_state_overrides_the_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    state = sample_state(compatibility="UNKNOWN")
+    state["devices"][0]["compatibility"] = "NOK"
+    assert _compatibility(tmp_path, monkeypatch, state) == "NOK"
+    _, text = run_sim(["info", "-t", "board", "-i", "1"], state, tmp_path, monkeypatch)
+    assert npu_smi_parser.parse_board(text)["Compatibility"] == "UNKNOWN"
+
+
+def test_version_order_puts_a_release_candidate_before_its_release() -> None:
+    key = npu_smi.version_key
+    assert key("23.0.rc3") < key("23.0.0") < key("23.0.1") and key("7.1.0.6.220") < key("7.5.0.1.129")
+    assert npu_smi.in_ranges("23.0.rc3.b060", "[23.0.rc3,23.0.rc3.]") is True
+    assert npu_smi.in_ranges("23.0.rc2", "[23.0.rc3,23.0.rc3.]") is False
+    assert npu_smi.in_ranges("x", "") is None
 
 
 def test_absent_device_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -116,7 +185,8 @@ def test_unloaded_driver_fails_every_query(tmp_path: Path, monkeypatch: pytest.M
 
 def test_list_and_mapping(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _, text = run_sim(["info", "-l"], sample_state(), tmp_path, monkeypatch)
-    assert "Total Count                    : 2" in text and text.count("NPU ID") == 2
+    assert npu_smi_parser.parse_list(text) == {"total": 2, "npus": [{"id": 0, "chip_count": 1},
+                                                                    {"id": 1, "chip_count": 1}]}
     _, text = run_sim(["info", "-m"], sample_state(), tmp_path, monkeypatch)
     assert text.count("Ascend 910B3") == 2
 

@@ -121,11 +121,13 @@ def hccn_initial_state(node: NodeSpec) -> dict[str, Any]:
 
 
 def driver_version_info(version: str) -> str:
+    """A driver's version.info. Its ``compatible_version_fw`` range (the one real driver records carry,
+    docs/ascend-platform.md) covers every firmware the lab starts on: the npu-smi double's Compatibility is OK."""
     return (
         f"Version={version}\nascendhal_version=7.35.19\naicpu_version=1.0\ntdt_version=1.0\nlog_version=1.0\n"
         f"prof_version=2.0\ndvppkernels_version=1.1\ntsfw_version=1.0\n"
         f"Innerversion=V100R001C19SPC002B214\ncompatible_version=[V100R001C15],[V100R001C17],[V100R001C18],"
-        f"[V100R001C19]\ncompatible_version_fw=[7.0.0,7.5.99]\npackage_version={version}\n"
+        f"[V100R001C19]\ncompatible_version_fw=[7.0.0,8.9.9]\npackage_version={version}\n"
     )
 
 

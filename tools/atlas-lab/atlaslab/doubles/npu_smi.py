@@ -6,6 +6,23 @@ Supported: ``npu-smi info``, ``info -l``, ``info -m``, ``info -t board|memory|co
 ``-v``. With ``"driver_loaded": false`` every query fails like the real tool without its kernel driver.
 ``NPU_SMI_STATE`` overrides the state file path (tests).
 
+The layouts of ``info``, ``info -l``, ``info -t health -i N`` (a card header, a block per chip, an MCU block),
+``info -t health -i N -c 0`` and ``info -t board -i N`` are the 910B npu-smi's (24.1 widths; sources in
+docs/ascend-platform.md, section "npu-smi"; tests/unit/test_vendor_contract_npu_smi.py holds them to the
+fixtures in tests/fixtures/vendor/npu_smi/). ``-t memory`` and ``-t common`` print ``Key : Value`` lines whose
+keys are not checked against a source, and ``-t board -c 0`` prints the card view, not the real chip view.
+
+The board's Compatibility line follows the vendor's rule (DCMI, docs/ascend-platform.md): NOK when the running
+firmware is outside the running driver's ``compatible_version_fw=[lo,hi],...`` or the running driver outside
+the running firmware's ``compatible_version_drv``. Those ranges are read from the installed
+``driver/version.info`` and ``firmware/version.info`` (under ATLAS_LAB_ASCEND, else /usr/local/Ascend for the
+node's own state, else ``Ascend/`` beside a test's state file) when the installed ``Version`` is the running
+one; a record that names no range, or describes a version that does not run (a reboot pending), leaves OK.
+A hi bound ending in ``.`` (``[23.0.rc3,23.0.rc3.]``) matches that version and its builds. The state's
+``compatibility`` (of the whole node, or of one device) overrides the rule: ``NOK``, ``UNKNOWN`` (a broken
+firmware installation) or ``NOT SUPPORT`` (the real tool run by another user than root: the double does not
+look at its caller's uid).
+
 Like the real tool it lists the live processes that use an NPU: every process holding the node's
 /dev/davinciN open (``/proc/*/fd``, readable as root; the devices are atlas-lab-driver's), named by its
 comm, besides the state's static ``processes``. What they hold is added to the NPU's HBM-Usage in every
@@ -36,8 +53,12 @@ Usage: npu-smi info <watch|proc-mem|-h|-m|-l|-t type -i id [-c chip_id]>
        npu-smi -v
 """
 # The error code of an NPU whose health is not OK (an assumption: one of the real chip fault codes), shown by
-# `info -t health` and exported by the npu-exporter simulator.
+# `info -t health -c 0` and exported by the npu-exporter simulator; its text is the double's own.
 HEALTH_ERROR_CODE = "80E18005"
+HEALTH_ERROR_INFORMATION = "simulated chip fault (atlas lab)"
+ASCEND_DIR = "/usr/local/Ascend"
+_RANGE = re.compile(r"\[([^\],]*),([^\]]*)\]")
+_TOKEN = re.compile(r"^([a-z]*)(\d*)")
 PCI_VENDOR_ID = "0x19E5"
 PCI_DEVICE_ID = "0xD802"  # the 910B family
 
@@ -169,7 +190,69 @@ def render_info(state: dict) -> str:
 
 
 def kv(pairs: list[tuple[str, object]]) -> str:
-    return "".join(f"        {key:<31}: {value}\n" for key, value in pairs)
+    """``Key : Value`` lines as npu-smi prints them (``"\\t%-30s : %s\\n"``)."""
+    return "".join(f"\t{key:<30} : {value}\n" for key, value in pairs)
+
+
+# --- the board's Compatibility ------------------------------------------------------------------------------
+
+
+def ascend_dir(path: str | None = None) -> str:
+    """Where the installed HDK records are: ATLAS_LAB_ASCEND, /usr/local/Ascend for the node's own state, else
+    ``Ascend/`` beside a test's state file."""
+    path = path or state_path()
+    return os.environ.get("ATLAS_LAB_ASCEND") or (ASCEND_DIR if path == STATE_PATH else
+                                                  os.path.join(os.path.dirname(path), "Ascend"))
+
+
+def version_record(kind: str) -> dict[str, str]:
+    """``<ascend>/<kind>/version.info`` (driver or firmware) as Key=Value pairs; empty when absent."""
+    try:
+        with open(os.path.join(ascend_dir(), kind, "version.info"), encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return {}
+    return {k.strip(): v.strip() for k, sep, v in (line.partition("=") for line in lines) if sep}
+
+
+def version_key(version: str) -> tuple:
+    """A sort key of an Ascend version: numbers in order, ``rcN`` before a release's plain numbers."""
+    key = []
+    for token in version.strip().lower().split("."):
+        letters, digits = _TOKEN.match(token).groups()
+        key.append((2 if not letters else 1 if letters == "rc" else 0, int(digits or 0)))
+    return tuple(key)
+
+
+def in_ranges(version: str, ranges: str) -> bool | None:
+    """``version`` inside one of ``[lo,hi],[lo,hi]`` (None: no range given)."""
+    pairs = _RANGE.findall(ranges or "")
+    if not pairs:
+        return None
+    for lo, hi in pairs:
+        lo, hi = lo.strip(), hi.strip()
+        below = (version == hi[:-1] or version.startswith(hi)) if hi.endswith(".") else \
+            version_key(version) <= version_key(hi)
+        if version_key(lo) <= version_key(version) and below:
+            return True
+    return False
+
+
+def running_record(kind: str, running: str) -> dict[str, str]:
+    """The installed record of ``kind`` when it describes the running version, else empty."""
+    record = version_record(kind)
+    return record if running and running in (record.get("Version"), record.get("package_version")) else {}
+
+
+def compatibility(state: dict, dev: dict) -> str:
+    """The board's Compatibility: the state's override, else the vendor's rule over the running versions."""
+    override = dev.get("compatibility") or state.get("compatibility")
+    if override:
+        return override
+    driver, firmware = state.get("driver_version", ""), state.get("firmware_version", "")
+    checks = (in_ranges(firmware, running_record("driver", driver).get("compatible_version_fw", "")),
+              in_ranges(driver, running_record("firmware", firmware).get("compatible_version_drv", "")))
+    return "NOK" if False in checks else "OK"
 
 
 def render_board(state: dict, dev: dict) -> str:
@@ -181,7 +264,7 @@ def render_board(state: dict, dev: dict) -> str:
         ("Serial Number", dev.get("serial_number", "NA")),
         ("Software Version", state["driver_version"]),
         ("Firmware Version", state["firmware_version"]),
-        ("Compatibility", "OK"),
+        ("Compatibility", compatibility(state, dev)),
         ("Board ID", "0x02"),
         ("PCB ID", "A"),
         ("BOM ID", "1"),
@@ -221,23 +304,38 @@ def render_common(state: dict, dev: dict) -> str:
 
 
 def render_health(state: dict, dev: dict) -> str:
-    return kv([("Health Status", dev["health"]), ("Error Code", "NA" if dev["health"] == "OK" else HEALTH_ERROR_CODE)])
+    """``info -t health -i N`` (no -c): the card header, the chip's Health and Chip ID, then the MCU's block
+    (a device with ``"mcu": false`` has none)."""
+    text = kv([("NPU ID", dev["id"]), ("Chip Count", 1)]) + "\n"
+    text += kv([("Health", dev["health"]), ("Chip ID", dev.get("chip", 0))]) + "\n"
+    if dev.get("mcu", True):
+        text += kv([("Health", dev.get("mcu_health", "OK")), ("Chip Name", "MCU")]) + "\n"
+    return text
+
+
+def render_chip_health(state: dict, dev: dict) -> str:
+    """``info -t health -i N -c 0``: Health Status, then the error codes and their texts (NA without one)."""
+    failing = dev["health"] != "OK"
+    return kv([("Health Status", dev["health"]),
+               ("Error Code", HEALTH_ERROR_CODE if failing else "NA"),
+               ("Error Information", HEALTH_ERROR_INFORMATION if failing else "NA")])
 
 
 def render_list(state: dict) -> str:
-    text = kv([("Total Count", len(state["devices"]))])
+    """``info -l``: Total Count, then each NPU's id and chip count, each block closed by a blank line."""
+    text = kv([("Total Count", len(state["devices"]))]) + "\n"
     for dev in state["devices"]:
-        text += "\n" + kv([("NPU ID", dev["id"]), ("Chip Count", 1)])
+        text += kv([("NPU ID", dev["id"]), ("Chip Count", 1)]) + "\n"
     return text
 
 
 def render_mapping(state: dict) -> str:
     cols = ("NPU ID", "Chip ID", "Chip Logic ID", "Chip Name")
-    lines = ["        " + "".join(f"{c:<31}" for c in cols)]
+    lines = ["\t" + "".join(f"{c:<31}" for c in cols)]
     for logic, dev in enumerate(state["devices"]):
         cells = (dev["id"], dev.get("chip", 0), logic, f"Ascend {dev['name']}")
-        lines.append("        " + "".join(f"{str(c):<31}" for c in cells))
-        lines.append("        " + "".join(f"{str(c):<31}" for c in (dev["id"], 1, "-", "Mcu")))
+        lines.append("\t" + "".join(f"{str(c):<31}" for c in cells))
+        lines.append("\t" + "".join(f"{str(c):<31}" for c in (dev["id"], 1, "-", "Mcu")))
     return "\n".join(lines) + "\n"
 
 
@@ -287,7 +385,8 @@ def run_info(argv: list[str], state: dict, out) -> int:
         # assumption: wording of the real tool for an absent card id
         out.write(f"The input parameter of -i is invalid, device id {opts['-i']} does not exist.\n")
         return EXIT_BAD_ARGS
-    out.write(TYPES[kind](state, devices[opts["-i"]]))
+    render = render_chip_health if kind == "health" and "-c" in opts else TYPES[kind]
+    out.write(render(state, devices[opts["-i"]]))
     return 0
 
 

@@ -216,7 +216,9 @@ def main():
                        hang_check=p["hang_check"])
     except ProbeError as exc:
         module.fail_json(msg=str(exc), record=record, progress=getattr(exc, "progress", None))
-    npu = gather(lambda argv: module.run_command(argv, handle_exceptions=False), p["npu_smi_path"])
+    # The NPU table only (count, health, HBM for the health report): no board (one npu-smi call per NPU).
+    npu = gather(lambda argv: module.run_command(argv, handle_exceptions=False), p["npu_smi_path"],
+                 read_boards=False)
     module.exit_json(changed=False, record=record, ansible_facts={"npu": npu}, **result)
 
 

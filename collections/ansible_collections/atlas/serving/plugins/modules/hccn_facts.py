@@ -95,7 +95,7 @@ def main():
 
     devices = module.params["devices"]
     if devices is None:
-        devices = [d["id"] for d in npu_smi.gather(run)["devices"]]
+        devices = [d["id"] for d in npu_smi.gather(run, read_boards=False)["devices"]]  # the ids only: no board
     facts = hccn.gather(run, devices, module.params["hccn_tool_path"])
     module.exit_json(changed=False, ansible_facts=dict(hccn=facts))
 

@@ -9,8 +9,9 @@ DOCUMENTATION = r"""
 module: npu_facts
 short_description: Ascend NPU facts from npu-smi
 description:
-  - Runs C(npu-smi info) (and C(npu-smi info -t board -i <first NPU>)) and returns the NPUs under
-    C(ansible_facts.npu).
+  - Runs C(npu-smi info) and C(npu-smi info -t board -i <id>) for every NPU it lists, and returns the NPUs
+    under C(ansible_facts.npu), with every NPU's board checked (Compatibility of the driver and firmware, the
+    same versions on every NPU) in C(board_errors) and C(board_warnings).
   - When C(npu-smi) is absent or fails (driver not installed or not loaded) the module does not fail;
     C(present) is false and C(error) carries the reason, so a preflight can decide what to say.
 version_added: 0.1.0
@@ -77,7 +78,34 @@ ansible_facts:
         board:
           description: C(npu-smi info -t board) of the first NPU as key/value strings (empty if it failed).
           type: dict
-          sample: {"Software Version": "24.1.rc1", "Firmware Version": "7.5.0.1.129", "PCI Device ID": "0xD802"}
+          sample: {"Software Version": "24.1.rc1", "Firmware Version": "7.5.0.1.129", "Compatibility": "OK",
+                   "PCI Device ID": "0xD802"}
+        npu_ids:
+          description: The NPU ids C(npu-smi info) lists, each once, in its order.
+          type: list
+          elements: int
+          sample: [0, 1, 2, 3, 4, 5, 6, 7]
+        boards:
+          description: C(npu-smi info -t board) of every NPU of I(npu_ids), in that order (empty where it failed).
+          type: list
+          elements: dict
+        board_errors:
+          description: >-
+            What every NPU's board rules out, one message per finding naming the NPUs, the driver and firmware
+            versions and the fix: Compatibility NOK (the firmware does not match the driver), or NPUs that do
+            not run the same driver and firmware.
+          type: list
+          elements: str
+          sample: ["NPU 0, 1: npu-smi info -t board says Compatibility NOK: the firmware does not match the driver
+                    (driver 24.1.rc2 (Software Version), firmware 7.1.0.6.220 (Firmware Version)). Fix: install the
+                    firmware of the driver's own HDK release (...), then reboot"]
+        board_warnings:
+          description: >-
+            What was not judged: Compatibility UNKNOWN (a broken firmware installation, or firmware older than
+            23.0.RC2), NOT SUPPORT (npu-smi not run as root), no Compatibility line, or a board that could not
+            be read.
+          type: list
+          elements: str
         npu_smi_path:
           description: The npu-smi that was run, or null.
           type: str
