@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 from ansible_collections.atlas.serving.plugins.module_utils import container as CONTAINER
@@ -553,3 +555,97 @@ def test_the_container_section_runs_podman_only_on_a_container_node(tmp_path):
         assert (len(log.read_text().splitlines()) if log.exists() else 0) == calls
         assert evidence.section("container").rc == 0
     assert log.read_text().strip() == "inspect --type container atlas-serving"
+
+
+# --- npu-compatibility: every NPU's board (npu-smi info -t board -i <id>), read by module_utils npu_smi ----------
+
+# Real 910B prints (tests/fixtures/vendor/npu_smi/SOURCES.md): `\t<key padded to 30> : <value>` lines.
+NPU_SMI_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vendor" / "npu_smi"
+
+
+def board_text(npu_id: int, fixture: str = "board_910b_ok.txt", **fields: str) -> str:
+    """One NPU's board print (a real one with its NPU ID and ``fields``, e.g. Compatibility="UNKNOWN", set)."""
+    text = (NPU_SMI_FIXTURES / fixture).read_text()
+    for key, value in {"NPU ID": str(npu_id), **fields}.items():
+        text, count = re.subn(rf"(?m)^(\t{re.escape(key)} *: ).*$", lambda m, v=value: m.group(1) + v, text)
+        assert count == 1, key
+    return text.rstrip("\n")
+
+
+def boards_section(*prints: str) -> Section:
+    """The board section as the node's loop prints it: each NPU's print, then a blank line."""
+    return Section(0, "".join(f"{p}\n\n" for p in prints).rstrip("\n"))
+
+
+EIGHT_NPUS = Section(0, npu_text(health=("OK",) * 8, used=(3318,) * 8))
+
+
+def compat(*prints: str, **changes: Section | None) -> list[Finding]:
+    return checks.check_npu_compatibility(ev(npu=EIGHT_NPUS, board=boards_section(*prints), **changes), None)
+
+
+def test_the_board_fixture_is_the_real_tab_prefixed_layout():
+    assert board_text(3).startswith("\tNPU ID                         : 3\n")
+
+
+def test_eight_compatible_boards_are_one_ok_line_naming_the_npus(ctx):
+    found = compat(*(board_text(i) for i in range(8)))
+    assert [(f.check, f.severity) for f in found] == [("npu-compatibility", INFO)]
+    assert found[0].message == ("OK: driver 24.1.rc2 and firmware 7.5.0.1.129 compatible on all 8 NPU(s) "
+                                "(NPU 0, 1, 2, 3, 4, 5, 6, 7)")
+    assert "npu-smi info -t board" in found[0].evidence
+    everything = checks.diagnose(ev(npu=EIGHT_NPUS, board=boards_section(*(board_text(i) for i in range(8)))), ctx)
+    assert [f.severity for f in everything if f.check == "npu-compatibility"] == [INFO]
+
+
+def test_a_nok_board_is_an_error_naming_the_npu_and_the_fix():
+    found = compat(*(board_text(i, "board_910b_nok.txt" if i == 5 else "board_910b_ok.txt") for i in range(8)))
+    assert {f.severity for f in found} == {ERROR}
+    [nok] = [f for f in found if "Compatibility NOK" in f.message]
+    assert nok.message.startswith("NPU 5: npu-smi info -t board says Compatibility NOK: the firmware does not match "
+                                  "the driver (driver 24.1.rc2 (Software Version), firmware 7.1.0.6.220")
+    assert nok.fix.startswith("install the firmware of the driver's own HDK release (Ascend-hdk-910b-npu-firmware")
+    assert nok.fix.endswith("then reboot") and "Fix:" not in nok.message
+    # NPU 5's firmware is not the others': the pair differs too
+    assert any("do not run the same driver and firmware" in f.message for f in found)
+
+
+def test_an_unknown_board_is_a_warning():
+    found = compat(*(board_text(i, Compatibility="UNKNOWN") if i == 2 else board_text(i) for i in range(8)))
+    assert [f.severity for f in found] == [WARNING]
+    assert found[0].message.startswith("NPU 2: npu-smi info -t board says Compatibility UNKNOWN")
+    assert "Ascend-hdk-910b-npu-firmware" in found[0].fix
+
+
+def test_boards_on_different_drivers_are_an_error():
+    found = compat(*(board_text(i, **({"Software Version": "24.1.rc1"} if i >= 4 else {})) for i in range(8)))
+    assert [f.severity for f in found] == [ERROR]
+    assert "the NPUs do not run the same driver and firmware (NPU 0, 1, 2, 3: driver 24.1.rc2" in found[0].message
+    assert "NPU 4, 5, 6, 7: driver 24.1.rc1" in found[0].message
+    assert "then reboot" in found[0].fix
+
+
+@pytest.mark.parametrize(("board", "words", "fix"), [
+    ({"Compatibility": "NOT SUPPORT"}, "npu-smi was not run as root", "root"),
+    (None, "NPU 6: npu-smi info -t board failed", "npu-smi info -t board -i <id>"),
+])
+def test_a_board_not_judged_is_a_warning_with_a_fix(board, words, fix):
+    prints = [board_text(i, **(board or {})) if i == 6 and board else board_text(i) for i in range(8)]
+    if board is None:
+        prints[6] = "npu-smi info -t board -i 6 failed (rc 2)"  # what the node's loop prints in its place
+    found = compat(*prints)
+    assert [f.severity for f in found] == [WARNING]
+    assert words in found[0].message and fix in found[0].fix
+
+
+def test_no_board_read_gives_no_compatibility_finding():
+    assert compat() == []
+    assert checks.check_npu_compatibility(ev(npu=EIGHT_NPUS, board=Section(127, "npu-smi: command not found")),
+                                          None) == []
+    assert checks.check_npu_compatibility(ev(npu=EIGHT_NPUS, board=None), None) == []
+
+
+def test_the_reboot_check_reads_the_first_npus_board():
+    section = boards_section(board_text(0, **{"Software Version": "24.1.rc1"}), board_text(1))
+    found = checks.check_reboot_pending(ev(board=section), None)
+    assert [f.check for f in found] == ["reboot-pending"] and "24.1.rc1 runs" in found[0].message

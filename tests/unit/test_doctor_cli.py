@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from engine_double import engines, metrics
@@ -154,6 +155,55 @@ def test_npu_procs_section_runs_the_collections_scan_on_the_node():
                          check=True).stdout
     scanned = parse.npu_procs(gather.split_sections("h", out))
     assert scanned is not None and isinstance(scanned["unreadable"], list)
+
+
+NPU_SMI_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vendor" / "npu_smi"
+# A stand-in npu-smi printing the real 910B layouts (a tab before every `-l` and `-t board` line): `info -l` as
+# $LIST has it (or fails with $LIST_RC), `-t board -i <id>` the board fixture with that NPU ID; NPU $BAD fails.
+FAKE_NPU_SMI = r"""#!/bin/sh
+case "$*" in
+  "info -l") [ "${LIST_RC:-0}" = 0 ] || { echo "dcmi module initialize failed"; exit "$LIST_RC"; }; cat "$LIST" ;;
+  "info -t board -i $BAD") echo "dcmi module initialize failed. ret is -8005"; exit 2 ;;
+  "info -t board -i "*) sed "s/^\(.NPU ID *: \).*/\1$5/" "$BOARD" ;;
+  *) exit 9 ;;
+esac
+"""
+
+
+def run_board_section(tmp_path, list_rc: int = 0, bad: str = "none") -> Section:
+    fake = tmp_path / "npu-smi"
+    fake.write_text(FAKE_NPU_SMI)
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "LIST": str(NPU_SMI_FIXTURES / "list_910b_8npu.txt"),
+           "LIST_RC": str(list_rc), "BOARD": str(NPU_SMI_FIXTURES / "board_910b_ok.txt"), "BAD": bad}
+    command = dict(gather.snippets())["board"]
+    out = subprocess.run(["bash", "-c", gather.script((("board", command),))], capture_output=True, text=True,
+                         check=True, env=env).stdout
+    return gather.split_sections("h", out).sections["board"]
+
+
+def test_board_section_reads_every_npu_of_npu_smi_list(tmp_path):
+    """The real `info -l` puts a tab before `NPU ID`: every listed NPU's board comes back, in order."""
+    section = run_board_section(tmp_path)
+    assert section.rc == 0 and section.text.startswith("\tNPU ID                         : 0\n")
+    ev = Evidence("h", {"board": section})
+    assert [b["NPU ID"] for b in parse.boards(ev)] == [str(i) for i in range(8)]
+    assert all(b["Compatibility"] == "OK" and len(b) == 19 for b in parse.boards(ev))
+    assert parse.board(ev)["NPU ID"] == "0"
+
+
+def test_board_section_marks_an_unreadable_board_and_falls_back_to_npu_0(tmp_path):
+    section = run_board_section(tmp_path, bad="3")
+    assert section.rc == 0 and "npu-smi info -t board -i 3 failed (rc 2)" in section.text
+    assert "dcmi" not in section.text
+    assert [b["NPU ID"] for b in parse.boards(Evidence("h", {"board": section}))] == ["0", "1", "2", "4", "5", "6", "7"]
+    found = checks.check_npu_compatibility(Evidence("h", {"board": section}), None)
+    assert [f.severity for f in found] == [WARNING]
+    assert found[0].message.startswith("NPU 3: npu-smi info -t board failed")
+    alone = run_board_section(tmp_path, list_rc=1, bad="none")  # `info -l` fails: NPU 0 only
+    assert [b["NPU ID"] for b in parse.boards(Evidence("h", {"board": alone}))] == ["0"]
+    none = run_board_section(tmp_path, list_rc=1, bad="0")
+    assert none.rc == 2 and parse.boards(Evidence("h", {"board": none})) == []
 
 
 LISTING = {

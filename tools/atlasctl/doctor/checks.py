@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.atlas.serving.plugins.module_utils import container as _CONTAINER
+from ansible_collections.atlas.serving.plugins.module_utils import npu_smi as _NPU_SMI
 
 from atlasctl import site_data
 from atlasctl.doctor import parse
@@ -110,8 +111,52 @@ def check_npu_health(ev: Evidence, ctx: Context) -> list[Finding]:
     listed = ", ".join(f"NPU {d['id']} {d.get('health')}" for d in bad)
     return [_f(ev, "npu-health", worst, f"NPU health is not OK: {listed}",
                f"npu-smi info Health column: {listed} ({len(devices)} NPU(s) listed)",
-               "read `npu-smi info -t health -i <id>` for the alarm codes; drain the node and reset the card "
-               "(`npu-smi set -t reset -i <id> -c 0`) or replace it per Huawei's fault guide")]
+               "read `npu-smi info -t health -i <id> -c 0` (the chip view) for the error codes; drain the node and "
+               "reset the card (`npu-smi set -t reset -i <id> -c 0`) or replace it per Huawei's fault guide")]
+
+
+# Where module_utils npu_smi.check_boards names no fix of its own (its errors and most warnings end "Fix: ...").
+_BOARD_FIXES = (
+    ("not run as root", "gather as root: doctor runs npu-smi as the inventory's ansible_user; make it root"),
+    ("failed", "run `npu-smi info -t board -i <id>` on the node as root and read its error; reload the driver "
+               "(reboot after a driver install) if it does not answer"),
+)
+_BOARD_FIX_DEFAULT = ("run `npu-smi info -t board -i <id>` on the node as root and compare Software Version and "
+                      "Firmware Version with the HDK release the node should run (driver_version, "
+                      "driver_firmware_version)")
+
+
+def _board_finding(ev: Evidence, severity: str, text: str, evidence: str) -> Finding:
+    message, sep, fix = text.partition(". Fix: ")
+    if not sep:
+        fix = next((f for words, f in _BOARD_FIXES if words in text), _BOARD_FIX_DEFAULT)
+    return _f(ev, "npu-compatibility", severity, message, evidence, fix)
+
+
+def check_npu_compatibility(ev: Evidence, ctx: Context) -> list[Finding]:
+    """Every NPU's board (``npu-smi info -t board -i <id>``): Compatibility of the running driver and firmware,
+    and one pair on every NPU, judged by module_utils npu_smi.check_boards as preflight judges it. The NPUs are
+    those ``npu-smi info`` lists and those the board section names; an NPU without its board counts as unread."""
+    by_id: dict[int, dict[str, str]] = {}
+    for found in parse.boards(ev):
+        npu_id = found.get("NPU ID", "")
+        if npu_id.isdigit():
+            by_id.setdefault(int(npu_id), found)
+    if not by_id:
+        return []
+    listed = _NPU_SMI.npu_ids(parse.npu(ev)["devices"]) if ev.ok("npu") else []
+    ids = list(dict.fromkeys([*listed, *by_id, *parse.boards_failed(ev)]))
+    judged = _NPU_SMI.check_boards(ids, [by_id.get(i, {}) for i in ids])
+    evidence = (f"npu-smi info -t board -i <id> of NPU {', '.join(str(i) for i in ids)} (Compatibility, Software "
+                "Version, Firmware Version)")
+    findings = [_board_finding(ev, ERROR, text, evidence) for text in judged["errors"]]
+    findings += [_board_finding(ev, WARNING, text, evidence) for text in judged["warnings"]]
+    if findings:
+        return findings
+    first = by_id[ids[0]]  # no finding: every NPU's board was read, Compatibility OK, one pair on all
+    return [_f(ev, "npu-compatibility", INFO,
+               f"OK: driver {first.get('Software Version')} and firmware {first.get('Firmware Version')} compatible "
+               f"on all {len(ids)} NPU(s) (NPU {', '.join(str(i) for i in ids)})", evidence, "none needed")]
 
 
 def check_npu_count(ev: Evidence, ctx: Context) -> list[Finding]:
@@ -604,7 +649,8 @@ def check_container(ev: Evidence, ctx: Context) -> list[Finding]:
 
 
 CHECKS: tuple[Callable[[Evidence, Context], list[Finding]], ...] = (
-    check_npu_visible, check_npu_health, check_npu_count, check_hbm, check_leftover_processes, check_service,
+    check_npu_visible, check_npu_health, check_npu_compatibility, check_npu_count, check_hbm,
+    check_leftover_processes, check_service,
     check_container, check_cann_env,
     check_env_file, check_file_modes, check_api_key, check_oom, check_versions, check_cann_pin, check_reboot_pending,
     check_model,

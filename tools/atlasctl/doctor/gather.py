@@ -205,6 +205,17 @@ def bundle_snippet(bundle_dir: str) -> str:
             f"[ -f {signature} ] || exit 0; printf 'signature '; base64 -w0 {signature} || exit 4; echo")
 
 
+# Every NPU's board (npu-smi info -t board -i <id>, for each NPU ID of `npu-smi info -l`, NPU 0 when that lists
+# none), one print after another, each followed by a blank line. npu-smi prints its `-t`/`-l` lines with a tab in
+# front. A board that cannot be read prints one line without a colon in its place (parse.boards reads past it and
+# doctor reports that NPU unread); the section fails only when no board could be read.
+_BOARDS_SNIPPET = ("ids=$(npu-smi info -l 2>/dev/null "
+                   "| sed -n 's/^[[:space:]]*NPU ID[[:space:]]*:[[:space:]]*\\([0-9]*\\).*/\\1/p'); "
+                   "got=0; last=0; for id in ${ids:-0}; do "
+                   "if out=$(npu-smi info -t board -i \"$id\" 2>&1); then printf '%s\\n\\n' \"$out\"; got=1; "
+                   "else last=$?; printf 'npu-smi info -t board -i %s failed (rc %s)\\n\\n' \"$id\" \"$last\"; fi; "
+                   "done; [ \"$got\" = 1 ] || exit \"$last\"")
+
 # The engine's --config file (the serving role's keys file): its line after `--config`, or `--config=FILE`.
 _KEYS_SNIPPET = ("k=$(sed -n -e '/^--config$/{{n;p;q;}}' -e 's/^--config=//p' {args} | head -n 1); "
                  "[ -n \"$k\" ] || exit 0; stat -L -c '%n %a %U %G' -- \"$k\"")
@@ -224,9 +235,7 @@ def snippets(layout: Layout | None = None, hang_window_s: float = 0.0,
     return (
         ("npu", _PATH + "command -v npu-smi >/dev/null || { echo 'npu-smi: command not found'; exit 127; }; "
                 "npu-smi info"),
-        ("board", _PATH + "id=$(npu-smi info -l 2>/dev/null "
-                  "| sed -n 's/^ *NPU ID *: *\\([0-9]*\\).*/\\1/p' | head -n 1); "
-                  "npu-smi info -t board -i \"${id:-0}\""),
+        ("board", _PATH + _BOARDS_SNIPPET),
         ("service", f"systemctl show {unit} --timestamp=unix --no-pager "
                     "-p LoadState,ActiveState,SubState,MainPID,NRestarts,Result,ExecMainStatus,ActiveEnterTimestamp"),
         ("record", f"cat {q(layout.record)}"),

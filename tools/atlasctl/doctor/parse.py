@@ -126,9 +126,24 @@ def npu(ev: Evidence) -> dict[str, Any]:
     return npu_smi.parse_info(ev.text("npu"))
 
 
+def boards(ev: Evidence) -> list[dict[str, str]]:
+    """``npu-smi info -t board -i <id>`` of every NPU (section ``board``: one print per NPU of ``npu-smi info -l``,
+    each followed by a blank line), in order; [] when the section is absent or failed."""
+    return npu_smi.parse_boards(ev.text("board")) if ev.ok("board") else []
+
+
+_BOARD_FAILED = re.compile(r"^npu-smi info -t board -i (\d+) failed", re.M)
+
+
+def boards_failed(ev: Evidence) -> list[int]:
+    """The NPUs whose board the node could not read (the line the gather loop prints in its place)."""
+    return [int(n) for n in _BOARD_FAILED.findall(ev.text("board"))] if ev.ok("board") else []
+
+
 def board(ev: Evidence) -> dict[str, str]:
-    """``npu-smi info -t board`` of the first NPU: the running driver (Software Version) and firmware."""
-    return npu_smi.parse_board(ev.text("board")) if ev.ok("board") else {}
+    """The first NPU's board: the running driver (Software Version) and firmware."""
+    found = boards(ev)
+    return next((b for b in found if "NPU ID" in b), found[0] if found else {})
 
 
 def npu_procs(ev: Evidence) -> dict[str, Any] | None:
