@@ -1403,6 +1403,41 @@ def platform_power_off() -> Outcome:
     return Outcome(observed, len(load.failed), "none", expect.unmet)
 
 
+def platform_downgrade() -> Outcome:
+    """Branch east from level C (driver 25.5.2) back to level B (25.5.1) through `atlasctl rollout`, under load:
+    without --allow-downgrade the plan refuses it before any unit is touched; with it each unit is drained, its
+    engine stopped, the installers' --upgrade takes firmware then driver back (Huawei's installers go back with
+    --upgrade), the reboot, the release, the gates, enabled."""
+    expect, release = Expect(), "drill-platform-downgrade"
+    east = [h for h in SERVING if BRANCH[h] == "east"]
+    before = {h: platform_of(h) for h in east}
+    releases_before = releases()
+    args = ("--release", release, "--vars", str(level("b")), "-e", LENIENT_SLO, "-l", "branch_east")
+    with Load() as load:
+        phases = Phases(load)
+        phases.mark("rollout without --allow-downgrade")
+        rc1, refused = rollout(*args)
+        between = {h: platform_of(h) for h in east}
+        releases_between = releases()
+        phases.mark("rollout with --allow-downgrade")
+        rc2, report = rollout(*args, "--allow-downgrade")
+        by_phase = phases.text()
+    after = {h: platform_of(h) for h in east}
+    said = json.dumps(refused.get("failure") or {}) if "raw" not in refused else str(refused["raw"].stdout)
+    expect(all(before[h]["driver"] == "25.5.2" for h in east), "branch east starts on driver 25.5.2 (level C)")
+    expect(rc1 != 0 and "downgrade" in said, "without --allow-downgrade the rollout is refused, naming the downgrade")
+    expect(between == before and releases_between == releases_before, "the refusal touched no node")
+    expect(rc2 == 0, "with --allow-downgrade the rollout completes")
+    expect(all((after[h]["driver"], after[h]["firmware"]) == ("25.5.1", "7.8.1.0.100") for h in east),
+           "branch east runs driver 25.5.1 / firmware 7.8.1.0.100 again")
+    expect(all(releases([h])[h] == release for h in east), "branch east on the release")
+    expect(not load.failed, "0 client requests failed")
+    observed = (f"without --allow-downgrade: exit {rc1}, {one_line(said, 200)}; with it: exit {rc2}; east drivers "
+                f"{ {h: before[h]['driver'] for h in east} } -> { {h: after[h]['driver'] for h in east} }, firmware "
+                f"{sorted({after[h]['firmware'] for h in east})}; {load_text(load)}; {by_phase}")
+    return Outcome(observed, len(load.failed), "none", expect.unmet)
+
+
 def platform_unit() -> Outcome:
     """The two-node instance moves together: level C over branch west, both ranks stopped, driver, reboot, the NPU
     network verified again, the release, as one unit; then atlas-n5."""
@@ -1486,6 +1521,10 @@ DRILLS = [
     Drill("platform-power-off", "level C over branch east; atlas-n2 powered off during its driver install/reboot",
           "the rollout stops with atlas-n2 drained and named; the old release does not start at power-on; --resume "
           "completes; 0 failed", platform_power_off),
+    Drill("platform-downgrade", "branch east from level C back to level B (driver 25.5.2 -> 25.5.1) through "
+          "`atlasctl rollout`, first without, then with --allow-downgrade",
+          "refused before any node is touched without the flag; with it firmware then driver go back by the "
+          "installers' --upgrade, the reboot, the release; 0 failed", platform_downgrade),
     # the multi-node drills, last: the first converges the lab's two-node instance (atlas-n3 + atlas-n4)
     Drill("instance-out-and-back", "two-node instance: a release rolled over branch west, then one that fails the "
           "entry's SLO gate, under load",

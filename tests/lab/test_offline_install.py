@@ -13,7 +13,18 @@ import time
 from pathlib import Path
 
 import pytest
-from labtools import ENV, ROOT, atlasctl, cann_versions, lab, lab_hosts, on_node, playbook
+from labtools import (
+    ENV,
+    LEVEL_B,
+    ROOT,
+    atlasctl,
+    cann_versions,
+    lab,
+    lab_hosts,
+    on_node,
+    playbook,
+    release_hdk,
+)
 
 from atlasctl.bundle import write_manifest
 from atlaslab.paths import bundle_dir
@@ -46,6 +57,15 @@ def npu_board(host: str) -> dict[str, str]:
     return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in out.splitlines()) if v}
 
 
+def installer_steps(output: str) -> list[str]:
+    """The HDK installers a driver run started, in order (roles/driver, install_step.yml: one task per step)."""
+    return re.findall(r"^TASK \[[^\]]*run the installer, (\w+ \w+) ", output, re.M)
+
+
+def boot_id(host: str) -> str:
+    return ssh(host, "cat", "/proc/sys/kernel/random/boot_id").strip()
+
+
 def test_hdk_upgrade_runs_firmware_then_driver_and_reboots_a_node_that_serves_nothing(fresh_lab):
     # The lab's nodes start on driver 24.1.rc1 / firmware 7.1.0.6.220; the release names 25.5.0 / 7.8.0.2.212.
     # A fresh node serves nothing: the driver's hot reset runs the new driver at once, the new firmware needs the
@@ -53,8 +73,7 @@ def test_hdk_upgrade_runs_firmware_then_driver_and_reboots_a_node_that_serves_no
     boot_id = ssh(SCRATCH, "cat", "/proc/sys/kernel/random/boot_id")
     upgraded = playbook("playbooks/driver.yml", "--limit", SCRATCH)
     assert upgraded.returncode == 0, upgraded.stdout[-3000:]
-    items = re.findall(r"changed: \[atlas-n4\] => \(item=(upgrade \w+)", upgraded.stdout)
-    assert items == ["upgrade firmware", "upgrade driver"], upgraded.stdout[-3000:]
+    assert installer_steps(upgraded.stdout) == ["upgrade firmware", "upgrade driver"], upgraded.stdout[-3000:]
     assert "changed: [atlas-n4]" in upgraded.stdout.split("Driver | reboot | reboot to run")[1].split("TASK")[0]
     assert ssh(SCRATCH, "cat", "/proc/sys/kernel/random/boot_id") != boot_id
     board = npu_board(SCRATCH)
@@ -212,3 +231,55 @@ def test_upgrade_and_back(fresh_lab):
         seen.append(cann_versions(host)["toolkit"])
         assert cann_versions(host) == {"toolkit": version, "kernels": version, "nnal": version}
     assert seen == ["8.3.RC2", "8.5.0", "8.3.RC2"]
+
+
+# A real first driver installation exits 2 ("There are some chips not ready, please check after reboot"; Huawei's
+# install.sh, docs/ascend-platform.md): the driver runs only after a reboot, which the driver stage does on a node
+# that serves nothing. Then a run changes nothing. On a lab of its own (make ci-lab): two reboots of a node.
+@pytest.mark.ci_lab
+def test_first_driver_install_reboots_on_the_installers_word_then_changes_nothing(fresh_lab):
+    host = SCRATCH
+    ssh(host, "bash", "/usr/local/Ascend/driver/script/uninstall.sh")
+    ssh(host, "rm", "-f", "/etc/atlas-lab/chips-ready")
+    lab("power", host, "off", timeout=120)
+    lab("power", host, "on", timeout=300)
+    assert on_node(host, ["npu-smi", "info"], check=False, timeout=60).returncode != 0, "a driver still runs"
+    before = boot_id(host)
+    first = playbook("playbooks/driver.yml", "--limit", host)
+    assert first.returncode == 0, first.stdout[-4000:]
+    assert installer_steps(first.stdout)[:1] == ["install driver"], first.stdout[-4000:]
+    log = ssh(host, "cat", "/var/log/ascend_seclog/ascend_install.log")
+    assert "There are some chips not ready" in log and "Reboot needed" in log, log[-2000:]
+    assert "exited 2" in first.stdout, first.stdout[-4000:]
+    assert boot_id(host) != before, "the node was not rebooted"
+    assert npu_board(host)["Software Version"] == release_hdk().split("/")[0]
+    again = playbook("playbooks/driver.yml", "--limit", host)
+    assert again.returncode == 0 and recap(again.stdout)[host]["changed"] == 0, again.stdout[-3000:]
+
+
+# Huawei's order on an upgrade is firmware, then driver: a firmware installer that fails stops the driver stage
+# there, and the driver stays as it was, installed and running.
+@pytest.mark.ci_lab
+def test_a_failing_firmware_step_leaves_the_driver_untouched(fresh_lab):
+    host = SCRATCH
+    driver, firmware = (npu_board(host)[k] for k in ("Software Version", "Firmware Version"))
+    record = ssh(host, "cat", "/usr/local/Ascend/driver/version.info")
+    level_b = ["-e", f"driver_version={LEVEL_B['driver_version']}",
+               "-e", f"driver_firmware_version={LEVEL_B['driver_firmware_version']}"]
+    ssh(host, "sh", "-c", "mkdir -p /etc/atlas-lab && echo firmware > /etc/atlas-lab/fail-install")
+    try:
+        failed = playbook("playbooks/driver.yml", "--limit", host, *level_b)
+    finally:
+        ssh(host, "rm", "-f", "/etc/atlas-lab/fail-install")
+    assert failed.returncode != 0, failed.stdout[-3000:]
+    assert installer_steps(failed.stdout) == ["upgrade firmware"], failed.stdout[-3000:]
+    said = " ".join(failed.stdout.split())
+    assert "the firmware step failed" in said and "Not run after it: upgrade driver" in said, said[-2000:]
+    assert ssh(host, "cat", "/usr/local/Ascend/driver/version.info") == record
+    assert (npu_board(host)["Software Version"], npu_board(host)["Firmware Version"]) == (driver, firmware)
+    moved = playbook("playbooks/driver.yml", "--limit", host, *level_b)
+    assert moved.returncode == 0, moved.stdout[-3000:]
+    assert installer_steps(moved.stdout) == ["upgrade firmware", "upgrade driver"], moved.stdout[-3000:]
+    board = npu_board(host)
+    assert (board["Software Version"], board["Firmware Version"]) == (LEVEL_B["driver_version"],
+                                                                        LEVEL_B["driver_firmware_version"])
