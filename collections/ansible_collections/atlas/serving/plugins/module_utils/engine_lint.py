@@ -18,6 +18,16 @@ environment file holds one variable per line). An API key in the argv or the env
 ``VLLM_API_KEY``, ``SGLANG_API_KEY``) is an error naming ``serving_api_keys``: the serving role hands the keys
 to the engine in its ``--config`` file, never on a command line or in the environment file (README.md, "API
 keys"; docs/engine-facts.md). Secret values never appear in a message.
+
+The environment file feeds a unit whose launcher starts as root (roles/serving, ``ExecStart=!``), so every
+environment value is held to a grammar (:func:`env_value_findings`, the one checker for lint, render, plan and the
+serving role): no shell metacharacter, white space, control, format (bidi) or separator character anywhere; no
+variable the dynamic loader, bash or Podman acts on as root (``LD_*``, ``PATH``, ``BASH_ENV`` ...); no interpreter
+variable (``PYTHONPATH``, ``PERL5LIB``, ``NODE_OPTIONS`` ...) unless the release's own schema lists it; and the
+value matches its key's grammar: the pattern ``platform-env.json`` gives, else the one its name says (device lists,
+interface lists, absolute paths), else the one its schema type says (SGLang's ``bool``/``int``/``float``), else
+the default ``[A-Za-z0-9_.,:/=+@%-]*``. A character, loader or interpreter finding has kind ``unsafe`` (the serving
+role refuses it even with ``serving_lint_override``); a value off its grammar has kind ``env``.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import json
 import math
 import os
 import re
+import unicodedata
 
 SECRET_FLAGS = frozenset(["--api-key"])
 SECRET_ENV = frozenset(["VLLM_API_KEY", "SGLANG_API_KEY"])
@@ -307,7 +318,48 @@ def _additional_config(values, schema, release):
     return out
 
 
+# Characters no environment value carries anywhere: the shell's metacharacters, quoting, escaping and globbing,
+# and white space (a value with one would need quoting in the environment file, and podman --env-file takes quotes
+# literally).
+SHELL_METACHARACTERS = frozenset("$`;&|<>#'\"\\(){}[]*?!~ \t")
+# Unicode classes no environment value carries: control (Cc), format (Cf: bidi overrides and isolates, zero-width
+# characters), separators (Zs, Zl, Zp), private use and surrogates (Co, Cs).
+UNSAFE_CATEGORIES = frozenset(["Cc", "Cf", "Zs", "Zl", "Zp", "Co", "Cs"])
+# Variables a process the unit starts as root acts on before the engine runs: the dynamic loader (every ``LD_*``),
+# the C library, bash (the launcher, and the CANN scripts it sources), and Podman (a container release reads
+# ``$XDG_CONFIG_HOME/containers`` and ``CONTAINERS_*``). Refused for every release: that a release's source reads
+# one (vLLM reads LD_PRELOAD and LD_LIBRARY_PATH) does not make it safe in a file root reads first.
+ROOT_ENV_PREFIXES = ("LD_", "BASH_FUNC_", "CONTAINERS_")
+ROOT_ENV_NAMES = frozenset(["PATH", "HOME", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "IFS", "CDPATH",
+                            "GLOBIGNORE", "PROMPT_COMMAND", "GCONV_PATH", "GLIBC_TUNABLES", "LOCPATH", "NLSPATH",
+                            "HOSTALIASES", "RESOLV_HOST_CONF", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS"])
+# Variables an interpreter acts on (code or options loaded into the engine's process): refused unless the release's
+# own schema (``env``, read from its source) lists the key, and then held to that key's grammar.
+INTERPRETER_ENV_PREFIXES = ("PYTHON", "PERL5", "PERLLIB", "RUBY", "NODE_", "LUA_", "JAVA_", "_JAVA_", "JDK_JAVA_")
+# The value grammars (whole-string matches).
+DEFAULT_GRAMMAR = r"[A-Za-z0-9_.,:/=+@%-]*"
+BOOL_GRAMMAR = r"0|1|[Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee]"
+INT_GRAMMAR = r"-?[0-9]+"
+FLOAT_GRAMMAR = r"-?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?"
+DEVICE_LIST_GRAMMAR = r"[0-9]+(,[0-9]+)*"
+# HCCL's interface filter: ``eth,enp`` (prefixes), ``=eth0`` (exact), ``^...`` (exclude) (module_utils/comm_env.py)
+IFNAME_LIST_GRAMMAR = r"\^?=?[A-Za-z0-9_.:@-]+(,[A-Za-z0-9_.:@-]+)*"
+# One absolute path, or a colon-separated list of them (CANN's *_PATH variables), with no `..` component.
+PATH_GRAMMAR = r"(?!.*(^|/)\.\.(/|:|$))/[A-Za-z0-9_.,+@%/-]*(:/[A-Za-z0-9_.,+@%/-]*)*"
+# (name pattern, grammar, what it is): the grammar a key's name says, where platform-env.json gives no pattern.
+NAME_GRAMMARS = (
+    (r"[A-Z0-9_]*_VISIBLE_DEVICES", DEVICE_LIST_GRAMMAR, "comma-separated device ids"),
+    (r"(HCCL|GLOO|TP|NCCL)_SOCKET_IFNAME", IFNAME_LIST_GRAMMAR, "a comma-separated interface filter"),
+    (r"PYTHONHASHSEED", r"random|[0-9]+", "`random` or a whole number"),
+    (r"[A-Z0-9_]*(_PATH|_DIR|_HOME|_ROOT|_FILE)", PATH_GRAMMAR, "an absolute path (or a ':'-separated list)"),
+)
+# SGLang's schema types (environ.py): the grammar each needs; a type not named here has the default grammar.
+TYPE_GRAMMARS = {"bool": (BOOL_GRAMMAR, "0, 1, true or false"), "int": (INT_GRAMMAR, "a whole number"),
+                 "float": (FLOAT_GRAMMAR, "a number")}
+
+
 def _env_table(schema, platform):
+    """{name: platform-env.json pattern or None} of the variables ``schema``'s release reads."""
     engine = schema.get("engine", "")
     table = {e["name"]: None for e in schema.get("env", [])}
     for var in platform.get("variables", []):
@@ -316,19 +368,106 @@ def _env_table(schema, platform):
     return table
 
 
+def _env_types(schema):
+    """{name: schema type} of the release's own variables (SGLang's schemas carry them; vLLM's do not)."""
+    return {e["name"]: e["type"] for e in schema.get("env", []) if e.get("type")}
+
+
+def unsafe_character(text):
+    """The first character of ``text`` no environment value carries, as ``(character, what it is)``; None when
+    there is none."""
+    for char in str(text):
+        category = unicodedata.category(char)
+        if category == "Cc":
+            return char, "a control character"
+        if char.isspace():
+            return char, "white space"
+        if char in SHELL_METACHARACTERS:
+            return char, "a shell metacharacter"
+        if category in UNSAFE_CATEGORIES:
+            return char, "an invisible formatting or separator character"
+    return None
+
+
+def root_variable(name):
+    """Whether ``name`` is a variable the root-started launcher, the loader or Podman acts on (never allowed)."""
+    return name in ROOT_ENV_NAMES or name.startswith(ROOT_ENV_PREFIXES)
+
+
+def interpreter_variable(name):
+    """Whether ``name`` is a variable an interpreter acts on (allowed only where the release's schema lists it)."""
+    return name.startswith(INTERPRETER_ENV_PREFIXES) or name in ("GEM_PATH", "GEM_HOME", "TCLLIBPATH")
+
+
+def value_grammar(name, pattern, kind):
+    """(grammar, what it is) of variable ``name``: the ``platform-env.json`` ``pattern``, else the grammar its name
+    says, else the one its schema type ``kind`` says, else the default grammar."""
+    if pattern:
+        return pattern, "its pattern in platform-env.json"
+    for name_pattern, grammar, what in NAME_GRAMMARS:
+        if re.fullmatch(name_pattern, name):
+            return grammar, what
+    if kind in TYPE_GRAMMARS:
+        return TYPE_GRAMMARS[kind]
+    return DEFAULT_GRAMMAR, "letters, digits and _ . , : / = + @ % -"
+
+
+def _value_text(value):
+    """An environment value as the environment file writes it (booleans lower case, None empty)."""
+    if value is None:
+        return ""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def env_value_findings(name, value, release, schema, platform):
+    """Findings for variable ``name`` = ``value`` in ``release``'s environment file, the one checker of lint,
+    render, plan and the serving role. Kind ``unsafe`` (never overridable): a character no value carries, a variable
+    the root-started launcher acts on, an interpreter variable the release's schema does not list. Kind ``env``: a
+    value off its key's grammar (:func:`value_grammar`). A variable the release does not read gets no grammar
+    finding here (:func:`lint_env` reports it). Empty: safe to write."""
+    text = _value_text(value)
+    found = unsafe_character(text)
+    if found:
+        char, what = found
+        code = f"U+{ord(char):04X} {unicodedata.name(char, '')}".strip()
+        return [_finding("unsafe", name, f"`{name}` has {what} ({code}) in its value: the environment file holds "
+                         "one plain value per line, read by the unit's launcher as root; remove it")]
+    if root_variable(name):
+        return [_finding("unsafe", name, f"`{name}` is acted on by the dynamic loader, bash or Podman, which the "
+                         "serving unit starts as root before the engine: the environment file cannot carry it for "
+                         "any release (docs/security.md)")]
+    listed = {e["name"] for e in schema.get("env", [])}
+    if interpreter_variable(name) and name not in listed:
+        return [_finding("unsafe", name, f"`{name}` loads code or options into the engine's interpreter and "
+                         f"{release} does not read it: the environment file cannot carry it")]
+    table = _env_table(schema, platform)
+    if name not in table:
+        return []
+    grammar, what = value_grammar(name, table[name], _env_types(schema).get(name))
+    if not re.fullmatch(grammar, text):
+        shown = "<secret>" if name in SECRET_ENV else text
+        return [_finding("env", name, f"`{name}={shown}` does not match what {release} accepts ({what}: {grammar})")]
+    return []
+
+
+def _refused_outright(name, text, schema):
+    """Whether ``name`` = ``text`` is refused before any other check (a character or a variable no release
+    allows in the environment file)."""
+    listed = {e["name"] for e in schema.get("env", [])}
+    return bool(unsafe_character(text) or root_variable(name) or (interpreter_variable(name) and name not in listed))
+
+
 def lint_env(env, schema, platform, fictions, release):
+    """Findings for the environment ``env`` of ``release``: what no release allows (:func:`env_value_findings`),
+    the seed article's fictions, variables the release does not read, values off their key's grammar."""
     engine = schema.get("engine", "")
     table = _env_table(schema, platform)
     findings = []
     for name in sorted(env or {}):
-        value = "" if env[name] is None else str(env[name])
-        if isinstance(env[name], bool):
-            value = value.lower()
+        value = _value_text(env[name])
         shown = "<secret>" if name in SECRET_ENV else value
-        bad = _control_character(value)
-        if bad:
-            findings.append(_finding("env", name, f"`{name}` has a control character (U+{ord(bad):04X}) in its "
-                                     "value: the environment file holds one variable per line; remove it"))
+        if _refused_outright(name, value, schema):
+            findings.extend(env_value_findings(name, env[name], release, schema, platform))
             continue
         entry = _fiction(fictions, "env", name, engine)
         if entry is not None and name not in table:
@@ -342,11 +481,26 @@ def lint_env(env, schema, platform, fictions, release):
             findings.append(_finding("env", name, f"`{name}` is not read by {release} (not in its envs, the "
                                      "engine's source or platform-env.json): unknown variables are errors"))
             continue
-        pattern = table[name]
-        if pattern and not re.fullmatch(pattern, value):
-            findings.append(_finding("env", name,
-                                     f"`{name}={shown}` does not match what {release} accepts ({pattern})"))
+        findings.extend(env_value_findings(name, env[name], release, schema, platform))
     return findings
+
+
+def parse_env_file(text):
+    """(environment, findings) of a rendered ``.env`` file as systemd's EnvironmentFile reads it: ``KEY=value``
+    lines, ``#`` and ``;`` lines comments, a value in double quotes unquoted. A line that is none of these is an
+    ``unsafe`` finding (systemd would skip or misread it)."""
+    env, findings = {}, []
+    for number, line in enumerate(str(text).split("\n"), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", ";")):
+            continue
+        key, eq, value = line.partition("=")
+        if not eq or not ENV_NAME.fullmatch(key):
+            findings.append(_finding("unsafe", f"line {number}", f"line {number} of the environment file is not "
+                                     "KEY=value with KEY a variable name: remove it"))
+            continue
+        env[key] = value[1:-1] if len(value) > 1 and value.startswith('"') and value.endswith('"') else value
+    return env, findings
 
 
 def lint(argv, env, release, schema_dir=None):
