@@ -30,7 +30,8 @@ from ansible_collections.atlas.serving.plugins.module_utils import oci_archive a
 from ansible_collections.atlas.serving.plugins.module_utils import signature as _LAYOUT
 
 from atlasctl.errors import UsageError
-from atlasctl.inputs import load_yaml, read_bytes
+from atlasctl.inputs import load_yaml, read_bytes, shown
+from atlasctl.inputs import name as check_name
 
 MANIFEST = _LAYOUT.MANIFEST_NAME
 SIGNATURE = _LAYOUT.SIGNATURE_NAME  # GPG detached signature of manifest.json; required unless opted out
@@ -120,6 +121,9 @@ class BundleSpec:
             if key in data and not isinstance(data[key], kind):
                 raise UsageError(f"bundle spec {path}: '{key}' must be a {kind.__name__}")
         _check_names(path, data)  # first: a name that would leave the bundle is refused as that
+        check_name(data.get("name", path.stem), "bundle", f"bundle spec {shown(path)}: name")
+        if "release" in data:
+            check_name(data["release"], "bundle", f"bundle spec {shown(path)}: release")
         _check_entries(path, data)
         for kind in source_kinds():
             kind.check(path, data)
@@ -207,14 +211,18 @@ def _check_entries(path: Path, data: dict) -> None:
                                  fix=f"write e.g. '{example}'")
 
 
-def check_plain_names(path: Path, names: Iterable[tuple[str, object]]) -> None:
-    """Every name that becomes a path in the bundle is one plain component: never ``..``, ``/`` or absolute."""
-    for key, value in names:
-        text = str(value)
-        if not text or text in (".", "..") or "/" in text or "\\" in text or "\0" in text:
-            raise UsageError(f"bundle spec {path}: {key} entry {value!r} is not a plain file name: it would be "
-                             "written outside its directory of the bundle",
-                             fix=f"name the {key} entry without '/', '..' or a leading '/'")
+# The kind of name (module_utils/names.py) each spec list's entries are; the others are plain file names.
+NAME_KINDS = {"models": "model"}
+
+
+def check_plain_names(path: Path, entries: Iterable[tuple[str, object]]) -> None:
+    """Every name that becomes a path in the bundle is one plain name of its kind (module_utils/names.py):
+    never ``..``, ``/``, a control character or a template; a number is taken as the text YAML read, and
+    what is not text is left to the entry's type check."""
+    for key, value in entries:
+        if not isinstance(value, str | int | float) or isinstance(value, bool):
+            continue  # not text: the entry's own type check names it
+        check_name(str(value), NAME_KINDS.get(key, "file"), f"bundle spec {shown(path)}: {key} entry")
 
 
 def _check_names(path: Path, data: dict) -> None:

@@ -37,6 +37,7 @@ from pathlib import Path
 from atlasctl import inventory as shared
 from atlasctl.bundle import MANIFEST, SIGNATURE, Manifest
 from atlasctl.errors import EnvironmentProblem, UsageError
+from atlasctl.inputs import plain_text, shown
 
 DEFAULT_DEST = "/srv/atlas-bundle"
 PARTIAL_DIR = ".rsync-partial"
@@ -55,9 +56,11 @@ DEST_FIX = f"push to a directory of its own, e.g. --dest {DEFAULT_DEST} (the def
 
 
 def normalize_dest(dest: str) -> str:
-    """``dest`` as the path it names (``/srv/./x/``, ``//srv/x`` -> ``/srv/x``); a relative one is refused."""
+    """``dest`` as the path it names (``/srv/./x/``, ``//srv/x`` -> ``/srv/x``); a relative one is refused, and
+    so is one with a control or format character or a template delimiter (module_utils/names.py)."""
+    plain_text(dest, "--dest", DEST_FIX)
     if not dest.startswith("/"):
-        raise UsageError(f"--dest {dest} is not an absolute path", fix=DEST_FIX)
+        raise UsageError(f"--dest {shown(dest)} is not an absolute path", fix=DEST_FIX)
     return "/" + posixpath.normpath(dest).lstrip("/")
 
 
@@ -81,7 +84,7 @@ def check_dest(dest: str) -> str:
     norm = normalize_dest(dest)
     problem = dest_problem(norm)
     if problem:
-        raise UsageError(f"--dest {dest}: {problem}: a push deletes what is there and not in the bundle",
+        raise UsageError(f"--dest {shown(dest)}: {problem}: a push deletes what is there and not in the bundle",
                          fix=DEST_FIX)
     return norm
 

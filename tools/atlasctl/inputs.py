@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
+from ansible_collections.atlas.serving.plugins.module_utils import names as _NAMES
 
 from atlasctl.errors import UsageError
 
@@ -79,4 +80,23 @@ def whole_number(value: object, what: str, low: int, high: int, fix: str | None 
     """``value`` when it is a whole number from ``low`` to ``high``; else one UsageError naming ``what``."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise UsageError(f"{what} {value!r}: must be a whole number from {low} to {high}", fix=fix)
+    return value
+
+
+def name(value: object, kind: str, what: str) -> str:
+    """``value`` when it is a name of ``kind`` (module_utils/names.py: host, model, bundle, release, profile,
+    branch, engine, file); else one UsageError naming ``what`` (the option or field), the value escaped and
+    the grammar as the fix (exit code 2)."""
+    try:
+        return _NAMES.check(value, kind, what)
+    except _NAMES.BadName as exc:
+        raise UsageError(str(exc), fix=exc.rule) from None
+
+
+def plain_text(value: str, what: str, fix: str) -> str:
+    """``value`` (a path, an option's text) when it holds no control or format character and no template
+    delimiter (module_utils/names.py ``unsafe_text``); else one UsageError naming ``what``."""
+    unsafe = _NAMES.unsafe_text(value)
+    if unsafe:
+        raise UsageError(f"{what} {_NAMES.shown(value)}: {unsafe}", fix=fix)
     return value

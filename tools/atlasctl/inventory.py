@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ansible_collections.atlas.serving.plugins.module_utils import names as _NAMES
+
 from atlasctl.errors import EnvironmentProblem, UsageError
 from atlasctl.inputs import compose_yaml, parse_yaml, read_text, shown
 from atlasctl.layout import Layout, default_layout
@@ -268,7 +270,7 @@ def target(name: str, hv: dict[str, Any]) -> Target:
     key_file = _word(name, hv, ("ansible_ssh_private_key_file", "ansible_private_key_file"), None, "a file name")
     return Target(
         name=name,
-        address=_word(name, hv, ("ansible_host",), name, "a host name or address"),
+        address=address(name, hv),
         user=_word(name, hv, ("ansible_user", "ansible_ssh_user"), "root", "a user name"),
         port=_port(name, hv),
         key_file=key_file or None,
@@ -278,6 +280,22 @@ def target(name: str, hv: dict[str, Any]) -> Target:
         become=as_bool(hv.get("ansible_become", False)),
         bundle_dir=bundle_dir(hv),
     )
+
+
+def address(name: str, hv: dict[str, Any]) -> str:
+    """Where host ``name`` is reached: its ``ansible_host``, else its inventory name; either a plain host name or
+    address (module_utils/names.py, kind host: no template, blank, control character or path separator)."""
+    key = _given(hv, ("ansible_host",))
+    value = hv[key] if key else name
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    where = f"inventory host {name!r}: {key}" if key else "inventory host name"
+    hint = " (atlasctl reads the inventory as ansible-inventory --list prints it: a template is never rendered)"
+    try:
+        return _NAMES.check(text, "host", where)
+    except _NAMES.BadName as exc:
+        templated = isinstance(text, str) and _NAMES.template_delimiter(text)
+        raise UsageError(f"{exc}{hint if templated else ''}",
+                         fix=f"set ansible_host to the host's plain name or address: {exc.rule}") from None
 
 
 def bundle_dir(hv: dict[str, Any]) -> str:
@@ -310,10 +328,11 @@ def _word(name: str, hv: dict[str, Any], keys: tuple[str, ...], default: str | N
         return ""
     value = default if key is None else hv[key]
     text = str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else ""
-    if not text or not text.isprintable() or any(c.isspace() for c in text) or text.startswith("-"):
+    if not text or not text.isprintable() or any(c.isspace() for c in text) or text.startswith("-") \
+            or _NAMES.unsafe_text(text):
         where = key or "the inventory name"
         hint = " (a template: atlasctl reads the inventory as ansible-inventory --list prints it, unrendered)" \
-            if "{{" in text else ""
+            if _NAMES.template_delimiter(text) else ""
         raise UsageError(f"inventory host {name!r}: {where} {value!r} is not {what}{hint}",
                          fix=f"set {keys[0]} to plain text: one word without blanks or control characters, "
                              "not starting with '-'")

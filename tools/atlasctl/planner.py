@@ -176,7 +176,9 @@ def rank_of(inventory: str | Path, host: str, dirs: Dirs = (),
     except si.InstanceError as exc:
         raise UsageError(f"inventory {inventory}, host {host}: {exc}",
                          fix="see docs/multinode-serving.md, 'The inventory contract'") from None
-    address = str(mine.get("ansible_host") or "")
+    from atlasctl import inventory as shared
+
+    address = shared.address(host, mine) if mine.get("ansible_host") else ""
     if rank["instance"] is None:
         return Rank(host, str(name), rank, {}, address=address)
     interface = mine.get("npu_network_comm_interface")
@@ -184,7 +186,7 @@ def rank_of(inventory: str | Path, host: str, dirs: Dirs = (),
         return Rank(host, str(name), rank, {}, note=f"{host}: HCCL_IF_IP and the *_SOCKET_IFNAME variables come "
                     "from the node's facts on the node (set npu_network_comm_interface to render them here)",
                     address=address)
-    comm = mine.get("npu_network_comm_address") or mine.get("ansible_host") or host
+    comm = mine.get("npu_network_comm_address") or address or host
     facts = {"interfaces": [interface], interface: {"ipv4": {"address": comm}},
              "default_ipv4": {"interface": interface, "address": comm}}
     env = comm_env.render(facts, interface, comm, mine.get("npu_network_comm_env") or {})

@@ -5,7 +5,8 @@
                                                                     serving instance (docs/multinode-serving.md)
     atlasctl config lint [PROFILE ...] [-i INV] [--json]           every flag/value/variable vs the release schema
                                                                     (with -i and no PROFILE: every rank too)
-    atlasctl config lint --release R --argv-file F [--env-file E]   lint a rendered .args/.env pair
+    atlasctl config lint --release R [--argv-file F] [--env-file E]  lint a rendered .args file, .env file or both:
+                                                                    exactly the files given, no profile
     atlasctl config plan [PROFILE ...] [-i INV] [--npus N --hbm-mb M] [--nodes K] [--model-dir DIR] [--reserve-gib G]
                          [--json]                                   layout (TP x PP x DP, EP, W8A8) from the flags
     atlasctl config plan -i INV --host HOST [...]                    the plan of the host's serving instance
@@ -14,7 +15,11 @@
 Profiles: the serving role's, and with -i INV also those in the directories INV's hosts name in
 serving_profile_dirs (searched first, as the serving role does; the lab's: -i inventory/lab).
 
-Exit codes: 0 all real / all fit; 1 a finding or a refused plan; 2 bad input.
+Every environment value is held to its key's grammar, with no shell metacharacter and no loader or interpreter
+variable (module_utils/engine_lint.py ``env_value_findings``): lint reports it, render writes nothing and plan
+plans nothing for a profile lint finds anything in.
+
+Exit codes: 0 all real / all fit; 1 a finding or a refused plan (plan: also a profile lint refuses); 2 bad input.
 """
 
 from __future__ import annotations
@@ -47,16 +52,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_render)
 
-    p = csub.add_parser("lint", help="check profiles (or a rendered .args/.env) against the engine schemas")
+    p = csub.add_parser("lint", help="check profiles (or a rendered .args/.env) against the engine schemas",
+                        description="Lint serving profiles, or rendered files: with --argv-file and/or --env-file "
+                                    "exactly the files given are linted (either alone, or both), against --release; "
+                                    "no profile is linted then.")
     p.add_argument("profiles", nargs="*", help="profile names (default: all shipped, and -i INV's)")
     p.add_argument("-i", "--inventory", help=INVENTORY_HELP)
-    p.add_argument("--release", help="engine release of --argv-file (e.g. vllm-ascend-0.11.0)")
-    p.add_argument("--argv-file", type=Path, help="a rendered .args file (one argument per line)")
-    p.add_argument("--env-file", type=Path, help="a rendered .env file (KEY=value lines)")
+    p.add_argument("--release", help="engine release of --argv-file/--env-file (e.g. vllm-ascend-0.11.0)")
+    p.add_argument("--argv-file", type=Path, help="a rendered .args file (one argument per line); alone or with "
+                                                  "--env-file")
+    p.add_argument("--env-file", type=Path, help="a rendered .env file (KEY=value lines); alone or with --argv-file")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run_lint)
 
-    p = csub.add_parser("plan", help="NPU memory plan and capacity table")
+    p = csub.add_parser("plan", help="NPU memory plan and capacity table (of profiles lint passes)")
     p.add_argument("profiles", nargs="*", help="profile names (default: all shipped, and -i INV's)")
     p.add_argument("-i", "--inventory", help=INVENTORY_HELP)
     p.add_argument("--host", help=HOST_HELP)
@@ -132,13 +141,30 @@ def _mask_args(text: str) -> str:
     return "".join(line + "\n" for line in lines)
 
 
-def _read_env_file(path: Path) -> dict[str, str]:
-    env = {}
-    for line in read_text(path, "--env-file", fix="pass a rendered .env file (KEY=value lines)").splitlines():
-        if line.strip() and not line.startswith("#") and "=" in line:
-            key, value = line.split("=", 1)
-            env[key] = value[1:-1] if value.startswith('"') and value.endswith('"') else value
-    return env
+def _lint_files(args: argparse.Namespace) -> dict[str, list[dict]]:
+    """{label: findings} of exactly the rendered files given (--argv-file, --env-file, or both) against --release;
+    the .env file read as systemd's EnvironmentFile reads it (module_utils/engine_lint.py ``parse_env_file``)."""
+    from ansible_collections.atlas.serving.plugins.module_utils import engine_lint as lint
+
+    given = "--argv-file" if args.argv_file else "--env-file"
+    if not args.release:
+        raise UsageError(f"{given} needs --release", fix="e.g. --release vllm-ascend-0.11.0")
+    if args.profiles:
+        raise UsageError(f"{given} lints the files given, not profiles ({' '.join(args.profiles)})",
+                         fix="lint the profiles and the rendered files in two runs")
+    argv, env, findings = [], {}, []
+    if args.argv_file:
+        argv = lint.args_file_argv(read_text(args.argv_file, "--argv-file",
+                                             fix="pass a rendered .args file (one argument per line)"))
+    if args.env_file:
+        env, findings = lint.parse_env_file(read_text(args.env_file, "--env-file",
+                                                      fix="pass a rendered .env file (KEY=value lines)"))
+    try:
+        findings = lint.lint(argv, env, args.release) + findings
+    except lint.LintError as exc:
+        raise UsageError(f"--release {args.release}: {exc}", fix="pass one of " + ", ".join(
+            lint.known_releases(lint.schema_dir_default()))) from None
+    return {str(args.argv_file or args.env_file): findings}
 
 
 def run_lint(args: argparse.Namespace) -> int:
@@ -146,18 +172,9 @@ def run_lint(args: argparse.Namespace) -> int:
 
     results: dict[str, list[dict]] = {}
     releases: set[str] = set()
-    if args.argv_file:
-        if not args.release:
-            raise UsageError("--argv-file needs --release", fix="e.g. --release vllm-ascend-0.11.0")
-        argv = lint.args_file_argv(read_text(args.argv_file, "--argv-file",
-                                             fix="pass a rendered .args file (one argument per line)"))
-        env = _read_env_file(args.env_file) if args.env_file else {}
-        try:
-            results[str(args.argv_file)] = lint.lint(argv, env, args.release)
-            releases.add(args.release)
-        except lint.LintError as exc:
-            raise UsageError(f"--release {args.release}: {exc}", fix="pass one of " + ", ".join(
-                lint.known_releases(lint.schema_dir_default()))) from None
+    if args.argv_file or args.env_file:
+        results = _lint_files(args)
+        releases.add(args.release)
     else:
         dirs = profile_dirs(args.inventory)
         for name in args.profiles or planner.profile_names(dirs):
@@ -201,6 +218,18 @@ def _check_plan_args(args: argparse.Namespace) -> None:
                              "hardware and the default reserve") from None
 
 
+def _lint_refusals(targets: list[tuple[str, planner.Rank | None]], dirs: planner.Dirs) -> str:
+    """What ``config lint`` finds in the profiles (on their ranks) ``targets``, as the lines ``config plan`` refuses
+    with; "" when lint finds nothing (plan plans only what lint passes)."""
+    lines = []
+    for name, rank in targets:
+        findings = planner.lint_profile(name, dirs, rank)
+        if findings:
+            lines.append(f"{name}: {len(findings)} lint finding(s); not planned (`atlasctl config lint {name}`)")
+            lines.extend(f"  {f['kind']}: {f['message']}" for f in findings)
+    return "\n".join(lines)
+
+
 def run_plan(args: argparse.Namespace) -> int:
     _check_plan_args(args)
     dirs = profile_dirs(args.inventory)
@@ -211,6 +240,11 @@ def run_plan(args: argparse.Namespace) -> int:
     else:
         rows = [planner.plan_profile(n, args.npus, args.hbm_mb, args.model_dir, args.reserve_gib, dirs, args.nodes)
                 for n in (args.profiles or planner.profile_names(dirs))]
+    refused = _lint_refusals([(rank.profile, rank)] if rank is not None else
+                             [(n, None) for n in (args.profiles or planner.profile_names(dirs))], dirs)
+    if refused:
+        print(refused, file=sys.stderr)
+        return exitcodes.FAILED
     if args.json:
         print(json.dumps([{"profile": r.profile, "skipped": r.skipped, **r.plan} for r in rows], indent=1))
     else:

@@ -18,11 +18,12 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from ansible_collections.atlas.serving.plugins.module_utils import checksums, manifest
+from ansible_collections.atlas.serving.plugins.module_utils import checksums, manifest, paths
 
-from atlasctl import exitcodes
+from atlasctl import exitcodes, outputs
 from atlasctl.errors import UsageError
-from atlasctl.inputs import shown, whole_number
+from atlasctl.inputs import name as check_name
+from atlasctl.inputs import plain_text, shown, whole_number
 
 SUMS_FILES = {"md5": "md5sums.txt", "sha256": "sha256sums.txt"}
 MANIFEST_FILE = "manifest.json"
@@ -41,15 +42,25 @@ def check_workers(workers: int | None) -> int | None:
                         fix=f"leave --workers out (one thread per core, at most 8) or pass 1 to {MAX_WORKERS}")
 
 
+PREFIX_FIX = "pass the model's directory as the bundle manifest lists it, e.g. --prefix models/qwen2.5-72b"
+
+
 def check_prefix(prefix: str) -> str:
-    """--prefix: a relative path inside the bundle (``models/qwen``), without '.', '..', empty parts or
-    control characters; the slashes around it are dropped."""
-    parts = prefix.strip("/").split("/") if prefix.strip("/") else []
-    if any(part in ("", ".", "..") or not part.isprintable() for part in parts):
-        raise UsageError(f"--prefix {prefix!r}: must be a path inside the bundle, e.g. models/qwen2.5-72b "
-                         "(no '.', '..' or empty parts, no control characters)",
-                         fix="pass the model's directory as the bundle manifest lists it")
-    return "/".join(parts)
+    """--prefix: a relative path inside the bundle (``models/qwen``), each part a plain file name
+    (module_utils/names.py): an absolute path, a trailing '/', '.', '..', an empty part or a control
+    character is refused (exit 2), never rewritten."""
+    if not prefix:
+        return ""
+    plain_text(prefix, "--prefix", PREFIX_FIX)
+    if prefix.startswith("/") or prefix.endswith("/") or "//" in prefix:
+        raise UsageError(f"--prefix {prefix!r}: must be a relative path inside the bundle, without a leading "
+                         "or trailing '/' or an empty part", fix=PREFIX_FIX)
+    for part in prefix.split("/"):
+        if part in (".", ".."):
+            raise UsageError(f"--prefix {prefix!r}: must be a path inside the bundle (no '.' or '..' parts)",
+                             fix=PREFIX_FIX)
+        check_name(part, "file", f"--prefix {prefix!r}: part")
+    return prefix
 
 
 def _check_out(fmt: str, out: str | None) -> None:
@@ -115,7 +126,11 @@ def write_manifest(
         targets = [out or os.path.join(root, MANIFEST_FILE)]
     ignore = {rel for rel in (_inside(root, t) for t in targets if t != "-") if rel}
     ignore |= set(DEFAULT_SOURCES)
-    digests = _digest(root, workers, progress, ignore)
+    files = tree_files(root, "models manifest")
+    for target in targets:
+        if target != "-":
+            writable_parent(target)
+    digests = _digest(root, workers, progress, ignore, files)
     if fmt == "sums":
         for alg, target in zip(("md5", "sha256"), targets, strict=True):
             sums = manifest.render_sums([(rel, getattr(d, alg)) for rel, d in digests.items()])
@@ -137,6 +152,48 @@ def write_manifest(
     )
 
 
+TREE_FIX = ("give the model directory its own regular files (copy, not link: cp -L, or rsync without -l/-H) "
+            "and name it by a path without symbolic links")
+
+
+def tree_files(root: str, what: str) -> dict[str, os.stat_result]:
+    """{relative path: lstat} of every file under ``root`` (module_utils/paths.py ``tree_files``): ``root`` and
+    every directory on the way to it free of symbolic links, no symbolic link, special file or hard link to a
+    file outside it under it; else one UsageError (exit 2), before anything is read or written."""
+    if not os.path.isdir(root):
+        state = "is not a directory" if os.path.exists(root) else "does not exist"
+        raise UsageError(f"{what}: model directory {shown(root)} {state}",
+                         fix="pass the directory that holds the model files (config.json, *.safetensors)")
+    try:
+        return paths.tree_files(root)
+    except paths.UnsafePath as exc:
+        raise UsageError(f"{what}: refusing {exc}", fix=TREE_FIX) from None
+
+
+def writable_parent(path: str) -> None:
+    """The directory ``path`` is written in, made when missing, with no symbolic link on the way to it
+    (module_utils/paths.py ``open_dir``); else one UsageError (exit 2)."""
+    try:
+        os.close(paths.open_dir(os.path.dirname(os.path.abspath(path)), create=True))
+    except paths.UnsafePath as exc:
+        raise UsageError(f"models manifest --out {shown(path)}: refusing {exc}",
+                         fix="pass an --out whose directories are not symbolic links") from None
+    except OSError as exc:
+        raise UsageError(f"models manifest: cannot create the directory of {shown(path)}: {exc.strerror or exc}",
+                         fix="pass an --out this user can write") from None
+
+
+def check_stamps(stamps_path: str, given: bool) -> None:
+    """The stamp file vouches for files it lets go unread: it must be this user's or root's alone (module_utils/
+    paths.py ``private_file_problems``), else one UsageError (exit 2)."""
+    problems = paths.private_file_problems(stamps_path)
+    if problems:
+        what = f"--stamps {shown(stamps_path)}" if given else f"the stamp file {shown(stamps_path)}"
+        raise UsageError(f"models verify {what}: refusing a stamp file others can write or swap: "
+                         f"{'; '.join(problems)}", fix="pass --stamps FILE in a directory of your own (mode 0700, "
+                         "e.g. /var/lib/atlas/stamps/<model>.json; no symbolic link on the way), or --no-stamps")
+
+
 def _write(path: str, text: str) -> None:
     try:
         checksums.atomic_write_text(path, text)
@@ -145,9 +202,9 @@ def _write(path: str, text: str) -> None:
                          fix="pass an --out this user can write") from None
 
 
-def _digest(root, workers, progress, ignore):
+def _digest(root, workers, progress, ignore, identities):
     try:
-        return checksums.digest_tree(root, workers=workers, progress=progress, ignore=ignore)
+        return checksums.digest_tree(root, workers=workers, progress=progress, ignore=ignore, identities=identities)
     except checksums.VerifyError as exc:
         raise UsageError(str(exc)) from exc
 
@@ -165,10 +222,7 @@ def verify_model(
 ):
     """Verify root against its checksum sources. stamps "" = default path, None = no stamps."""
     workers, prefix = check_workers(workers), check_prefix(prefix)
-    if not os.path.isdir(root):
-        what = "is not a directory" if os.path.exists(root) else "does not exist"
-        raise UsageError(f"models verify: model directory {root} {what}",
-                         fix="pass the directory that holds the model files (config.json, *.safetensors)")
+    files = tree_files(root, "models verify")
     sources = sources or default_sources(root)
     if not sources:
         raise UsageError(
@@ -180,6 +234,8 @@ def verify_model(
     except manifest.ManifestError as exc:
         raise UsageError(str(exc), fix="pass checksum lists in md5sum/sha256sum or manifest.json format") from exc
     stamps_path = checksums.default_stamps_path(root) if stamps == "" else stamps
+    if stamps_path:
+        check_stamps(stamps_path, given=bool(stamps))
     ignore = {rel for rel in (_inside(root, s) for s in sources) if rel}
     try:
         return checksums.verify_tree(
@@ -192,6 +248,8 @@ def verify_model(
             write_stamps=not check,
             ignore=ignore,
             progress=progress,
+            links="refuse",
+            identities=files,
         )
     except checksums.VerifyError as exc:
         raise UsageError(str(exc)) from exc
@@ -204,8 +262,8 @@ class TtyProgress:
     """`\\r`-updated bytes/rate line on stderr, only when stderr is a terminal; at most 5 updates/s."""
 
     def __init__(self, label: str, stream: TextIO | None = None):
-        self.label = label
-        self.stream = stream or sys.stderr
+        self.label = outputs.safe(label)  # a path: its control characters shown, not obeyed
+        self.stream = stream or outputs.raw_stream(sys.stderr)  # its own \r and erase-line, not escaped
         self.enabled = self.stream.isatty()
         self.t0 = time.monotonic()
         self.last = 0.0

@@ -267,6 +267,7 @@ def hash_file(
     md5_lane: ThreadPoolExecutor | None = None,
     direct: bool | None = None,
     direct_buffers: list[mmap.mmap] | None = None,
+    opened: list | None = None,
 ) -> Digests:
     """md5 and sha256 of one file in a single sequential read.
 
@@ -277,11 +278,16 @@ def hash_file(
     ``direct``: read with O_DIRECT (None: for files of at least ``DIRECT_MIN_SIZE``) into
     ``direct_buffers`` (from ``direct_buffers()``: O_DIRECT needs page-aligned buffers), or
     fresh ones for this file; ``buf`` then holds only what is read buffered after O_DIRECT stops.
+    ``opened``: a list the fstat of the descriptor read is appended to (what was read, whatever the path
+    named meanwhile).
     """
     md5, sha = _new_md5(), hashlib.sha256()
     size = 0
     with open(path, "rb", buffering=0) as handle:
-        length = os.fstat(handle.fileno()).st_size
+        first = os.fstat(handle.fileno())
+        if opened is not None:
+            opened.append(first)
+        length = first.st_size
         if direct is None:
             direct = length >= DIRECT_MIN_SIZE
         if length <= bufsize:  # one buffer: a hand-off to the lane would cost more than it saves
@@ -475,8 +481,10 @@ def _read_one(
         local.direct = direct_buffers(bufsize)
     started = time.time_ns()
     try:
-        before = FileStat.of(os.stat(path))
-        digests = hash_file(path, bufsize, counter.add, buf, lane, direct, getattr(local, "direct", None))
+        named = os.stat(path)
+        opened: list[os.stat_result] = []
+        digests = hash_file(path, bufsize, counter.add, buf, lane, direct, getattr(local, "direct", None), opened)
+        before = FileStat.of(opened[0] if opened else named)  # the descriptor read, as it was opened
         after = FileStat.of(os.stat(path))
     except OSError as exc:
         return _unreadable(started, exc)
@@ -651,13 +659,20 @@ def digest_tree(
     bufsize: int = DEFAULT_BUFSIZE,
     progress: Progress | None = None,
     ignore: set[str] | frozenset[str] = frozenset(),
+    identities: dict[str, os.stat_result] | None = None,
 ) -> dict[str, Digests]:
-    """{relative path: Digests} of every file under root (for writing manifests)."""
+    """{relative path: Digests} of every file under root (for writing manifests). ``identities``: {relative
+    path: lstat} of the files a check found (module_utils/paths.py ``tree_files``): a file not among them, or
+    one whose descriptor read is not that file, is a VerifyError and nothing is returned."""
     root = _check_root(root)
     rels = list_files(root, set(ignore) | {STAMP_FILE_NAME})
+    if identities is not None:
+        _same_files(root, {rel: None for rel in rels}, identities)
     paths = {rel: os.path.join(root, rel) for rel in rels}
     sizes = {rel: os.stat(p).st_size for rel, p in paths.items()}
     outcomes = hash_many(paths, workers, bufsize, progress, sizes)
+    if identities is not None:
+        _same_files(root, {rel: outcome.before for rel, outcome in outcomes.items()}, identities)
     result = {}
     for rel in rels:
         outcome = outcomes[rel]
@@ -665,6 +680,16 @@ def digest_tree(
             raise VerifyError(f"{paths[rel]}: {outcome.error}")
         result[rel] = outcome.digests
     return result
+
+
+def _same_files(root: str, seen: dict[str, FileStat | None], identities: dict[str, os.stat_result]) -> None:
+    """VerifyError unless each file ``seen`` ({rel: the stat of what was read, None: not read yet}) is the file
+    ``identities`` holds for it (device and inode): a file swapped after the check is never reported."""
+    changed = [rel for rel, st in sorted(seen.items()) if rel not in identities
+               or (st is not None and (st.dev, st.ino) != (identities[rel].st_dev, identities[rel].st_ino))]
+    if changed:
+        raise VerifyError(f"{root}: {', '.join(changed[:5])}: not the file checked before it was read (added, "
+                          "replaced or linked meanwhile; nothing of it is shown); run again once the tree is quiet")
 
 
 def _check_root(root: str) -> str:
@@ -807,6 +832,7 @@ def verify_tree(
     listed_in: str = "the checksum list",
     read: bool = True,
     linked_from: tuple | list = (),
+    identities: dict[str, os.stat_result] | None = None,
 ) -> Report:
     """Verify every expected file under root; report ok/mismatch/missing/extra/error per file.
 
@@ -821,6 +847,8 @@ def verify_tree(
     ``listed_in`` names the expectation in the message of an extra file.
     ``read`` False reads no file: one that no stamp vouches for is an error (NOT_VOUCHED), so the
     report proves from stamps alone that a run would read nothing (a stage's fast path).
+    ``identities``: {relative path: lstat} of the files a check found (module_utils/paths.py ``tree_files``):
+    a file stat'ed or read that is not the one checked is a VerifyError (nothing reported, no stamp written).
     """
     if links not in LINKS:
         raise VerifyError(f"links must be one of {', '.join(LINKS)}, not {links!r}")
@@ -835,10 +863,15 @@ def verify_tree(
     ignore_set = _ignored(root, ignore, stamps_path)
     plan = _Plan(tree.refused(expected, ignore_set))
     plan.look(root, expected, tree.regular, old_stamps, full)
+    if identities is not None:
+        _same_files(root, dict(plan.seen), identities)
     if not read:
         plan.unread(expected)
         write_stamps = False
-    bytes_read = plan.read(expected, hash_many(plan.to_read, workers, bufsize, progress, plan.sizes, direct))
+    outcomes = hash_many(plan.to_read, workers, bufsize, progress, plan.sizes, direct)
+    if identities is not None:
+        _same_files(root, {rel: outcome.before for rel, outcome in outcomes.items()}, identities)
+    bytes_read = plan.read(expected, outcomes)
     results = plan.results
     for rel in tree.present(ignore_set):
         if rel not in expected:
@@ -910,6 +943,7 @@ class _Plan:
         self.new_stamps: dict[str, dict] = {}
         self.to_read: dict[str, str] = {}
         self.sizes: dict[str, int] = {}
+        self.seen: dict[str, FileStat] = {}  # the stat of each expected file found
         self.bytes_skipped = 0
 
     def look(self, root: str, expected: dict[str, Expected], regular: set[str] | None, old_stamps: dict[str, dict],
@@ -923,7 +957,7 @@ class _Plan:
             if isinstance(found, FileResult):
                 self.results[rel] = found
                 continue
-            st = FileStat.of(found)
+            st = self.seen[rel] = FileStat.of(found)
             stamp = old_stamps.get(rel)
             if not full and stamp_vouches(stamp, st, exp):
                 actual = {"size": st.size, "md5": stamp["md5"], "sha256": stamp["sha256"]}

@@ -17,6 +17,9 @@ directory that match a pattern and that the call does not manage (the stale ones
 ``file: state=absent`` loop would remove); :func:`apply_prune` removes them.
 :func:`file_entries` reads the ``files`` option of the modules that take one (``paths``,
 ``stage_state``), so both compare the same way.
+:func:`open_dir`, :func:`tree_files`, :func:`open_file` and :func:`private_file_problems` are the paths a
+user names, read and written with no link followed (the last section: what ``atlasctl models`` and
+``atlasctl config render --out`` rely on).
 Standard library only: this file is shipped to managed nodes by Ansible.
 """
 
@@ -284,3 +287,208 @@ def apply_prune(actions):
 
 def describe_prune(actions):
     return [f"remove {path} (matches {pattern}, not managed)" for _verb, path, pattern in actions]
+
+
+# --- no link on the way: a tree read as its own, a file written where a user says ----------------
+#
+# A path a user names, and every file read as inside a tree, is reached one component at a time from a
+# directory descriptor, each opened with O_NOFOLLOW | O_DIRECTORY: a symbolic link anywhere on the way
+# (the last component or a parent) is refused, never followed, and swapping a directory for a link after
+# the check changes nothing (the walk holds the descriptor, not the name). A file read as the tree's is a
+# regular file whose every name is inside the tree (``st_nlink`` no more than the names found there): a hard
+# link to a file elsewhere (/etc/shadow) is refused as a symbolic link is. What is read later by name is
+# compared with what the walk saw (``st_dev``, ``st_ino`` of the descriptor read: :func:`same_file`).
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+SHOWN = 5  # problems named in a refusal; the rest are counted
+
+
+class UnsafePath(PathError):
+    """A path that is not what it must be (a link on the way, a hard link out of a tree, a shared directory):
+    the message names the path and the fix."""
+
+
+def _parts(path):
+    """(start, components) of ``path``: ``/`` or ``.``, then each name (empty parts and ``.`` dropped)."""
+    start = "/" if os.path.isabs(path) else "."
+    return start, [part for part in path.split("/") if part not in ("", ".")]
+
+
+def _kind(st):
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(st.st_mode):
+        return "a directory"
+    return "a regular file" if stat.S_ISREG(st.st_mode) else "not a regular file or directory"
+
+
+def _step(dir_fd, part, walked, create, mode):
+    """The descriptor of directory ``part`` in ``dir_fd`` (made when missing and ``create``), never a link."""
+    try:
+        return os.open(part, _DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        if not create:
+            raise UnsafePath(f"{walked} does not exist") from None
+    except OSError:
+        try:
+            kind = _kind(os.lstat(part, dir_fd=dir_fd))
+        except OSError as exc:
+            raise UnsafePath(f"{walked}: cannot open it: {exc.strerror or exc}") from None
+        raise UnsafePath(f"{walked} is {kind}, not a directory (a link is never followed)") from None
+    try:
+        os.mkdir(part, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        pass  # made meanwhile: opened below as any other, never followed
+    return _step(dir_fd, part, walked, False, mode)
+
+
+def open_dir(path, create=False, mode=0o755):
+    """A descriptor of directory ``path``, reached from ``/`` (or the working directory, for a relative path)
+    one component at a time with O_NOFOLLOW: a symbolic link anywhere in ``path`` (parents included) is
+    :class:`UnsafePath`. ``create``: the missing directories are made (``mode``, less the umask)."""
+    start, parts = _parts(str(path))
+    fd = os.open(start, _DIR_FLAGS)
+    walked = "" if start == "." else "/"
+    try:
+        for part in parts:
+            walked = os.path.join(walked, part) if walked else part
+            nxt = _step(fd, part, walked, create, mode)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def same_file(a, b):
+    """Whether two stat results are of the same file (device and inode)."""
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _scan(dir_fd, prefix, files, problems):
+    """Every entry under ``dir_fd`` (relative names with ``prefix``): regular files into ``files``
+    ({rel: lstat}), anything that is not a regular file or a directory into ``problems``; subdirectories
+    are opened with O_NOFOLLOW and must be the directory listed (a swap meanwhile is a problem)."""
+    with os.scandir(dir_fd) as entries:
+        listed = sorted(entries, key=lambda e: e.name)
+    for entry in listed:
+        rel = prefix + entry.name
+        st = entry.stat(follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode):
+            files[rel] = st
+        elif stat.S_ISDIR(st.st_mode):
+            try:
+                sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dir_fd)
+            except OSError as exc:
+                problems.append(f"{rel}: cannot open it: {exc.strerror or exc}")
+                continue
+            try:
+                if not same_file(os.fstat(sub), st):
+                    problems.append(f"{rel}: replaced while it was listed")
+                    continue
+                _scan(sub, rel + "/", files, problems)
+            finally:
+                os.close(sub)
+        else:
+            problems.append(f"{rel}: {_kind(st)} (never followed: a tree read as its own holds regular files only)")
+
+
+def _foreign(files):
+    """The files of ``files`` ({rel: lstat}) with more names (``st_nlink``) than the tree holds: a hard link
+    to a file with a name outside the tree."""
+    inside = {}
+    for st in files.values():
+        inside[(st.st_dev, st.st_ino)] = inside.get((st.st_dev, st.st_ino), 0) + 1
+    return [rel for rel, st in sorted(files.items()) if st.st_nlink > inside[(st.st_dev, st.st_ino)]]
+
+
+def tree_files(root, ignore=frozenset()):
+    """{relative path: lstat} of every regular file under ``root``, nothing followed; ``root`` is reached with
+    no symbolic link on the way (:func:`open_dir`). A symbolic link, a special file or a hard link to a file
+    outside the tree anywhere under it (``ignore``: relative paths left out) is :class:`UnsafePath` naming
+    them all (the first :data:`SHOWN`, the rest counted)."""
+    fd = open_dir(root)
+    files, problems = {}, []
+    try:
+        _scan(fd, "", files, problems)
+    except OSError as exc:
+        raise UnsafePath(f"{root}: cannot list it: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    files = {rel: st for rel, st in files.items() if rel not in ignore}
+    problems = [p for p in problems if p.split(":")[0] not in ignore]
+    problems += [f"{rel}: a hard link to a file outside the tree ({files[rel].st_nlink} names, not all in it)"
+                 for rel in _foreign(files)]
+    if problems:
+        more = f"; and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
+        raise UnsafePath(f"{root}: {'; '.join(problems[:SHOWN])}{more}")
+    return files
+
+
+def open_file(path):
+    """A descriptor for reading the regular file ``path``, reached with no symbolic link on the way (parents
+    included) and holding no other name (``st_nlink`` 1): else :class:`UnsafePath`."""
+    parent, name = os.path.split(str(path).rstrip("/"))
+    dir_fd = open_dir(parent or ".")
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        raise UnsafePath(f"{path}: cannot open it (a link is never followed): {exc.strerror or exc}") from None
+    finally:
+        os.close(dir_fd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        what = _kind(st) if not stat.S_ISREG(st.st_mode) else f"a file with {st.st_nlink} names (a hard link)"
+        raise UnsafePath(f"{path} is {what}: only a regular file with one name is read")
+    return fd
+
+
+def _owner_problem(st, owners, sticky_ok):
+    """'' when ``st`` (an lstat) is owned by one of ``owners`` and writable by neither group nor others (a
+    sticky directory, with ``sticky_ok``: by others too); else what is wrong."""
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in owners:
+        return f"owned by uid {st.st_uid}, not by root or this user"
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) and not (sticky_ok and stat.S_ISDIR(st.st_mode) and mode & stat.S_ISVTX):
+        return f"mode {mode:04o}: writable by {'others' if mode & stat.S_IWOTH else 'its group'}"
+    return ""
+
+
+def private_file_problems(path, owners=None):
+    """Why no one but this user and root may be trusted to be the only writer of the file ``path`` (a stamp
+    file that vouches for files without reading them), or []: the path holds a symbolic link, is a directory,
+    the file (when there) is not a regular file with one name of its own, the directory holding it is not
+    private (owned by this user or root, writable by neither group nor others), or a directory above it is
+    writable by others without the sticky bit. ``owners``: the uids trusted (default root and this user)."""
+    owners = owners if owners is not None else {0, os.geteuid()}
+    path = os.path.abspath(str(path))
+    parent = os.path.dirname(path)
+    try:
+        os.close(open_dir(parent))
+    except UnsafePath as exc:
+        return [str(exc)]
+    problems = []
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            problems.append(f"{path} is {_kind(st) if not stat.S_ISREG(st.st_mode) else 'a hard link'}, not a "
+                            "file of its own")
+        elif _owner_problem(st, owners, False):
+            problems.append(f"{path}: {_owner_problem(st, owners, False)}")
+    what = _owner_problem(os.lstat(parent), owners, False)
+    if what:
+        problems.append(f"{parent}: {what}")
+    above = os.path.dirname(parent)
+    while True:
+        what = _owner_problem(os.lstat(above), owners, True)
+        if what:
+            problems.append(f"{above}: {what}")
+        if above == os.path.dirname(above):
+            return problems
+        above = os.path.dirname(above)

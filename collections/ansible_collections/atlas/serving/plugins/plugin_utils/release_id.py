@@ -12,15 +12,16 @@ Controller only (never shipped to a node): the atlas.serving filter ``release_id
 
 from __future__ import annotations
 
-import re
+from ansible_collections.atlas.serving.plugins.module_utils import names
 
-RELEASE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+# The grammar is module_utils/names.py's "release" kind (the one implementation of names).
+RELEASE_ID = names.KINDS["release"].pattern
 RULE = "one name of letters, digits and . _ - (at most 64 characters, no '..', no '/')"
 EXAMPLE = "bank-2026.12.0"
 
 
 def problem(value: object) -> str:
     """'' when ``value`` is a release id; else why not, the value escaped (``repr``: control characters show)."""
-    if isinstance(value, str) and RELEASE_ID.fullmatch(value) and ".." not in value:
+    if names.is_name(value, "release"):
         return ""
-    return f"{value!r} is not a release id: {RULE}; it names a directory on every node"
+    return f"{names.shown(value)} is not a release id: {RULE}; it names a directory on every node"

@@ -29,7 +29,7 @@ import math
 import os
 import re
 
-from ansible_collections.atlas.serving.plugins.module_utils import compat
+from ansible_collections.atlas.serving.plugins.module_utils import compat, names
 from ansible_collections.atlas.serving.plugins.module_utils.engine_lint import ENV_NAME, FLAG_NAME
 
 # The mapping a profile file holds (the serving role's include_vars name for it).
@@ -116,7 +116,12 @@ def profile_files(dirs, own_dir):
 
 
 def find_profile(name, dirs, own_dir):
-    """The file of profile ``name``; an unknown name is an error listing the ones there are."""
+    """The file of profile ``name`` (a profile name: module_utils/names.py); an unknown name is an error
+    listing the ones there are."""
+    try:
+        names.check(name, "profile", "serving_profile")
+    except names.BadName as exc:
+        raise SiteDataError(f"{exc}: {exc.rule}") from None
     files = profile_files(dirs, own_dir)
     if name not in files:
         where = ", ".join([*dirs, own_dir])
@@ -157,7 +162,6 @@ def resolve_profile(name, dirs, own_dir, read=None):
 PLACEHOLDERS = ("serving_model_path", "serving_served_model_name", "serving_host", "__serving_port", "ansible_host")
 _PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\|\s*default\(\s*'([^'\\{}%#]*)'\s*\)\s*)?\}\}")
 _TEMPLATE_MARK = re.compile(r"\{[{%#]")
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 _REQUIRED = ("engine", "engine_release", "port", "command", "flags", "env")
 _PLACEHOLDER_FIX = ("a profile is data: its only templates are the placeholders "
                     + ", ".join(f"{{{{ {name} }}}}" for name in PLACEHOLDERS)
@@ -224,11 +228,11 @@ def check_profile(profile, path):
         bad(PROFILE_KEY, f"lacks {', '.join(missing)}: a profile names engine, engine_release, port, command, "
                          "flags and env")
     _check_data(profile, "", path)
-    for key in ("engine", "engine_release", "model"):
+    for key, kind in (("engine", "engine"), ("engine_release", "engine"), ("model", "model")):
         value = profile.get(key)
-        if (key != "model" or value is not None) and not (isinstance(value, str) and _NAME.fullmatch(value)):
-            bad(key, f"is {value!r}: write a name of letters, digits and . _ + - (e.g. vllm, vllm-ascend-0.11.0, "
-                     "llama-2-70b-chat-hf)")
+        if (key != "model" or value is not None) and not names.is_name(value, kind):
+            bad(key, f"is {names.shown(value)}: {names.problem(value, kind)}: write {names.KINDS[kind].rule} "
+                     "(e.g. vllm, vllm-ascend-0.11.0, llama-2-70b-chat-hf)")
     if not _whole(profile["port"], 1, 65535):
         bad("port", f"is {profile['port']!r}: write the engine's TCP port, a whole number from 1 to 65535")
     hardware = profile.get("hardware")
@@ -268,8 +272,9 @@ def check_profile(profile, path):
 def fill_placeholders(profile, values, path=""):
     """``profile`` with its placeholders filled from ``values`` ({name: value}): a string that is one
     placeholder becomes the value itself (a port stays a number), others have it written in. A
-    placeholder without a value takes its ``default('text')``; without one either it is an error.
-    The result is data: nothing in it is evaluated again."""
+    placeholder without a value takes its ``default('text')``; without one either it is an error. A value
+    with a control or format character or a template delimiter (module_utils/names.py ``unsafe_text``) is an
+    error. The result is data: nothing in it is evaluated again."""
     def value_of(match, where):
         name, default = match.group(1), match.group(2)
         value = values.get(name)
@@ -278,6 +283,10 @@ def fill_placeholders(profile, values, path=""):
                 raise SiteDataError(f"serving profile {path}: {where}: the placeholder {{{{ {name} }}}} has no "
                                     f"value here: set {name}, or write {{{{ {name} | default('text') }}}}")
             return default
+        unsafe = names.unsafe_text(str(value))
+        if unsafe:
+            raise SiteDataError(f"serving profile {path}: {where}: the value of {{{{ {name} }}}} "
+                                f"{names.shown(value)} cannot fill a placeholder: {unsafe}: set {name} to plain text")
         return value
 
     def fill(text, where):
