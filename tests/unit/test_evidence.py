@@ -163,7 +163,7 @@ def test_a_pack_from_a_rollout_record_verifies_and_shows(tmp_path: Path, keys, c
 
 def _one_byte(pack: Path) -> None:
     data = bytearray((pack / "evidence.json").read_bytes())
-    data[data.index(b'"r2"') + 2] ^= 0x01  # "r2" -> "r3"
+    data[data.index(b'"release": "r2"') + len(b'"release": "r')] ^= 0x01  # the release "r2" -> "r3"
     (pack / "evidence.json").write_bytes(bytes(data))
 
 

@@ -12,7 +12,6 @@ import dataclasses
 import datetime as dt
 import fcntl
 import hashlib
-import html
 import json
 import logging
 import os
@@ -25,7 +24,7 @@ from typing import Any, TextIO
 from ansible_collections.atlas.serving.plugins.module_utils import evidence as evidence_format
 from ansible_collections.atlas.serving.plugins.plugin_utils import release_id
 
-from atlasctl import evidence, prometheus, site_data
+from atlasctl import evidence, outputs, prometheus, site_data
 from atlasctl import inventory as inventory_mod
 from atlasctl.errors import AtlasError, UsageError
 from atlasctl.inputs import load_yaml, shown
@@ -221,7 +220,7 @@ class Progress:
 
     def _say(self, text: str) -> None:
         if self.out:
-            self.out.write(text + "\n")
+            self.out.write(outputs.safe(text) + "\n")  # host names and messages from the run: one line each
             self.out.flush()
 
     def wave_name(self, index: int) -> str:
@@ -354,9 +353,9 @@ def run(inventory: str | Path, release: str, *, extravars: dict | None = None, r
                             "completed": report["completed"], "failure": report["failure"],
                             **({"inputs": kept} if kept else {})})
         report["resume_inputs"] = bool(kept and kept["vars_files"])
-        report["evidence"] = evidence.complete(pack, report)
         path = folder / f"{stem}.json"
-        path.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+        # The report is written there with the pack's summary, and the pack is bound to the report's sha256.
+        report["evidence"] = evidence.complete(pack, report, path)
         report["report"] = str(path)
         return report
 
@@ -465,7 +464,7 @@ def live_brief(live: dict[str, Any] | None) -> str:
 
 def html_report(report: dict[str, Any]) -> str:
     """A self-contained page: waves, nodes, the failure with what it measured."""
-    esc = html.escape
+    esc = outputs.html_text  # HTML-escaped, control characters made visible
     rows = "".join(
         f"<tr><td>{esc(w['name'])}</td><td>{esc(', '.join(w['hosts']))}</td>"
         f"<td>{'skipped' if w.get('skipped') else ('done' if w['name'] in report['completed'] else 'not run')}</td>"

@@ -9,6 +9,12 @@ in the inventory: ``atlas_evidence_signing_key``, ``atlas_evidence_gnupg_home``)
 controller by the module ``atlas.serving.rollout_evidence`` (playbooks/rollout.yml: after the plan, after
 every batch, after the last wave), each time whole, and read by ``atlasctl evidence verify|show``.
 
+The record is bound to its rollout (``binding``, format 2): it names the rollout (the pack's folder name
+without ``.evidence``), the folder of the inventory's rollouts it was written in, and, once ``atlasctl rollout``
+has written its report, the report's name and sha256. A genuine pack copied into another rollout's folder, or
+laid beside another report, no longer matches where it sits. A format-1 pack names none of these: it is
+"unbound, older format".
+
 What goes in is picked by name (``node_entry``), never copied wholesale from a host's variables, and every
 string in it is cleared of the values of the host's secret variables (``secret_values``): a key is never
 in a pack, only the sha256 of the files that carry one.
@@ -29,7 +35,10 @@ import socket
 
 from ansible_collections.atlas.serving.plugins.module_utils import signature
 
-FORMAT = "atlas-serving rollout evidence 1"
+FORMAT_V1 = "atlas-serving rollout evidence 1"  # no binding: any rollout's folder takes it
+FORMAT = "atlas-serving rollout evidence 2"  # bound: the record names its rollout and its report's sha256
+FORMATS = (FORMAT_V1, FORMAT)
+MAX_DEPTH = 64  # a record nested deeper is refused before it is parsed (json recurses once per level)
 RECORD = "evidence.json"
 SUMS = "SHA256SUMS"
 SIGNATURE = "SHA256SUMS.asc"
@@ -81,6 +90,23 @@ def run_stem(started_at: str, release: str) -> str:
 def pack_dir(root: str, inventory: str, started_at: str, release: str) -> str:
     """Where a rollout's pack goes: ``<root>/<inventory_key>/<run_stem>.evidence``."""
     return os.path.join(root, inventory_key(inventory), run_stem(started_at, release) + SUFFIX)
+
+
+def rollout_of(folder: str) -> tuple[str, str]:
+    """(rollout id, folder of the inventory's rollouts) a pack's directory names: ``<run_stem>`` of
+    ``.../<inventory_key>/<run_stem>.evidence``."""
+    path = os.path.abspath(folder)
+    name = os.path.basename(path)
+    rollout = name[: -len(SUFFIX)] if name.endswith(SUFFIX) else name
+    return rollout, os.path.basename(os.path.dirname(path))
+
+
+def binding(folder: str, report_sha256: str | None = None) -> dict:
+    """What ties a record to its rollout: its id and folder (where the pack is written) and, when
+    ``atlasctl rollout`` wrote one, its report's name and sha256."""
+    rollout, where = rollout_of(folder)
+    return {"rollout": rollout, "rollouts_folder": where, "report": rollout + ".json",
+            "report_sha256": report_sha256 or None}
 
 
 # ---------------------------------------------------------------- secrets
@@ -375,11 +401,14 @@ def check_files(folder: str) -> list[tuple[str, str]]:
 
 # ---------------------------------------------------------------- writing
 
-def write_pack(folder: str, record: dict, *, signing_key: str = "", gnupg_home: str = "") -> dict:
+def write_pack(folder: str, record: dict, *, signing_key: str = "", gnupg_home: str = "",
+               report_sha256: str | None = None) -> dict:
     """Write the pack whole (a new directory swapped in for the old one) and sign it when a key is named.
+    The record is bound to where it is written (``binding``) and, given ``report_sha256``, to its report.
 
     Returns {dir, signed, sha256 (of evidence.json), error}: a key that cannot sign leaves the pack unsigned
     and says why (``error``); the record then says so too."""
+    record = {**record, "format": FORMAT, "binding": binding(folder, report_sha256)}
     if signing_key and not gnupg_home:
         raise EvidenceError("atlas_evidence_signing_key is set without atlas_evidence_gnupg_home: name the gpg "
                             "home directory that holds the key's secret part")
@@ -420,15 +449,47 @@ def write_pack(folder: str, record: dict, *, signing_key: str = "", gnupg_home: 
             "sha256": hashlib.sha256(data).hexdigest(), "status": record.get("status"), "error": error}
 
 
-def read_record(folder: str) -> dict:
-    """evidence.json of a pack (not checked: see check_files and the signature)."""
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def json_depth(text: str) -> int:
+    """How deep the arrays and objects of a JSON text nest (brackets inside strings do not count)."""
+    depth = deepest = 0
+    for bracket in _BRACKET.findall(_STRING.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+class TooDeep(EvidenceError):
+    """A JSON text nested deeper than MAX_DEPTH: refused before it is parsed."""
+
+
+def loads_bounded(text: str, where: str, max_depth: int = MAX_DEPTH):
+    """json.loads, refusing a text nested deeper than ``max_depth`` (TooDeep) instead of recursing into a
+    RecursionError; any other JSON that does not parse is an EvidenceError naming ``where``."""
+    if json_depth(text) > max_depth:
+        raise TooDeep(f"{where}: nested deeper than {max_depth} levels: refused (an evidence record nests a few)")
     try:
-        with open(os.path.join(folder, RECORD), "rb") as handle:
-            record = json.loads(handle.read().decode("utf-8"))
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise EvidenceError(f"{where}: not a JSON record ({exc})") from None
+
+
+def read_record(folder: str) -> dict:
+    """evidence.json of a pack, format 1 (unbound) or 2 (not checked: see check_files and the signature)."""
+    where = os.path.join(folder, RECORD)
+    try:
+        with open(where, "rb") as handle:
+            text = handle.read().decode("utf-8")
     except FileNotFoundError:
-        raise EvidenceError(f"{os.path.join(folder, RECORD)}: missing") from None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise EvidenceError(f"{os.path.join(folder, RECORD)}: not a JSON record ({exc})") from None
-    if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise EvidenceError(f"{os.path.join(folder, RECORD)}: not an evidence record (format {FORMAT!r})")
+        raise EvidenceError(f"{where}: missing") from None
+    except UnicodeDecodeError as exc:
+        raise EvidenceError(f"{where}: not a JSON record ({exc})") from None
+    except OSError as exc:
+        raise EvidenceError(f"{where}: cannot read it ({exc.strerror or exc})") from None
+    record = loads_bounded(text, where)
+    if not isinstance(record, dict) or record.get("format") not in FORMATS:
+        raise EvidenceError(f"{where}: not an evidence record (format {FORMAT!r} or {FORMAT_V1!r})")
     return record

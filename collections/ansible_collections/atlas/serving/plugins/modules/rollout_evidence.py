@@ -16,6 +16,9 @@ description:
     C(atlas.serving.rollout_evidence_nodes), which picks each node's values by name and withholds secrets),
     with the outcome, the rollbacks, the bundle's manifest sha256 and signer across the nodes, and who wrote it
     on which controller (user, hostname) and when, added.
+  - The record is bound to its rollout (format 2, C(binding)). It names the rollout (the name of O(dir) without
+    C(.evidence)) and the folder of the inventory's rollouts it is written in; C(atlasctl rollout) adds the
+    sha256 of the report beside it. C(atlasctl evidence verify) refuses a pack that sits elsewhere.
   - Without O(signing_key) the pack is written unsigned and the record and a warning say so. A key that cannot
     sign fails the task when O(strict), else leaves the pack unsigned, saying why.
   - C(atlasctl evidence verify DIR) checks a pack; docs/evidence.md says how to check one with gpgv and
