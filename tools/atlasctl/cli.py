@@ -55,13 +55,17 @@ def _no_collection(exc: ModuleNotFoundError) -> EnvironmentProblem:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The CLI; everything it prints from parsing on goes through outputs.safe_lines (no raw control character
+    of a host name, a path or a reply reaches the terminal)."""
     try:
+        outputs = importlib.import_module("atlasctl.outputs")  # here: it needs the collection, as the commands do
         parser = build_parser()
     except (AtlasError, ModuleNotFoundError) as exc:
         problem = exc if isinstance(exc, AtlasError) else _no_collection(exc)
         print(f"atlasctl: error: {problem.render()}", file=sys.stderr)
         return problem.exit_code
-    return run(parser, argv)
+    with outputs.escaping_streams():
+        return run(parser, argv)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
+from atlasctl import outputs
 from atlasctl.bench import stats
 from atlasctl.bench.core import DEFINITIONS, BenchResult
 from atlasctl.paths import state_dir, suite_root
@@ -192,8 +193,14 @@ def _axes(x0: float, y0: float, w: float, h: float, xr: tuple[str, str], yr: tup
             f'text-anchor="middle">{html.escape(yl)}</text>']
 
 
+def _visible(value: object) -> object:
+    """Each ``{{ }}`` of a page: a string's control characters made visible (a bidi override reorders a page as it
+    does a terminal), then HTML-escaped by autoescape; markup the suite built (the SVG charts) as it is."""
+    return outputs.safe_lines(value) if isinstance(value, str) and not isinstance(value, Markup) else value
+
+
 def _env() -> jinja2.Environment:
-    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(suite_root() / "templates")),
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(str(suite_root() / "templates")), finalize=_visible,
                               autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
 
 

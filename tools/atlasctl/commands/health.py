@@ -15,6 +15,7 @@ from pathlib import Path
 
 from atlasctl import exitcodes, prometheus
 from atlasctl.bench import report as bench_report
+from atlasctl.outputs import safe, safe_row
 from atlasctl.runner import run_playbook
 
 
@@ -80,12 +81,14 @@ def _cells(rows: list[dict], live: prometheus.Live | None) -> list[dict]:
 
 
 def render_table(rows: list[dict], live: prometheus.Live | None = None) -> str:
-    lines = _filters().table_lines(_cells(rows, live), columns(live))
-    lines += [f"{r['host']}: {r['problem']}" for r in rows if r.get("problem")]
+    """The table, each cell and line made ``safe``: a host name or an engine's reply holding a control
+    character (a right-to-left override, an escape, a newline) is printed escaped, never obeyed."""
+    lines = _filters().table_lines([safe_row(row) for row in _cells(rows, live)], columns(live))
+    lines += [safe(f"{r.get('host')}: {r['problem']}") for r in rows if r.get("problem")]
     if live and live.error:
-        lines.append(f"live figures: none ({live.error})")
+        lines.append(safe(f"live figures: none ({live.error})"))
     elif live:
-        lines.append(f"live figures: {live.url}, over {live.window}")
+        lines.append(safe(f"live figures: {live.url}, over {live.window}"))
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import urllib.parse
 from pathlib import Path
 
 from atlasctl import exitcodes, prometheus
@@ -20,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("-i", "--inventory", type=Path,
                        help="the inventory naming Prometheus (monitoring_prometheus_url, else group monitoring)")
-    where.add_argument("--prometheus", help="Prometheus's URL, e.g. https://10.0.0.5:9090")
+    where.add_argument("--prometheus", type=_url, help="Prometheus's URL, e.g. https://10.0.0.5:9090")
     parser.add_argument("--ca-file", help="with --prometheus: the CA its certificate is checked against "
                                           "(default: the system's)")
     parser.add_argument("--user", help="with --prometheus: the API user (monitoring_api_user)")
@@ -42,6 +43,19 @@ def render(result: prometheus.Live, nodes: list[str]) -> str:
     when = "now" if result.at is None else f"at {result.at:.0f}"
     return "\n".join([*table_lines(rows, [("host", "NODE"), *prometheus.columns()]),
                       f"({result.url}, over {result.window} {when})"])
+
+
+def _url(text: str) -> str:
+    """--prometheus: an http(s) URL with a host (anything else is a usage error, not a traceback)."""
+    try:
+        parsed = urllib.parse.urlsplit(text)
+        usable = parsed.scheme in ("http", "https") and bool(parsed.hostname) and text.isprintable() \
+            and " " not in text and (parsed.port is None or parsed.port > 0)
+    except ValueError:  # a port that is not a number, a bracketed host that is not an address
+        usable = False
+    if not usable:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http(s) URL with a host (e.g. https://10.0.0.5:9090)")
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
