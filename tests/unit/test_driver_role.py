@@ -151,6 +151,7 @@ def test_check_mode_plans_and_changes_nothing(node: FakeNode) -> None:
     assert node.installed("driver") == "24.1.rc1" and node.running() == ("24.1.rc1", "7.1.0.6.220")
 
 
+@pytest.mark.slow
 def test_upgrade_in_order_stops_for_the_reboot_and_is_idempotent_after_it(node: FakeNode) -> None:
     first = node.play()
     assert first.returncode != 0
@@ -173,6 +174,7 @@ def test_upgrade_in_order_stops_for_the_reboot_and_is_idempotent_after_it(node: 
     assert node.running() == (DRIVER, FIRMWARE)
 
 
+@pytest.mark.slow
 def test_first_install_passes_the_installers_rules(tmp_path: Path, bundle: Path) -> None:
     """A bare node: the driver with its path and account (--full), then the firmware. Like a real first install
     the driver's installer exits 2 (its chips do not all come up before a reboot): both wait for the reboot."""
@@ -196,6 +198,7 @@ def test_first_install_passes_the_installers_rules(tmp_path: Path, bundle: Path)
     assert bare.running() == (DRIVER, FIRMWARE)
 
 
+@pytest.mark.slow
 def test_a_first_install_whose_chips_come_up_runs_the_driver_at_once(tmp_path: Path, bundle: Path) -> None:
     bare = FakeNode(tmp_path, bundle, installed=False)
     bare.hook(CHIPS_READY_REL)

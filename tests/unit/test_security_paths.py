@@ -87,11 +87,11 @@ def test_models_verify_accepts_two_names_of_one_file_inside_the_model(tmp_path, 
     assert cli.main(["models", "verify", str(model), "--manifest", str(sums)]) == exitcodes.OK
 
 
-@pytest.mark.parametrize("where", ["/tmp", "/tmp/atlas-stamps-{pid}.json", "{tmp}/shared/s.json", "{tmp}/link/s.json"])
+@pytest.mark.parametrize("where", ["/tmp", "/tmp/atlas-stamps-{pid}.json", "{tmp}/group/s.json", "{tmp}/link/s.json"])
 def test_models_verify_refuses_stamps_others_can_write(tmp_path, capsys, where):
     model = _model(tmp_path / "m")
     sums = _sums(tmp_path / "sha256sums.txt", model)
-    shared = tmp_path / "shared"
+    shared = tmp_path / "group"
     shared.mkdir()
     shared.chmod(0o777)
     (tmp_path / "private").mkdir(mode=0o700)

@@ -191,7 +191,7 @@ def check_stamps(stamps_path: str, given: bool) -> None:
         what = f"--stamps {shown(stamps_path)}" if given else f"the stamp file {shown(stamps_path)}"
         raise UsageError(f"models verify {what}: refusing a stamp file others can write or swap: "
                          f"{'; '.join(problems)}", fix="pass --stamps FILE in a directory of your own (mode 0700, "
-                         "e.g. /var/lib/atlas/stamps/<model>.json; no symbolic link on the way), or --no-stamps")
+                         "no symbolic link on the way), or --no-stamps")
 
 
 def _write(path: str, text: str) -> None:
