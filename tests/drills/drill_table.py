@@ -30,7 +30,9 @@ from pathlib import Path
 import yaml
 from labtools import (
     ATLASCTL,
+    BRANCH,
     ENV,
+    GATEWAY_HOSTS,
     GATEWAYS,
     INSTANCE_NODES,
     LEVEL_B,
@@ -40,6 +42,7 @@ from labtools import (
     SERVING,
     Load,
     atlasctl,
+    backend_states,
     cann_versions,
     doctor,
     grep_tree,
@@ -62,8 +65,6 @@ from labtools import (
 CANARY = "atlas-n3"
 SCRATCH = "atlas-n4"  # SGLang stand-in: restarts in about a second
 PORTS = {"atlas-n1": 8000, "atlas-n2": 8000, "atlas-n3": 30000, "atlas-n4": 30000, "atlas-n5": 30000}
-GATEWAY_HOSTS = {"east": "atlas-gw-east", "west": "atlas-gw-west"}
-BRANCH = {"atlas-n1": "east", "atlas-n2": "east", "atlas-n3": "west", "atlas-n4": "west", "atlas-n5": "west"}
 LENIENT_SLO = 'rollout_slo={"e2el_ms": 60000}'
 DRILL_BUNDLE = "/var/lib/atlas/drill-bundle"
 SHARD = "model-00001-of-00002.safetensors"
@@ -217,21 +218,6 @@ def wait_node_healthy(host: str, timeout: float = 180) -> bool:
             return True
         time.sleep(1)
     return False
-
-
-def backend_states() -> dict[str, str]:
-    """Each serving node's state at its branch gateway, read from the gateway's backend file."""
-    out = {}
-    for host in SERVING:
-        branch = BRANCH[host]
-        path = node_path(GATEWAY_HOSTS[branch], f"/etc/nginx/atlas-backends/{branch}/{host}.conf")
-        try:
-            text = path.read_text()
-        except OSError:
-            out[host] = "missing"
-            continue
-        out[host] = "down" if re.search(r"\sdown;", text) else "up"
-    return out
 
 
 # The multi-node drills run last, on the lab's two-node instance (labtools.INSTANCE: atlas-n3 + atlas-n4, with

@@ -9,9 +9,11 @@ others (one lab per machine: a module's own fresh lab would destroy it), and it 
 the end of the session.
 ``full_fleet`` (session): the converged lab with the two-node instance and the container node
 declared beside its inventory, converged by ``site.yml`` twice: the first run from the lab host,
-the second from atlas-ctl. That second run is the suite's idempotence proof (changed=0 on every
-host, the lab's inventory included) and the controller's proof that it drives the fleet: one
-fleet-wide run for both (a site.yml over the lab costs about a minute of both cores).
+the second from atlas-ctl, both with one node drained for maintenance (labtools.MAINTENANCE_NODE,
+enabled again after them). That second run is the suite's idempotence proof (changed=0 on every
+host, the lab's inventory included), the controller's proof that it drives the fleet and the proof
+that a drained node stays drained through site.yml: one fleet-wide run for all three (a site.yml
+over the lab costs about a minute of both cores).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from pathlib import Path
 import pytest
 from labtools import (
     CONTROLLER,
+    MAINTENANCE_NODE,
+    atlasctl,
+    backend_states,
     carry_inventory,
     changed_tasks,
     controller_playbook,
@@ -127,6 +132,11 @@ class FullFleet:
     # where the second run ran: the controller node, or "host" when the controller kit did not install (the
     # idempotence tests still judge a second run; test_controller fails)
     second_from: str = "host"
+    # MAINTENANCE_NODE through both runs: `atlasctl drain`, its state at its branch gateway after the drain and
+    # after each run, then `atlasctl enable`
+    drained: subprocess.CompletedProcess | None = None
+    drained_states: list[str] = dataclasses.field(default_factory=list)
+    enabled: subprocess.CompletedProcess | None = None
 
     def assert_converged(self) -> None:
         """Both site.yml runs succeeded and the second changed nothing on any host."""
@@ -141,7 +151,9 @@ def full_fleet(converged_lab, tmp_path_factory, request):
     """The converged lab with what the product adds on top, declared in an inventory beside the lab's
     (labtools.fleet_inventory): the two-node serving instance of branch west (test_instance) and the container
     node of branch east (test_containers), converged by site.yml twice: one pair of runs for both, the second
-    from the site's controller (atlas-ctl) with the same inventory carried there (test_controller)."""
+    from the site's controller (atlas-ctl) with the same inventory carried there (test_controller). Both runs
+    find MAINTENANCE_NODE drained for maintenance, as a site's run during a maintenance window does; it is enabled
+    again after them (test_platform)."""
     assert converged_lab.first.returncode == 0, converged_lab.first.stdout[-6000:]
     # the container node only where its tests run (make ci-lab): loading its image is a minute of lab time
     containers = any(item.get_closest_marker("ci_lab") for item in request.session.items)
@@ -152,11 +164,20 @@ def full_fleet(converged_lab, tmp_path_factory, request):
     # fleet on the inventory's release, which moves only the canary, a rank of the new instance anyway.)
     running = set(releases().values())
     release = ("-e", f"atlas_release_id={running.pop()}") if len(running) == 1 else ()
-    first = playbook("-i", str(inventory), "site.yml", *release)
-    if first.returncode != 0:
-        return FullFleet(inventory, first, None)
-    if converged_lab.controller_installed:
-        on_controller = carry_inventory(inventory, FLEET_INVENTORY_ON_CONTROLLER)
-        return FullFleet(inventory, first, controller_playbook("site.yml", *release, inventory=on_controller),
-                         CONTROLLER)
-    return FullFleet(inventory, first, playbook("-i", str(inventory), "site.yml", *release))
+    drained = atlasctl("drain", "-i", "inventory/lab", MAINTENANCE_NODE, "--json", check=False)
+    states = [backend_states()[MAINTENANCE_NODE]]
+    second, second_from = None, "host"
+    try:
+        first = playbook("-i", str(inventory), "site.yml", *release)
+        states.append(backend_states()[MAINTENANCE_NODE])
+        if first.returncode == 0:
+            if converged_lab.controller_installed:
+                on_controller = carry_inventory(inventory, FLEET_INVENTORY_ON_CONTROLLER)
+                second = controller_playbook("site.yml", *release, inventory=on_controller)
+                second_from = CONTROLLER
+            else:
+                second = playbook("-i", str(inventory), "site.yml", *release)
+            states.append(backend_states()[MAINTENANCE_NODE])
+    finally:
+        enabled = atlasctl("enable", "-i", "inventory/lab", MAINTENANCE_NODE, "--json", check=False)
+    return FullFleet(inventory, first, second, second_from, drained, states, enabled)

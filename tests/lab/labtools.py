@@ -7,6 +7,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import shlex
 import shutil
 import ssl
@@ -251,6 +252,27 @@ def lab_api_key() -> str:
 
     return site_secrets.secret("serving-api-key")
 SERVING = ["atlas-n1", "atlas-n2", "atlas-n3", "atlas-n4", "atlas-n5"]
+GATEWAY_HOSTS = {"east": "atlas-gw-east", "west": "atlas-gw-west"}
+BRANCH = {"atlas-n1": "east", "atlas-n2": "east", "atlas-n3": "west", "atlas-n4": "west", "atlas-n5": "west"}
+# The node the converged full fleet's two site.yml runs find drained for maintenance (conftest.full_fleet)
+MAINTENANCE_NODE = "atlas-n1"
+
+
+def backend_states() -> dict[str, str]:
+    """Each serving node's state at its branch gateway (up, down, missing), read from the gateway's backend file."""
+    out = {}
+    for host in SERVING:
+        branch = BRANCH[host]
+        path = node_path(GATEWAY_HOSTS[branch], f"/etc/nginx/atlas-backends/{branch}/{host}.conf")
+        try:
+            text = path.read_text()
+        except OSError:
+            out[host] = "missing"
+            continue
+        out[host] = "down" if re.search(r"\sdown;", text) else "up"
+    return out
+
+
 MODEL = "atlas-tiny-llama"
 
 

@@ -1,8 +1,8 @@
 """Platform upgrades on the converged lab, the parts that leave the lab as they found it (the moves themselves are
 the platform drills, tests/drills): the rollout's plan of platform level B read from the inventory, site.yml with
-level B refused on the live lab naming every node and the rollout (nothing changed), a converged live lab running
-site.yml with no refusal and changed=0 while `atlasctl drain` holds a node out (it stays drained through
-site.yml), then `atlasctl enable`."""
+level B refused on the live lab naming every node and the rollout (nothing changed), and full_fleet's site.yml runs
+with no refusal and changed=0 while `atlasctl drain` holds a node out (it stays drained through site.yml), then
+`atlasctl enable`."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import re
 
 import pytest
 from labtools import (
+    CONTROLLER,
     LEVEL_B,
+    MAINTENANCE_NODE,
     SERVING,
     atlasctl,
-    changed_tasks,
+    backend_states,
     level_file,
-    node_path,
     platform_of,
     playbook,
-    recap,
     releases,
 )
 
@@ -56,26 +56,16 @@ def test_site_yml_with_level_b_is_refused_on_the_live_lab(converged_lab, tmp_pat
     assert releases() == releases_before
 
 
-def _state(host: str) -> str:
-    branch = "east" if host in ("atlas-n1", "atlas-n2") else "west"
-    text = node_path(f"atlas-gw-{branch}", f"/etc/nginx/atlas-backends/{branch}/{host}.conf").read_text()
-    return "down" if re.search(r"\sdown;", text) else "up"
-
-
-def test_drain_for_maintenance_stays_through_site_yml_until_enabled(converged_lab):
-    drained = atlasctl("drain", "-i", "inventory/lab", "atlas-n1", "--json", check=False)
-    try:
-        assert drained.returncode == 0, drained.stdout + drained.stderr
-        assert json.loads(drained.stdout)["nodes"][0]["result"] == "drained"
-        assert _state("atlas-n1") == "down"
-        # site.yml as a site runs it on the converged live lab (no opt-out): no refusal, nothing changed, and the
-        # drained node stays drained (full_fleet's second run, from the controller, is the other such run)
-        site = playbook("site.yml", allow_outage=False)
-        assert site.returncode == 0 and "Refused" not in site.stdout, site.stdout[-4000:]
-        stats = recap(site.stdout)
-        assert {h: s["changed"] for h, s in stats.items()} == dict.fromkeys(stats, 0), changed_tasks(site.stdout)
-        assert _state("atlas-n1") == "down", "site.yml sent traffic back to a node drained for maintenance"
-    finally:
-        enabled = atlasctl("enable", "-i", "inventory/lab", "atlas-n1", "--json", check=False)
-    assert enabled.returncode == 0, enabled.stdout + enabled.stderr
-    assert _state("atlas-n1") == "up"
+def test_drain_for_maintenance_stays_through_site_yml_until_enabled(full_fleet):
+    """full_fleet's two site.yml runs find MAINTENANCE_NODE drained (`atlasctl drain`): the second, from the
+    controller as a site runs it (no opt-out), is refused nowhere and changes nothing, neither run sends traffic
+    back to the drained node, and `atlasctl enable` does."""
+    assert full_fleet.drained.returncode == 0, full_fleet.drained.stdout + full_fleet.drained.stderr
+    assert json.loads(full_fleet.drained.stdout)["nodes"][0]["result"] == "drained"
+    full_fleet.assert_converged()
+    assert full_fleet.second_from == CONTROLLER, "the second run did not run from the controller (test_controller)"
+    assert "Refused" not in full_fleet.second.stdout, full_fleet.second.stdout[-4000:]
+    assert full_fleet.drained_states == ["down", "down", "down"], (
+        "after the drain, the first and the second run: site.yml sent traffic back to a node drained for maintenance")
+    assert full_fleet.enabled.returncode == 0, full_fleet.enabled.stdout + full_fleet.enabled.stderr
+    assert backend_states()[MAINTENANCE_NODE] == "up"
