@@ -55,6 +55,20 @@ def test_where_a_cpu_group_can_be_written_the_beside_side_runs_in_it(tmp_path):
     assert f"lint and unit tests: CPU group {group}, cpu.shares 64" in proc.stdout
     assert (group / "cpu.shares").read_text() == "64\n"
     assert int((group / "cgroup.procs").read_text()) > 0
+    assert "cpu.idle" not in proc.stdout  # a kernel without it: no such file in the group
+
+
+def test_where_the_kernel_has_idle_groups_the_beside_side_runs_as_one(tmp_path):
+    controller = tmp_path / "cpu"
+    controller.mkdir()
+    (controller / "cpu.shares").write_text("1024\n")
+    group = controller / "atlas-make-test"
+    group.mkdir()
+    (group / "cpu.idle").write_text("0\n")  # what the kernel puts in a new group (Linux 5.15+)
+    proc = run(tmp_path, "true", cgroup=group)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"lint and unit tests: CPU group {group}, cpu.shares 64, cpu.idle 1" in proc.stdout
+    assert (group / "cpu.idle").read_text() == "1\n"
 
 
 def test_it_needs_a_log_a_beside_command_and_a_foreground_command(tmp_path):

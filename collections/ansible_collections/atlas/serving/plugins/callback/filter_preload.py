@@ -20,10 +20,10 @@ description:
 requirements: []
 """
 
-import importlib
-import pkgutil
+import importlib  # noqa: E402
+import pkgutil  # noqa: E402
 
-from ansible.plugins.callback import CallbackBase
+from ansible.plugins.callback import CallbackBase  # noqa: E402
 
 FILTER_PACKAGE = "ansible_collections.atlas.serving.plugins.filter"
 
