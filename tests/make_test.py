@@ -14,11 +14,11 @@ nice 19 (proc(5), ``/proc/PID/autogroup``), and at nice 15 for kernels without a
 ``setsid()`` (ansible/executor/process/worker.py), so the unit tests' playbook runs would each get a fresh
 autogroup at nice 0; a task outside the root CPU cgroup is not autogrouped (sched(7), "The autogroup feature"),
 so where cgroup v1's CPU controller can be written (root; ``DIR/../cpu.shares`` writable) the ``--beside``
-commands and everything they start run in the CPU group ``--cgroup`` with ``cpu.shares`` ``--shares`` (the lab's
-sessions have 1024 each) and, where the kernel has it (5.15+), ``cpu.idle`` 1: the group runs only on CPU that no
-other task wants, and a lab task that wakes up (Ansible forks thousands of short workers) preempts it at once
-instead of waiting out the scheduler's wake-up granularity. Where it cannot, it says so and the autogroup and nice
-still apply. The group is removed at the end.
+commands and everything they start run in the CPU group ``--cgroup``: with ``cpu.idle`` 1 where the kernel has it
+(5.15+), so that the group runs only on CPU no other task wants and a lab task that wakes up (Ansible forks
+thousands of short workers) preempts it at once instead of waiting out the scheduler's wake-up granularity; else
+with ``cpu.shares`` ``--shares`` (the lab's sessions have 1024 each). Where it cannot, it says so and the autogroup
+and nice still apply. The group is removed at the end.
 """
 
 from __future__ import annotations
@@ -40,14 +40,13 @@ def join_cpu_group(group: Path, shares: int) -> str:
     if os.access(group.parent / "cpu.shares", os.W_OK):
         try:
             group.mkdir(exist_ok=True)
-            (group / "cpu.shares").write_text(f"{shares}\n")
-            # Linux 5.15+: the group is SCHED_IDLE, preempted at once by any other task that wakes up
+            # Linux 5.15+: the group is SCHED_IDLE, preempted at once by any other task that wakes up (an idle
+            # group's cpu.shares cannot be set, and would not apply)
             idle = group / "cpu.idle"
-            if idle.exists():
-                idle.write_text("1\n")
+            setting = ("cpu.idle", "1") if idle.exists() else ("cpu.shares", str(shares))
+            (group / setting[0]).write_text(f"{setting[1]}\n")
             (group / "cgroup.procs").write_text(f"{os.getpid()}\n")
-            return (f"lint and unit tests: CPU group {group}, cpu.shares {shares}"
-                    + (", cpu.idle 1" if idle.exists() else ""))
+            return f"lint and unit tests: CPU group {group}, {setting[0]} {setting[1]}"
         except OSError:
             pass
     return f"lint and unit tests: no CPU group ({group} cannot be written), autogroup nice {AUTOGROUP_NICE}"
