@@ -19,8 +19,9 @@ from test_fanout_stage import free_port, same_tree
 
 from atlasctl import bundle, bundle_push, cli, exitcodes
 
-pytestmark = pytest.mark.skipif(not shutil.which("rsync") or os.geteuid() != 0 or not shutil.which("unshare"),
-                                reason="needs rsync, unshare and root (mount namespaces, the staging servers)")
+pytestmark = [pytest.mark.role,
+              pytest.mark.skipif(not shutil.which("rsync") or os.geteuid() != 0 or not shutil.which("unshare"),
+                                 reason="needs rsync, unshare and root (mount namespaces, the staging servers)")]
 NODES = {"n1": ("127.0.0.1", "a"), "n2": ("127.0.0.2", "a"), "n3": ("127.0.0.3", "b"), "n4": ("127.0.0.4", "b")}
 
 # OpenSSH's client for the test: test_bundle_push's double (drop the options), then find the host and run the
@@ -59,7 +60,10 @@ def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
                        "ansible_python_interpreter": str(python), "ansible_become": False,
                        "atlas_fanout_server_dir": str(tmp_path / "run" / name), "atlas_fanout_port": port,
                        "firewall_enabled": False, "atlas_bundle_record": str(tmp_path / "records" / f"{name}.json"),
-                       "models_root": str(tmp_path / "models" / name)}
+                       # One models root for the fleet, as a site's layout has (nothing here writes to it; the nodes
+                       # only check hard links against it): the push's verification is then one `ansible` run, not
+                       # one per node (bundle_push.verify_on_nodes runs once per models root).
+                       "models_root": str(tmp_path / "models")}
     inventory = {"all": {"children": {"atlas_nodes": {"children": {
         f"branch_{b}": {"hosts": {n: hosts[n] for n, (_a, branch) in NODES.items() if branch == b}}
         for b in ("a", "b")}}}}}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,11 +20,12 @@ from atlasctl.bundle_sources import sign_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
-pytestmark = pytest.mark.skipif(not shutil.which("gpg"), reason="gpg is not installed (apt-get install gnupg gpgv)")
+pytestmark = [pytest.mark.role,
+              pytest.mark.skipif(not shutil.which("gpg"), reason="gpg is not installed (apt-get install gnupg gpgv)")]
 
 PLAYBOOK = """
 - name: Bundle trust role test
-  hosts: localhost
+  hosts: cases
   gather_facts: false
   tasks:
     - name: Verify (what preflight and the stage playbooks run)
@@ -65,18 +67,55 @@ def signer(tmp_path_factory: pytest.TempPathFactory):
     subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=False, capture_output=True)
 
 
-def play(tmp: Path, extra: dict, *args: str) -> tuple[int, str]:
+# Each case is a host of its own (ansible_connection=local; its variables are its host's, as a site's inventory gives
+# them), so cases that need nothing of another's run go side by side in one ansible-playbook run: one start-up for
+# several. What a case proves is read from its own lines of the output (the results naming it, its recap line).
+RESULT = re.compile(r"^(?:ok|changed|fatal|failed|skipping|ignoring|\.\.\.ignoring): \[([^\]\s]+)")
+RECAP = re.compile(r"^(\S+)\s+: ok=\d+ +changed=(\d+) +unreachable=(\d+) +failed=(\d+)")
+
+
+def record_of(tmp: Path, case: str) -> Path:
+    return tmp / case / "node" / "bundle.json"  # never the machine's own
+
+
+def play(tmp: Path, cases: dict[str, dict], *args: str) -> tuple[int, dict[str, tuple[bool, str]], str]:
+    """PLAYBOOK run once for ``cases`` ({host: its variables}): the run's rc; per case, (whether it came through,
+    i.e. what its rc would be alone: nothing failed, nothing unreachable; its own output); the whole output."""
     (tmp / "play.yml").write_text(PLAYBOOK)
-    (tmp / "inventory.ini").write_text(
-        f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
+    hosts = {name: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                    "atlas_bundle_record": str(record_of(tmp, name)), **extra} for name, extra in cases.items()}
+    (tmp / "inventory.yml").write_text(json.dumps({"all": {
+        "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}},
+        "children": {"cases": {"hosts": hosts}}}}))
     env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
            "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-tmp"),
            "ANSIBLE_STDOUT_CALLBACK": "default"}
-    extra = {"atlas_bundle_record": str(tmp / "node" / "bundle.json"), **extra}  # never the machine's own
-    proc = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(tmp / "inventory.ini"), str(tmp / "play.yml"),
-                           "-e", json.dumps(extra), *args], cwd=tmp, env=env, capture_output=True, text=True,
-                          timeout=300)
-    return proc.returncode, " ".join((proc.stdout + proc.stderr).split())
+    proc = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(tmp / "inventory.yml"), str(tmp / "play.yml"), *args],
+                          cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    whole = " ".join((proc.stdout + proc.stderr).split())
+    lines: dict[str, list[str]] = {name: [] for name in cases}
+    through: dict[str, bool] = {}
+    host = None
+    for line in proc.stdout.splitlines():
+        result, recap = RESULT.match(line), RECAP.match(line)
+        if recap and recap.group(1) in lines:
+            host = None
+            through[recap.group(1)] = recap.group(3) == recap.group(4) == "0"
+            lines[recap.group(1)].append(line)
+        elif result:
+            host = result.group(1) if result.group(1) in lines else None
+        elif line[:1] not in (" ", ""):
+            host = None  # TASK, PLAY, "included: ... for a, b": no one case's
+        if host:
+            lines[host].append(line)
+    assert set(through) == set(cases) and (proc.returncode == 0) == all(through.values()), whole[-3000:]
+    return proc.returncode, {name: (through[name], " ".join(" ".join(lines[name]).split())) for name in cases}, whole
+
+
+def play_one(tmp: Path, case: str, extra: dict, *args: str) -> tuple[int, str]:
+    """PLAYBOOK for one case: the run's rc and its whole output."""
+    rc, _cases, whole = play(tmp, {case: extra}, *args)
+    return rc, whole
 
 
 def _bundle(root: Path) -> Path:
@@ -84,45 +123,6 @@ def _bundle(root: Path) -> Path:
     (root / "cann" / "x.run").write_text("#!/bin/sh\n")
     bundle.write_manifest(root, "t")
     return root
-
-
-def test_verified_then_swapped_manifest_is_refused_on_the_node(signer, tmp_path: Path) -> None:
-    home, fpr, keyring = signer
-    root = _bundle(tmp_path / "bundle")
-    sign_manifest(root, fpr, home)
-    trust = {"atlas_bundle_dir": str(root), "atlas_bundle_keyring": str(keyring),
-             "atlas_bundle_trusted_fingerprints": [fpr]}
-    rc, out = play(tmp_path, trust)
-    assert rc == 0 and f"signed by {fpr}" in out, out[-3000:]
-    rc, out = play(tmp_path, trust | {"swap": True})
-    assert rc != 0 and "is not the manifest whose signature was verified" in out, out[-3000:]
-
-
-def test_unsigned_is_refused_unless_opted_in_loudly_in_check_mode_too(signer, tmp_path: Path) -> None:
-    _home, fpr, keyring = signer
-    root = _bundle(tmp_path / "bundle")
-    trust = {"atlas_bundle_dir": str(root), "atlas_bundle_keyring": str(keyring),
-             "atlas_bundle_trusted_fingerprints": [fpr]}
-    rc, out = play(tmp_path, trust, "--check")
-    assert rc != 0 and "manifest.json.asc is missing" in out and "NOT signed" in out, out[-3000:]
-    rc, out = play(tmp_path, trust | {"bundle_allow_unsigned": True}, "--check")
-    assert rc == 0 and "!!! UNSIGNED BUNDLE" in out and "changed=0" in out, out[-3000:]
-
-
-def test_lab_doubles_are_refused_unless_the_inventory_is_the_lab(signer, tmp_path: Path) -> None:
-    home, fpr, keyring = signer
-    root = tmp_path / "bundle"
-    (root / "cann").mkdir(parents=True)
-    (root / "cann" / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run").write_text("#!/bin/sh\n")
-    bundle.write_manifest(root, "t", sources=[("cann/*_8.5.0_*", "lab-double")])
-    sign_manifest(root, fpr, home)
-    trust = {"atlas_bundle_dir": str(root), "atlas_bundle_keyring": str(keyring),
-             "atlas_bundle_trusted_fingerprints": [fpr]}
-    rc, out = play(tmp_path, trust)
-    assert rc != 0 and "lists 1 lab double(s)" in out and "Ascend-cann-toolkit_8.5.0_linux-x86_64.run" in out, \
-        out[-3000:]
-    rc, out = play(tmp_path, trust | {"atlas_lab": True})
-    assert rc == 0 and f"signed by {fpr}" in out, out[-3000:]
 
 
 def _built(root: Path, release: str, built: str | None, signer) -> None:
@@ -137,28 +137,95 @@ def _built(root: Path, release: str, built: str | None, signer) -> None:
     sign_manifest(root, fpr, home)
 
 
-def test_an_older_bundle_is_refused_unless_the_downgrade_is_on_purpose(signer, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def cases(signer, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict[str, Path]]:
+    """The bundles the cases verify (one of its own for a case that changes it), and the trust settings."""
     home, fpr, keyring = signer
-    root = _bundle(tmp_path / "bundle")
-    record = tmp_path / "node" / "bundle.json"
-    trust = {"atlas_bundle_dir": str(root), "atlas_bundle_keyring": str(keyring),
-             "atlas_bundle_trusted_fingerprints": [fpr]}
-    _built(root, "bank-2026.12.0", "2026-12-01T10:00:00Z", signer)
-    rc, out = play(tmp_path, trust, "--check")  # check mode: judged, nothing written
-    assert rc == 0 and not record.exists(), out[-3000:]
-    rc, out = play(tmp_path, trust)
-    assert rc == 0 and "changed=1" in out, out[-3000:]
+    tmp = tmp_path_factory.mktemp("cases")
+    roots = {name: _bundle(tmp / "bundles" / name) for name in ("plain", "swapped", "unsigned", "downgrade")}
+    for name in ("plain", "swapped"):
+        sign_manifest(roots[name], fpr, home)
+    roots["doubles"] = root = tmp / "bundles" / "doubles"
+    (root / "cann").mkdir(parents=True)
+    (root / "cann" / "Ascend-cann-toolkit_8.5.0_linux-x86_64.run").write_text("#!/bin/sh\n")
+    bundle.write_manifest(root, "t", sources=[("cann/*_8.5.0_*", "lab-double")])
+    sign_manifest(root, fpr, home)
+    _built(roots["downgrade"], "bank-2026.12.0", "2026-12-01T10:00:00Z", signer)
+    trust = {"atlas_bundle_keyring": str(keyring), "atlas_bundle_trusted_fingerprints": [fpr]}
+    return tmp, trust, roots
+
+
+@pytest.fixture(scope="module")
+def check_run(cases) -> tuple[dict[str, tuple[bool, str]], bool]:
+    """One run in check mode: the unsigned bundle without and with the opt-in, and the downgrade case's first
+    look at its bundle (then whether that wrote the node's record)."""
+    tmp, trust, roots = cases
+    _rc, outs, _whole = play(tmp, {
+        "unsigned": trust | {"atlas_bundle_dir": str(roots["unsigned"])},
+        "unsigned_allowed": trust | {"atlas_bundle_dir": str(roots["unsigned"]), "bundle_allow_unsigned": True},
+        "downgrade": trust | {"atlas_bundle_dir": str(roots["downgrade"])}}, "--check")
+    return outs, record_of(tmp, "downgrade").exists()
+
+
+@pytest.fixture(scope="module")
+def first_run(cases, check_run) -> dict[str, tuple[bool, str]]:
+    """One run for real (after check_run: the downgrade case's check-mode run comes before this one)."""
+    tmp, trust, roots = cases
+    _rc, outs, _whole = play(tmp, {
+        "plain": trust | {"atlas_bundle_dir": str(roots["plain"])},
+        "swapped": trust | {"atlas_bundle_dir": str(roots["swapped"]), "swap": True},
+        "doubles": trust | {"atlas_bundle_dir": str(roots["doubles"])},
+        "lab": trust | {"atlas_bundle_dir": str(roots["doubles"]), "atlas_lab": True},
+        "downgrade": trust | {"atlas_bundle_dir": str(roots["downgrade"])}})
+    return outs
+
+
+def test_verified_then_swapped_manifest_is_refused_on_the_node(signer, first_run) -> None:
+    _home, fpr, _keyring = signer
+    ok, out = first_run["plain"]
+    assert ok and f"signed by {fpr}" in out, out[-3000:]
+    ok, out = first_run["swapped"]  # verified as plain was, then its manifest rewritten
+    assert not ok and f"signed by {fpr}" in out and "is not the manifest whose signature was verified" in out, \
+        out[-3000:]
+
+
+def test_unsigned_is_refused_unless_opted_in_loudly_in_check_mode_too(check_run) -> None:
+    outs, _written = check_run
+    ok, out = outs["unsigned"]
+    assert not ok and "manifest.json.asc is missing" in out and "NOT signed" in out, out[-3000:]
+    ok, out = outs["unsigned_allowed"]
+    assert ok and "!!! UNSIGNED BUNDLE" in out and "changed=0" in out, out[-3000:]
+
+
+def test_lab_doubles_are_refused_unless_the_inventory_is_the_lab(signer, first_run) -> None:
+    _home, fpr, _keyring = signer
+    ok, out = first_run["doubles"]
+    assert not ok and "lists 1 lab double(s)" in out and "Ascend-cann-toolkit_8.5.0_linux-x86_64.run" in out, \
+        out[-3000:]
+    ok, out = first_run["lab"]
+    assert ok and f"signed by {fpr}" in out, out[-3000:]
+
+
+def test_an_older_bundle_is_refused_unless_the_downgrade_is_on_purpose(signer, cases, check_run, first_run) -> None:
+    tmp, trust, roots = cases
+    root, record = roots["downgrade"], record_of(tmp, "downgrade")
+    trust = trust | {"atlas_bundle_dir": str(root)}  # its manifest: release bank-2026.12.0, built 2026-12-01
+    outs, written_in_check_mode = check_run
+    ok, out = outs["downgrade"]  # check mode: judged, nothing written
+    assert ok and not written_in_check_mode, out[-3000:]
+    ok, out = first_run["downgrade"]
+    assert ok and "changed=1" in out, out[-3000:]
     written = json.loads(record.read_text())
     assert (written["release"], written["built"]) == ("bank-2026.12.0", "2026-12-01T10:00:00Z")
     assert written["manifest_sha256"] == hashlib.sha256((root / "manifest.json").read_bytes()).hexdigest()
-    rc, out = play(tmp_path, trust)
+    rc, out = play_one(tmp, "downgrade", trust)
     assert rc == 0 and "changed=0" in out, out[-3000:]  # the same bundle again: nothing changes
     _built(root, "bank-2026.11.0", "2026-11-01T10:00:00Z", signer)  # an old signed bundle put back
-    rc, out = play(tmp_path, trust)
+    rc, out = play_one(tmp, "downgrade", trust)
     assert rc != 0 and "is OLDER than the bundle this node last accepted" in out, out[-3000:]
     assert "release bank-2026.11.0 built 2026-11-01T10:00:00Z" in out and "bank-2026.12.0" in out
     assert "atlas_allow_downgrade=true" in out and json.loads(record.read_text()) == written
-    rc, out = play(tmp_path, trust | {"atlas_allow_downgrade": True})
+    rc, out = play_one(tmp, "downgrade", trust | {"atlas_allow_downgrade": True})
     assert rc == 0 and "DOWNGRADE ALLOWED" in out, out[-3000:]
     assert json.loads(record.read_text())["release"] == "bank-2026.11.0"
 

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from test_cann_role import ok, recap, swap_at_exec
@@ -38,7 +39,7 @@ PLAYBOOK = """
     - role: driver
 """
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="Huawei's HDK installers run as root")
+pytestmark = [pytest.mark.role, pytest.mark.skipif(os.geteuid() != 0, reason="Huawei's HDK installers run as root")]
 
 
 def make_bundle(root: Path, driver: str, firmware: str) -> Path:
@@ -225,25 +226,48 @@ def test_a_failed_firmware_step_stops_before_the_driver(node: FakeNode) -> None:
     assert "Driver | install | run the installer, upgrade driver 25.5.0" not in out
 
 
-def test_a_process_holding_an_npu_stops_the_hot_reset(node: FakeNode) -> None:
-    """Huawei's installer exits 2 when its hot reset fails, which it does while a process holds a davinci
-    device: the driver then runs only after the reboot, and the role says so."""
+class HeldUpgrade(NamedTuple):
+    node: FakeNode
+    run: subprocess.CompletedProcess
+    holder_pid: int
+    copy: Path
+    pwned: Path
+
+
+@pytest.fixture(scope="module")
+def held_upgrade(tmp_path_factory: pytest.TempPathFactory, bundle: Path) -> HeldUpgrade:
+    """One upgrade run that two tests read (an ansible-playbook run costs seconds of CPU): a process holds an NPU,
+    and the account that can write the pushed bundle swaps its packages as each installer starts. Neither fault
+    touches what the other test checks: the checked copies are Huawei's installers whatever the bundle holds,
+    and the hot reset is the installer's, whichever file it was started from."""
+    tmp = tmp_path_factory.mktemp("held-upgrade")
+    node = FakeNode(tmp, bundle)
+    copy = tmp / "pushed-bundle"
+    subprocess.run(["cp", "-a", str(bundle), str(copy)], check=True)
+    bindir, pwned = swap_at_exec(tmp, copy, "hdk/*.run")
     node.boot()  # the loaded driver's device nodes
     device = next((node.root / npu.STATE_REL).parent.glob("dev/davinci0"))
     with open(device) as held:
         holder = subprocess.Popen(["sleep", "300"], stdin=held, stdout=subprocess.DEVNULL)
     try:
-        run = node.play()
+        run = node.play(driver_bundle_dir=str(copy), path=bindir)
     finally:
         holder.kill()
         holder.wait()
+    return HeldUpgrade(node, run, holder.pid, copy, pwned)
+
+
+def test_a_process_holding_an_npu_stops_the_hot_reset(held_upgrade: HeldUpgrade) -> None:
+    """Huawei's installer exits 2 when its hot reset fails, which it does while a process holds a davinci
+    device: the driver then runs only after the reboot, and the role says so."""
+    node, run = held_upgrade.node, held_upgrade.run
     out = " ".join(run.stdout.split())
     assert run.returncode != 0
     assert ("installed but not running until the node reboots: driver 25.5.0 (running: 24.1.rc1; its installer "
             "(upgrade) exited 2: reboot needed), firmware 7.8.0.2.212") in out
     assert node.running() == ("24.1.rc1", "7.1.0.6.220") and node.installed("driver") == DRIVER
     log = node.installer_log()
-    assert f"hot reset not done: processes hold the NPUs: NPU 0: pid {holder.pid} (sleep)" in log
+    assert f"hot reset not done: processes hold the NPUs: NPU 0: pid {held_upgrade.holder_pid} (sleep)" in log
     assert "Reboot needed for installation/upgrade to take effect!" in log
 
 
@@ -286,17 +310,16 @@ def test_nothing_named_nothing_done(node: FakeNode) -> None:
     assert ok(node.play(driver_version="", driver_firmware_version=""))["changed"] == 0
 
 
-def test_a_package_swapped_after_its_check_never_runs(node: FakeNode, tmp_path: Path, bundle: Path) -> None:
+def test_a_package_swapped_after_its_check_never_runs(held_upgrade: HeldUpgrade) -> None:
     """Every package is checked before the first runs; the account that can write the bundle swaps the
     driver package while the firmware installs. The checked copies run, and are removed after."""
-    copy = tmp_path / "pushed-bundle"
-    subprocess.run(["cp", "-a", str(bundle), str(copy)], check=True)
-    bindir, pwned = swap_at_exec(tmp_path, copy, "hdk/*.run")
-    run = node.play(driver_bundle_dir=str(copy), path=bindir)
+    node, run = held_upgrade.node, held_upgrade.run
     assert "installed but not running until the node reboots" in " ".join(run.stdout.split()), run.stdout[-3000:]
-    assert not pwned.exists(), "a package swapped in the bundle after its check was run"
+    swapped = sorted((held_upgrade.copy / "hdk").glob("*.run"))  # the swap did happen: both packages replaced
+    assert len(swapped) == 2 and all(path.read_text().startswith("#!/bin/sh\ntouch") for path in swapped)
+    assert not held_upgrade.pwned.exists(), "a package swapped in the bundle after its check was run"
     assert (node.installed("driver"), node.installed("firmware")) == (DRIVER, FIRMWARE)
-    assert list((tmp_path / "work").iterdir()) == []
+    assert list((node.tmp / "work").iterdir()) == []
 
 
 def test_a_bundle_another_account_can_write_is_refused(node: FakeNode, tmp_path: Path, bundle: Path) -> None:

@@ -31,9 +31,9 @@ PLAYBOOK = """
     - role: engines
 """
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.role, pytest.mark.skipif(
     os.geteuid() != 0 or subprocess.run([str(SYSTEM_PYTHON), "-c", "import ensurepip"]).returncode != 0,
-    reason="the engine environments are root's, made with the system Python's venv (python3-venv)")
+    reason="the engine environments are root's, made with the system Python's venv (python3-venv)")]
 
 
 @pytest.fixture(scope="module")

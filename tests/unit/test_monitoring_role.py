@@ -29,9 +29,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.role, pytest.mark.skipif(
     shutil.which("promtool") is None or PROMETHEUS is None,
-    reason="promtool and prometheus are not installed: `apt-get install prometheus` (make host-deps installs it)")
+    reason="promtool and prometheus are not installed: `apt-get install prometheus` (make host-deps installs it)")]
 PLAYBOOK = """
 - name: monitoring role test
   hosts: monitoring

@@ -17,6 +17,8 @@ from test_hccn_tool_double import FakeNodes
 
 from atlaslab import npu
 
+pytestmark = pytest.mark.role
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 MASK, GW = "255.255.255.0", "10.20.0.1"

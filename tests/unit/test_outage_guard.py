@@ -34,7 +34,7 @@ DRIVER_PLAY = """
     - role: driver
 """
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the fake node's installers run as root")
+pytestmark = [pytest.mark.role, pytest.mark.skipif(os.geteuid() != 0, reason="the fake node's installers run as root")]
 
 
 class Node(FakeNode):

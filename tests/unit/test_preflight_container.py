@@ -19,6 +19,8 @@ from image_archives import oci_archive
 
 from atlasctl import bundle
 
+pytestmark = pytest.mark.role
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 PLAYBOOK = """

@@ -30,7 +30,7 @@ PLAYBOOK = f"""
         mode: "0600"
 """
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the fake node's installers run as root")
+pytestmark = [pytest.mark.role, pytest.mark.skipif(os.geteuid() != 0, reason="the fake node's installers run as root")]
 
 
 @pytest.fixture()

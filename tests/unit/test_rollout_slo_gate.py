@@ -16,6 +16,8 @@ import pytest
 from test_bench import RefServer
 from test_prometheus_live import FakePrometheus
 
+pytestmark = pytest.mark.role
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 STARTED = 1700000000

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from ansible_collections.atlas.serving.plugins.module_utils import container
 
+pytestmark = pytest.mark.role
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 TEMPLATES = REPO / "roles/serving/templates"
@@ -100,6 +102,14 @@ def node(tmp_path: Path) -> Node:
     return Node(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def default_release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Node, dict]:
+    """The container release rendered once from the default inputs, read by the tests that check that render (a
+    playbook run is most of a test's time); a test that renders again does so into the same node's files."""
+    default = Node(tmp_path_factory.mktemp("serving-default"))
+    return default, default.rendered()
+
+
 def _expected(node: Node, npus=tuple(range(8)), keys: bool = False, **change) -> list[str]:
     release = node.tmp / "etc/releases/r1"
     model = node.tmp / "models/llama-2-70b-chat-hf/current"
@@ -119,8 +129,8 @@ def _expected(node: Node, npus=tuple(range(8)), keys: bool = False, **change) ->
     } | change)
 
 
-def test_a_container_release_renders_the_podman_run_line_env_and_record(node: Node) -> None:
-    out = node.rendered()
+def test_a_container_release_renders_the_podman_run_line_env_and_record(default_release: tuple[Node, dict]) -> None:
+    node, out = default_release
     assert out["argv"] == _expected(node)
     assert out["argv"][:10] == ["/usr/bin/podman", "run", "--rm", "--init", "--replace", "--name", "atlas-serving",
                                 "--pull=never", "--network", "host"]
@@ -132,8 +142,8 @@ def test_a_container_release_renders_the_podman_run_line_env_and_record(node: No
     assert node.rendered()["args"] == out["args"], "the same inputs render the same bytes (the fast path compares them)"
 
 
-def test_the_unit_and_launcher_serve_both_runtimes(node: Node) -> None:
-    out = node.rendered()
+def test_the_unit_and_launcher_serve_both_runtimes(default_release: tuple[Node, dict]) -> None:
+    node, out = default_release
     unit = out["unit"]
     assert f"ExecStart=!{node.tmp}/" not in unit and "ExecStart=!/opt/atlas/bin/atlas-serving-launch" in unit
     assert "ExecStopPost=-+/usr/bin/podman rm -f --ignore -t 0 atlas-serving" in unit
