@@ -13,7 +13,8 @@ ANSIBLE_LINT := $(VENV)/bin/ansible-lint --offline -q
 IMPORT_CONTRACTS := $(VENV)/bin/lint-imports --no-cache
 # ansible-test sanity on the collection, from the venv with a private HOME (tests/ansible_test_sanity.py)
 SANITY := $(PY) tests/ansible_test_sanity.py
-UNIT_TESTS := $(VENV)/bin/pytest -ra -m "not lab and not slow" tests --ignore=tests/drills
+UNIT_TESTS := $(VENV)/bin/pytest -ra -m "not lab and not slow and not role" tests --ignore=tests/drills
+ROLE_TESTS := $(VENV)/bin/pytest -ra -m "role and not lab and not slow" tests --ignore=tests/drills
 SLOW_TESTS := $(VENV)/bin/pytest -ra -m "slow and not lab" tests --ignore=tests/drills
 LAB_TESTS := $(VENV)/bin/pytest -ra -m "lab and not ci_lab" tests --ignore=tests/drills
 HOST_PACKAGES := debootstrap systemd-container nftables zstd openssh-client iproute2 rsync curl gnupg gpgv
@@ -26,7 +27,7 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: help demo test unit lint lab-test drills ci-drills ci-lab ci-slow wheel host-deps venv lab-up lab-down bundle site \
+.PHONY: help demo test unit role lint lab-test drills ci-drills ci-lab ci-slow wheel host-deps venv lab-up lab-down bundle site \
 	bench-verify bench-client bench-rollout bench-stage bench-wheelhouse clean
 
 help: ## list the targets
@@ -38,19 +39,24 @@ demo: host-deps venv ## host packages, venv, the lab, its offline bundle, site.y
 	$(VENV)/bin/ansible-playbook -i inventory/lab site.yml
 	$(ATLASCTL) health -i inventory/lab
 
-# The lab tests in the foreground, lint and unit tests beside them at low CPU priority (tests/make_test.py says
-# how and why); their log, artifacts/lint-and-unit.log, is printed at the end. `make unit lab-test` runs the
-# same tests one after the other.
+# The lab tests in the foreground; beside them at low CPU priority (tests/make_test.py says how and why), two
+# streams side by side: lint then the unit tests, and the role tests. Their logs, artifacts/lint-and-unit.log and
+# artifacts/role-tests.log, are printed at the end. `make unit lab-test` runs the same tests one after the other.
 test: host-deps venv ## lint, unit tests and lab integration tests (root; brings the lab up)
 	$(PY) tests/make_test.py --log artifacts/lint-and-unit.log \
 	  --beside '$(RUFF)' --beside '$(YAMLLINT)' --beside '$(ANSIBLE_LINT)' --beside '$(IMPORT_CONTRACTS)' \
 	  --beside '$(SANITY)' \
 	  --beside '$(UNIT_TESTS) --durations=15' \
+	  --log artifacts/role-tests.log --beside '$(ROLE_TESTS) --durations=15' \
 	  -- $(LAB_TESTS) --durations=20
 
-unit: lint ## lint and every unit test (the slow ones too), no lab
+unit: lint ## lint and every unit test (the role and slow ones too), no lab
 	$(UNIT_TESTS)
+	$(ROLE_TESTS)
 	$(SLOW_TESTS)
+
+role: venv ## the role tests alone: roles and playbooks through ansible-playbook on this machine, no lab
+	$(ROLE_TESTS)
 
 lint: venv ## ruff, yamllint, ansible-lint, the import contracts and ansible-test sanity
 	$(RUFF)

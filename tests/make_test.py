@@ -1,11 +1,14 @@
 """`make test`'s runner: the lab tests in the foreground, the lint and unit tests beside them at low priority.
 
-    python tests/make_test.py --log FILE [--cgroup DIR] [--shares N] --beside CMD [--beside CMD ...] -- LAB_CMD...
+    python tests/make_test.py [--cgroup DIR] [--shares N] --log FILE --beside CMD [--beside CMD ...]
+                              [--log FILE --beside CMD ...] -- LAB_CMD...
 
 The lab tests are the longer job and mostly wait on their nodes, so the lint and unit tests (the ``--beside``
-commands, one after the other) run in the background while they do, and the CPU goes to the lab tests first.
-The ``--beside`` commands' output goes to ``--log``, printed after the lab tests end; the run fails when the lab
-command or any ``--beside`` command fails (every ``--beside`` command runs whatever the earlier ones returned).
+commands) run in the background while they do, and the CPU goes to the lab tests first. Each ``--log`` starts a
+stream: the ``--beside`` commands after it run one after the other, their output in that file; the streams run
+side by side (each ``pytest`` is one process: two streams use the second core while the lab tests wait), and
+their logs are printed in order after the lab tests end. The run fails when the lab command or any ``--beside``
+command fails (every ``--beside`` command runs whatever the earlier ones returned).
 
 Why more than ``nice``: with the kernel's autogroup scheduling (on by default) CPU is shared between sessions
 first, and nice orders processes only inside one session; every lab node and each of its services is a session
@@ -68,40 +71,63 @@ def run_beside(commands: list[str], group: Path, shares: int) -> int:
     return 1 if failed else 0
 
 
+class _Stream(argparse.Action):
+    """``--log FILE``: a new stream of --beside commands, its output in FILE."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        namespace.streams.append((Path(value), []))
+
+
+class _Beside(argparse.Action):
+    """``--beside CMD``: the command joins the last stream (none yet: a stream without a log, which only the
+    --beside side's own run may have)."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        if not namespace.streams:
+            namespace.streams.append((None, []))
+        namespace.streams[-1][1].append(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--log", type=Path, help="the --beside commands' output, printed at the end")
+    parser.add_argument("--log", action=_Stream, metavar="FILE", dest="streams", default=[],
+                        help="starts a stream of --beside commands; their output, printed at the end")
     parser.add_argument("--cgroup", type=Path, default=Path("/sys/fs/cgroup/cpu/atlas-make-test"))
     parser.add_argument("--shares", type=int, default=64, help="cpu.shares of the group (the lab's: 1024 each)")
-    parser.add_argument("--beside", action="append", default=[], metavar="CMD", help="run in the background")
+    parser.add_argument("--beside", action=_Beside, dest="streams", metavar="CMD", help="run in the background")
     parser.add_argument("--beside-side", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("lab", nargs=argparse.REMAINDER, help="-- then the foreground command")
     args = parser.parse_args(argv)
     if args.beside_side:
-        return run_beside(args.beside, args.cgroup, args.shares)
+        return run_beside([command for _log, commands in args.streams for command in commands], args.cgroup,
+                          args.shares)
     lab = args.lab[1:] if args.lab[:1] == ["--"] else args.lab
-    if not lab or not args.beside or args.log is None:
+    if not lab or not args.streams or not all(log and commands for log, commands in args.streams):
         parser.error("give --log FILE, at least one --beside command, then -- and the foreground command")
 
-    args.log.parent.mkdir(parents=True, exist_ok=True)
-    side = [sys.executable, os.path.abspath(__file__), "--beside-side", "--cgroup", str(args.cgroup),
-            "--shares", str(args.shares), *(f"--beside={command}" for command in args.beside)]
-    with args.log.open("w") as log:
-        beside = subprocess.Popen(side, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  start_new_session=True)
+    sides = []
+    for log_file, commands in args.streams:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        side = [sys.executable, os.path.abspath(__file__), "--beside-side", "--cgroup", str(args.cgroup),
+                "--shares", str(args.shares), *(f"--beside={command}" for command in commands)]
+        with log_file.open("w") as log:
+            sides.append(subprocess.Popen(side, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          start_new_session=True))
     try:
         lab_rc = subprocess.run(lab).returncode
-        beside_rc = beside.wait()
+        beside_rc = max(side.wait() for side in sides)
     except KeyboardInterrupt:
-        os.killpg(beside.pid, signal.SIGTERM)  # its own session: the terminal's interrupt does not reach it
+        for side in sides:
+            os.killpg(side.pid, signal.SIGTERM)  # its own session: the terminal's interrupt does not reach it
         raise
     finally:
         try:
             args.cgroup.rmdir()
         except OSError:
             pass
-    print(f"--- lint and unit tests (run beside the lab tests; {args.log})", flush=True)
-    sys.stdout.write(args.log.read_text(errors="replace"))
+    for log_file, _commands in args.streams:
+        print(f"--- lint and unit tests (run beside the lab tests; {log_file})", flush=True)
+        sys.stdout.write(log_file.read_text(errors="replace"))
     if lab_rc != 0 or beside_rc != 0:
         print(f"make test: lab tests exit {lab_rc}, lint and unit tests exit {beside_rc}")
         return 1

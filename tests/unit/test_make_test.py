@@ -77,3 +77,23 @@ def test_it_needs_a_log_a_beside_command_and_a_foreground_command(tmp_path):
                  ["--log", str(tmp_path / "l"), "--beside=true"]):
         proc = subprocess.run([PY, str(RUNNER), *args], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and "give --log FILE" in proc.stderr
+
+
+def test_each_log_starts_a_stream_and_the_streams_run_side_by_side(tmp_path):
+    first, second = tmp_path / "out" / "first.log", tmp_path / "out" / "second.log"
+    meet = tmp_path / "meet"
+    # each stream waits for the other's mark: they can only both finish when they run at the same time
+    wait_for = "import pathlib, sys, time; pathlib.Path(sys.argv[1]).touch(); t = time.time() + 20\n" \
+               "while not pathlib.Path(sys.argv[2]).exists() and time.time() < t: time.sleep(0.05)\n" \
+               "print('met' if pathlib.Path(sys.argv[2]).exists() else 'alone')"
+    args = [PY, str(RUNNER), "--cgroup", str(tmp_path / "no-cgroup-v1" / "atlas-make-test"),
+            "--log", str(first), f"--beside={PY} -c \"{wait_for}\" {meet}.1 {meet}.2", "--beside=echo first-done",
+            "--log", str(second), f"--beside={PY} -c \"{wait_for}\" {meet}.2 {meet}.1", "--beside=false",
+            "--", "echo", "the-lab-tests"]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "met" in first.read_text().splitlines() and "first-done" in first.read_text()
+    assert "met" in second.read_text().splitlines() and "exit 1: false" in second.read_text()
+    out = proc.stdout
+    assert out.index("the-lab-tests") < out.index(f"; {first})") < out.index("first-done") < out.index(f"; {second})")
+    assert out.splitlines()[-1] == "make test: lab tests exit 0, lint and unit tests exit 1"
