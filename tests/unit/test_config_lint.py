@@ -1,4 +1,4 @@
-"""Truth check: shipped profiles lint clean; every fictional or invalid setting of the seed article
+"""Truth check: shipped profiles lint clean; every fictional or invalid setting of the Atlas 800T A2 deployment guide
 (docs/ascend-platform.md §2, row by row) is rejected with the real alternative; unknown names are errors."""
 
 from __future__ import annotations

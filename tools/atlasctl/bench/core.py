@@ -68,8 +68,8 @@ class SLO:
     percentile: float = 95.0
 
     @classmethod
-    def article(cls) -> SLO:
-        """The article's bank SLO: end-to-end latency <= 300 ms, >= 30 tokens/s, HBM use <= 85 %."""
+    def deployment_guide(cls) -> SLO:
+        """The deployment guide's bank SLO: end-to-end latency <= 300 ms, >= 30 tokens/s, HBM use <= 85 %."""
         return cls(e2el_ms=300.0, min_output_tps=30.0, max_hbm_pct=None)
 
 

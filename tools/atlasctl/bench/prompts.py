@@ -1,4 +1,4 @@
-"""Prompt sets: the article's bank customer-service dialogue turns, or synthetic prompts of an exact
+"""Prompt sets: the deployment guide's bank customer-service dialogue turns, or synthetic prompts of an exact
 token count (needs the served model's tokenizer: a ``tokenizer.json`` or a model directory holding one).
 """
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from atlasctl.errors import UsageError
 
-# Customer-service turns of the kind the article benchmarked (one dialogue turn per request).
+# Customer-service turns of the kind the deployment guide benchmarked (one dialogue turn per request).
 CUSTOMER_SERVICE = (
     "Hello, I would like to check the balance of my savings account. Can you help me?",
     "I lost my debit card yesterday and I need to block it right away. What should I do?",

@@ -30,7 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
     load = p.add_argument_group("load (bounded: stops at --num-requests or --duration, whichever comes first)")
     load.add_argument("--concurrency", type=int, default=None,
-                      help="concurrent users (closed loop; the article's 10 is the default without --request-rate); "
+                      help="concurrent users (closed loop; the deployment guide's 10 is the default without "
+                           "--request-rate); "
                            "with --request-rate: the maximum in flight")
     load.add_argument("--request-rate", type=float, default=None,
                       help="requests/s, Poisson arrivals ('inf': all at once)")
@@ -55,8 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                             "sees it), with HOST's SSH settings from -i")
     reach.add_argument("-i", "--inventory", type=Path, help="with --through: the inventory naming HOST")
     slo = p.add_argument_group("SLO gate (exit 1 when not met) and goodput")
-    slo.add_argument("--article-slo", action="store_true",
-                     help="the article's SLO: E2E latency <= 300 ms at the percentile, >= 30 output tokens/s; "
+    slo.add_argument("--guide-slo", "--article-slo", dest="guide_slo", action="store_true",
+                     help="the deployment guide's SLO: E2E latency <= 300 ms at the percentile, >= 30 output tokens/s; "
                           "goodput thresholds e2el:300")
     slo.add_argument("--slo-ttft-ms", type=float)
     slo.add_argument("--slo-tpot-ms", type=float)
@@ -95,7 +96,7 @@ def parse_goodput(items: list[str]) -> dict[str, float]:
 
 def config_from(args: argparse.Namespace) -> BenchConfig:
     goodput = parse_goodput(args.goodput)
-    if args.article_slo:
+    if args.guide_slo:
         goodput.setdefault("e2el", 300.0)
     concurrency = args.concurrency if args.concurrency is not None or args.request_rate is not None else 10
     rate = args.request_rate
@@ -113,9 +114,9 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
 def slo_from(args: argparse.Namespace) -> SLO | None:
     given = [args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2el_ms, args.slo_min_output_tps,
              args.slo_min_goodput_pct, args.slo_max_hbm_pct]
-    if not args.article_slo and all(v is None for v in given):
+    if not args.guide_slo and all(v is None for v in given):
         return None
-    base = SLO.article() if args.article_slo else SLO()
+    base = SLO.deployment_guide() if args.guide_slo else SLO()
     for field, value in (("ttft_ms", args.slo_ttft_ms), ("tpot_ms", args.slo_tpot_ms), ("e2el_ms", args.slo_e2el_ms),
                          ("min_output_tps", args.slo_min_output_tps), ("min_goodput_pct", args.slo_min_goodput_pct),
                          ("max_hbm_pct", args.slo_max_hbm_pct)):

@@ -1,7 +1,7 @@
 """The diagnoses: pure functions, one per fault, Evidence (+ reference data) -> [Finding].
 
 Every finding names its evidence (what was read, where) and the fix. The reference data
-(compatibility table, engine schemas and the article's fictions) comes from the collection
+(compatibility table, engine schemas and the deployment guide's fictions) comes from the collection
 through ``Context``, so the same tables judge a plan before the deploy and a node after it.
 """
 
@@ -327,7 +327,7 @@ def check_cann_env(ev: Evidence, ctx: Context) -> list[Finding]:
 
 
 def check_env_file(ev: Evidence, ctx: Context) -> list[Finding]:
-    """The env file's variables linted against the engine release's schema and the article's fictions."""
+    """The env file's variables linted against the engine release's schema and the deployment guide's fictions."""
     rec = parse.record(ev)
     if rec is None or not ev.ok("env") or not rec.get("engine_release"):
         return []
