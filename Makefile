@@ -58,11 +58,12 @@ unit: lint ## lint and every unit test (the role and slow ones too), no lab
 role: venv ## the role tests alone: roles and playbooks through ansible-playbook on this machine, no lab
 	$(ROLE_TESTS)
 
-lint: venv ## ruff, yamllint, ansible-lint, the import contracts and ansible-test sanity
+lint: venv ## ruff, yamllint, ansible-lint, the import contracts, ansible-test sanity and the changelog fragments
 	$(RUFF)
 	$(YAMLLINT)
 	$(ANSIBLE_LINT)
 	$(IMPORT_CONTRACTS)
+	cd collections/ansible_collections/atlas/serving && $(CURDIR)/$(VENV)/bin/antsibull-changelog lint
 	$(SANITY)
 
 lab-test: host-deps venv ## the lab integration tests alone

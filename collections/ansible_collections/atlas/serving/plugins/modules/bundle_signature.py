@@ -17,7 +17,7 @@ description:
     Refuses, each with its own message, an unsigned manifest, a bad (or stale) signature, a revoked key, an
     expired key, an expired signature, an unknown key, and a good signature by a key that is not pinned.
   - Returns the sha256 of the verified bytes; the roles trust a node's manifest only when its sha256 is that one.
-version_added: 0.2.0
+version_added: 0.1.0
 options:
   manifest:
     description: C(manifest.json) content, base64 (the C(content) of M(ansible.builtin.slurp)).

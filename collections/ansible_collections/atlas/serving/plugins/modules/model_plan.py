@@ -17,7 +17,7 @@ description:
     sequences of max model length fit and the headroom, over O(nodes) x O(npu_count) NPUs.
   - Fails, with the numbers and the nearest fix (more nodes, more NPUs, lower max length, 8-bit
     weights), when the plan cannot fit. Read-only; check mode supported; never changed.
-version_added: 0.2.0
+version_added: 0.1.0
 options:
   model_dir:
     description: Model directory on the host (the bundle's C(models/<model>) or the staged copy).

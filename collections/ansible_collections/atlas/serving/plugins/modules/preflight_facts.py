@@ -17,7 +17,7 @@ description:
     M(atlas.serving.cann_facts) does.
   - Measures the free space of O(free_space) (statvfs, as C(df) does), whether the files of
     O(readable) can be read and whether the paths of O(exist) exist.
-version_added: 0.2.0
+version_added: 0.1.0
 options:
   free_space:
     description: Paths whose filesystem's free space is measured.
