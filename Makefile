@@ -18,11 +18,10 @@ ROLE_TESTS := $(VENV)/bin/pytest -ra -m "role and not lab and not slow" tests --
 SLOW_TESTS := $(VENV)/bin/pytest -ra -m "slow and not lab" tests --ignore=tests/drills
 LAB_TESTS := $(VENV)/bin/pytest -ra -m "lab and not ci_lab" tests --ignore=tests/drills
 HOST_PACKAGES := debootstrap systemd-container nftables zstd openssh-client iproute2 rsync curl gnupg gpgv
-# Tools only: installed without their Recommends, and a service the package starts on a host that runs
-# systemd is stopped and disabled. prometheus: promtool, which tests/unit/test_monitoring_rules.py runs
-# (`promtool check rules`, `promtool test rules`); the host needs the tool, not a Prometheus server.
-HOST_TOOL_PACKAGES := prometheus
-HOST_TOOL_SERVICES := prometheus.service
+# promtool, which tests/unit/test_monitoring_rules.py and test_monitoring_dashboard.py run (`promtool check rules`,
+# `promtool test rules`): taken out of Debian's prometheus package into the venv's bin/, so the host gets the tool
+# and no Prometheus server, service or configuration.
+PROMTOOL_PACKAGE := prometheus
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
@@ -63,8 +62,8 @@ lint: venv ## ruff, yamllint, ansible-lint, the import contracts, ansible-test s
 	$(YAMLLINT)
 	$(ANSIBLE_LINT)
 	$(IMPORT_CONTRACTS)
-	cd collections/ansible_collections/atlas/serving && $(CURDIR)/$(VENV)/bin/antsibull-changelog lint
 	$(SANITY)
+	cd collections/ansible_collections/atlas/serving && $(CURDIR)/$(VENV)/bin/antsibull-changelog lint
 
 lab-test: host-deps venv ## the lab integration tests alone
 	$(LAB_TESTS)
@@ -102,14 +101,8 @@ host-deps: ## the Debian packages the lab and the tests need (apt-get; root)
 	  echo "installing host packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
-	@missing=""; for p in $(HOST_TOOL_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing host tools:$$missing"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
-	  if [ -d /run/systemd/system ]; then systemctl disable --now $(HOST_TOOL_SERVICES); fi; \
-	fi
 
-venv: $(VENV)/.installed ## the virtualenv .venv: requirements.txt, atlasctl and atlas-lab (editable)
+venv: $(VENV)/.installed $(VENV)/bin/promtool ## the virtualenv .venv: requirements.txt, atlasctl and atlas-lab (editable), promtool
 
 # atlas_serving_collection.pth puts the checkout's collections/ on the venv's Python path, as the wheel does with
 # its own copy (setup.py): atlasctl, atlas-lab and the tests import the collection's code by its package name.
@@ -120,6 +113,13 @@ $(VENV)/.installed: requirements.txt pyproject.toml tools/atlas-lab/pyproject.to
 	$(PY) -c 'import pathlib, sys, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], sys.argv[1]).write_text(sys.argv[2] + "\n")' \
 	  atlas_serving_collection.pth $(CURDIR)/collections
 	touch $@
+
+# apt-get download needs no root; the package lists are refreshed only when they do not name the package.
+$(VENV)/bin/promtool: | $(VENV)/.installed
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; cd "$$tmp"; \
+	apt-get download -qq $(PROMTOOL_PACKAGE) 2>/dev/null || { apt-get update -qq && apt-get download -qq $(PROMTOOL_PACKAGE); }; \
+	dpkg-deb --fsys-tarfile $(PROMTOOL_PACKAGE)_*.deb | tar -x ./usr/bin/promtool; \
+	install -m 0755 usr/bin/promtool $(CURDIR)/$@; echo "promtool: $$($(CURDIR)/$@ --version 2>&1 | head -1)"
 
 lab-up: host-deps venv ## bring the lab up (atlas-lab up)
 	$(LAB) up

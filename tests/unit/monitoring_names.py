@@ -3,14 +3,23 @@ tests/unit/monitoring/metrics.yml, with each name's source) and the metric names
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = ROOT / "tests/unit/monitoring/metrics.yml"
 RULES = ROOT / "roles/monitoring/files/atlas-rules.yml"
+# promtool: the venv's own (``make venv`` takes it out of Debian's prometheus package), else one on PATH.
+PROMTOOL = shutil.which("promtool", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                          os.environ.get("PATH", "")]))
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool is not installed: `make venv` takes it out of Debian's prometheus package")
 SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}
 
 # PromQL words that are not metric names (functions and aggregations are followed by "(").

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 
-import pytest
 import yaml
-from monitoring_names import ROOT, exported, promql_names, recorded
+from monitoring_names import PROMTOOL, ROOT, exported, needs_promtool, promql_names, recorded
 
 DASHBOARD = ROOT / "roles/monitoring/files/grafana/atlas-fleet.json"
 _LABEL_VALUES = re.compile(r"^label_values\((.*),\s*(\w+)\)$")
@@ -69,7 +67,7 @@ def test_every_panel_follows_the_branch_choice():
     assert [e for e in _exprs() if 'branch=~"$branch"' not in e] == []
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed: `apt-get install prometheus`")
+@needs_promtool
 def test_every_expression_is_valid_promql(tmp_path):
     """promtool parses each expression as a recording rule, Grafana's variables replaced by values."""
     def concrete(expr: str) -> str:
@@ -78,6 +76,6 @@ def test_every_expression_is_valid_promql(tmp_path):
     rules = [{"record": f"dashboard:expr_{i}", "expr": concrete(e)} for i, e in enumerate(_exprs() + _variable_exprs())]
     path = tmp_path / "dashboard.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    run = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60,
+    run = subprocess.run([PROMTOOL, "check", "rules", str(path)], capture_output=True, text=True, timeout=60,
                          check=False)
     assert run.returncode == 0, run.stdout + run.stderr

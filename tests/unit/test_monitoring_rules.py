@@ -8,15 +8,11 @@ import re
 import shutil
 import subprocess
 
-import pytest
 import yaml
 from ansible_collections.atlas.serving.plugins.module_utils import progress
 from ansible_collections.atlas.serving.plugins.plugin_utils import monitoring as mon
-from monitoring_names import ROOT, RULES, exported, promql_names, recorded, rules
+from monitoring_names import PROMTOOL, ROOT, RULES, exported, needs_promtool, promql_names, recorded, rules
 
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None, reason="promtool is not installed: `apt-get install prometheus` (make host-deps installs it)")
 TESTS = ROOT / "tests/unit/monitoring/atlas-rules.test.yml"
 # The fleet of the promtool tests: SLO thresholds for n1 and n3 (n4 is rank 1 of n3's instance), none for n2.
 FLEET = ["n1", "n2", "n3", "n4"]

@@ -1,4 +1,4 @@
-"""The committed SGLang schema: real flags present, the Atlas 800T A2 deployment guide's fiction absent, extractor behaviour."""
+"""The committed SGLang schema: real flags present, the deployment guide's fictions absent, extractor behaviour."""
 
 from __future__ import annotations
 

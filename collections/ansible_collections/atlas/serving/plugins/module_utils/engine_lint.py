@@ -6,7 +6,7 @@ Standard library only (runs in filters, modules and atlasctl). Data, not code, s
 ``schemas/<release>.json``   flags (``options``, ``type``, ``action``, ``nargs``, ``choices``) and ``env``
                              extracted from the pinned release's source (atlasctl config schema refresh)
 ``schemas/platform-env.json`` variables the Ascend platform and common libraries read, with value patterns
-``schemas/fictions.json``     the Atlas 800T A2 deployment guide's fictional or invalid settings with the real alternative
+``schemas/fictions.json``     the deployment guide's fictional or invalid settings with the real alternative
 ``schemas/ranges.json``       value ranges the engine itself enforces, with the pinned source's file:line
 
 Unknown flags and unknown environment variables are errors (the releases of the engine that have the flag are
@@ -459,7 +459,7 @@ def _refused_outright(name, text, schema):
 
 def lint_env(env, schema, platform, fictions, release):
     """Findings for the environment ``env`` of ``release``: what no release allows (:func:`env_value_findings`),
-    the Atlas 800T A2 deployment guide's fictions, variables the release does not read, values off their key's grammar."""
+    the deployment guide's fictions, variables the release does not read, values off their key's grammar."""
     engine = schema.get("engine", "")
     table = _env_table(schema, platform)
     findings = []
