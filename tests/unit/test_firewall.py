@@ -125,7 +125,7 @@ def test_the_fanout_port_admits_only_the_members_of_its_sets():
 @pytest.mark.skipif(shutil.which("nft") is None or shutil.which("unshare") is None,
                     reason="nft is not installed on this machine")
 def test_a_staging_admits_its_receivers_into_the_loaded_rules(tmp_path: Path):  # pragma: no cover - where nft exists
-    """The rules file loaded, then what a staging runs (module_utils/fanout_stage.firewall_open): the receivers with
+    """The rules file loaded, then what a staging runs (module_utils/fanout_firewall.firewall_open): the receivers with
     a timeout in the sets, then flushed; all in a network namespace of the test's own, gone when it ends."""
     rules = tmp_path / "atlas.nft"
     rules.write_text(render(fw.rules("n1", HOSTVARS, GROUPS, engine_port=8000, fanout_port=8873), fw.sets()))
@@ -133,7 +133,7 @@ def test_a_staging_admits_its_receivers_into_the_loaded_rules(tmp_path: Path):  
     script.write_text(f"""
 import sys
 sys.path.insert(0, {str(ROOT / "collections")!r})
-from ansible_collections.atlas.serving.plugins.module_utils import fanout_stage as s
+from ansible_collections.atlas.serving.plugins.module_utils import fanout_firewall as s
 print(s.firewall_open(["10.0.0.12", "fd00::7"], 8873, 600))
 import subprocess
 print(subprocess.run(["nft", "list", "set", "inet", "atlas", "atlas_fanout4"], capture_output=True, text=True).stdout)

@@ -16,7 +16,7 @@ always pass):
   ranks talk on ports they choose), at their ``ansible_host`` and ``npu_network_comm_address``;
 - the fan-out staging port (``fanout_port``, docs/fleet-scale.md): from the members of two sets of the table,
   empty in the rules file; a staging fills them with the node's planned receivers, each with a timeout, and
-  flushes them after (module_utils/fanout_stage.py: one definition of the sets and their rules).
+  flushes them after (module_utils/fanout_firewall.py: one definition of the sets and their rules).
 
 Addresses must be IP addresses (an nftables set matches addresses, not names): a host whose ``ansible_host``
 is a name is refused, naming the variable to set.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from ansible_collections.atlas.serving.plugins.module_utils import fanout_stage, npu_network, serving_instance
+from ansible_collections.atlas.serving.plugins.module_utils import fanout_firewall, npu_network, serving_instance
 
 
 class FirewallError(ValueError):
@@ -66,7 +66,7 @@ def _rule(comment, sources, ports=None, proto="tcp"):
 
 def sets():
     """The named sets the table declares (``set <name> { ... }`` lines): the fan-out staging peers."""
-    return fanout_stage.nft_declarations()
+    return fanout_firewall.nft_declarations()
 
 
 def rules(host, hostvars, groups, *, engine_port=None, ssh_port=22, ssh_sources=(), engine_sources=(),
@@ -107,7 +107,7 @@ def rules(host, hostvars, groups, *, engine_port=None, ssh_port=22, ssh_sources=
         out.append(_rule(f"instance {found[0]}: its other ranks", peers))
     out = [r for r in out if r["sources"] is None or r["sources"]]
     if fanout_port not in (None, ""):
-        sets = {entry[0]: entry[1] for entry in fanout_stage.NFT_SETS}
-        out.append({"comment": fanout_stage.NFT_COMMENT, "sets": sets, "proto": "tcp",
+        sets = {entry[0]: entry[1] for entry in fanout_firewall.NFT_SETS}
+        out.append({"comment": fanout_firewall.NFT_COMMENT, "sets": sets, "proto": "tcp",
                     "ports": [_port(fanout_port, "atlas_fanout_port")]})
     return out
