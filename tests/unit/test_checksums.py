@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import mmap
 import os
 import shutil
 import threading
 import time
+import tracemalloc
+import zipfile
 from pathlib import Path
 
 import pytest
 from ansible_collections.atlas.serving.plugins.module_utils import checksums, fast_read, manifest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 SHARDS = {
     "model-00001-of-00003.safetensors": 3_000_017,
@@ -722,3 +727,127 @@ def test_the_read_ahead_window_advises_each_buffered_file_once(monkeypatch, file
     jobs = fast_read._Jobs(list(keys), dict(zip(keys, files, strict=True)), lambda k: k in buffered, small_from=0)
     assert [jobs.take() for _ in takes] == takes
     assert jobs.take() == (None, [])
+
+
+# --- file_digest: the one streaming digest of a file -------------------------------------------
+
+
+def _hashlib(data: bytes, algorithms=("sha256",)) -> dict[str, str]:
+    return {name: hashlib.new(name, data).hexdigest() for name in algorithms}
+
+
+class _Spy(io.RawIOBase):
+    """A binary file over bytes that records how much each read asked for."""
+
+    def __init__(self, data: bytes):
+        self._inner = io.BytesIO(data)
+        self.asked: list[int] = []
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        self.asked.append(len(b))
+        return self._inner.readinto(b)
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 4096 + 7])
+def test_file_digest_of_a_file_larger_than_its_chunk_is_hashlib_of_the_whole(tmp_path: Path, size: int) -> None:
+    data = os.urandom(size)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    algorithms = ("md5", "sha256", "sha1")
+    assert checksums.file_digest(path, algorithms, chunk=4096) == _hashlib(data, algorithms)
+    assert checksums.file_digest(str(path), algorithms) == _hashlib(data, algorithms)
+    assert checksums.file_sha256(os.fsencode(path), chunk=4096) == hashlib.sha256(data).hexdigest()
+
+
+def test_file_digest_streams_never_the_whole_file_in_memory(tmp_path: Path) -> None:
+    data = os.urandom(checksums.FILE_CHUNK * 5 + 123)
+    spy = _Spy(data)
+    assert checksums.file_sha256(spy) == hashlib.sha256(data).hexdigest()
+    assert max(spy.asked) == checksums.FILE_CHUNK  # one reused buffer of a chunk, never the file's size
+    assert len(spy.asked) == 7  # five full chunks, the rest, the end
+    path = tmp_path / "big.bin"
+    path.write_bytes(data)
+    tracemalloc.start()
+    try:
+        assert checksums.file_sha256(path) == hashlib.sha256(data).hexdigest()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * checksums.FILE_CHUNK, peak
+
+
+def test_file_digest_reads_an_open_descriptor_or_file_from_where_it_stands_and_leaves_it_open(
+        tmp_path: Path) -> None:
+    data = os.urandom(10_000)
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # what a caller that refuses links hashes
+    try:
+        os.lseek(fd, 100, os.SEEK_SET)
+        assert checksums.file_sha256(fd, chunk=999) == hashlib.sha256(data[100:]).hexdigest()
+        os.fstat(fd)  # still open
+    finally:
+        os.close(fd)
+    with open(path, "rb") as handle:
+        handle.seek(7)
+        assert checksums.file_digest(handle, ("md5",)) == _hashlib(data[7:], ("md5",))
+        assert not handle.closed
+    archive = tmp_path / "a.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("m/x.run", data)
+    with zipfile.ZipFile(archive) as zf, zf.open("m/x.run") as member:  # no descriptor to advise
+        assert checksums.file_sha256(member, chunk=1000) == hashlib.sha256(data).hexdigest()
+
+    class ReadOnly:  # read() and nothing else
+        def __init__(self):
+            self._inner = io.BytesIO(data)
+
+        def read(self, n: int) -> bytes:
+            return self._inner.read(n)
+
+    assert checksums.file_sha256(ReadOnly(), chunk=3000) == hashlib.sha256(data).hexdigest()
+
+
+def test_file_digest_opens_a_path_as_open_does(tmp_path: Path) -> None:
+    (tmp_path / "target").write_bytes(b"x")
+    (tmp_path / "link").symlink_to("target")
+    assert checksums.file_sha256(tmp_path / "link") == hashlib.sha256(b"x").hexdigest()  # followed, as before
+    with pytest.raises(FileNotFoundError):
+        checksums.file_sha256(tmp_path / "missing")
+    with pytest.raises(IsADirectoryError):
+        checksums.file_sha256(tmp_path)
+    with pytest.raises(ValueError, match="chunk"):
+        checksums.file_sha256(tmp_path / "target", chunk=0)
+    with pytest.raises(ValueError):
+        checksums.file_digest(tmp_path / "target", ("no-such-hash",))
+    with pytest.raises(ValueError, match="algorithm"):
+        checksums.file_digest(tmp_path / "target", ())
+
+
+def test_a_caller_that_refuses_links_keeps_refusing_them(tmp_path: Path) -> None:
+    """installer_copy opens with O_NOFOLLOW and hashes the descriptor it opened: a link is still refused."""
+    from ansible_collections.atlas.serving.plugins.module_utils import installer_copy
+
+    (tmp_path / "real.run").write_bytes(b"payload")
+    (tmp_path / "link.run").symlink_to("real.run")
+    assert installer_copy.hash_path(str(tmp_path / "real.run")) == hashlib.sha256(b"payload").hexdigest()
+    with pytest.raises(installer_copy.CopyError):
+        installer_copy.hash_path(str(tmp_path / "link.run"))
+
+
+@settings(max_examples=150, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=20_000), chunk=st.integers(min_value=1, max_value=5_000),
+       algorithms=st.lists(st.sampled_from(["md5", "sha256", "sha1", "sha512"]), min_size=1, max_size=3, unique=True))
+def test_file_digest_is_hashlib_of_the_whole_for_any_contents_and_chunk(tmp_path: Path, data: bytes, chunk: int,
+                                                                         algorithms: list[str]) -> None:
+    path = tmp_path / "f.bin"
+    path.write_bytes(data)
+    want = _hashlib(data, algorithms)
+    assert checksums.file_digest(path, algorithms, chunk) == want
+    assert checksums.file_digest(io.BytesIO(data), algorithms, chunk) == want
+    with open(path, "rb") as handle:
+        assert checksums.file_digest(handle.fileno(), algorithms, chunk) == want

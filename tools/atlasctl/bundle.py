@@ -29,6 +29,7 @@ from ansible_collections.atlas.serving.plugins.module_utils import manifest as _
 from ansible_collections.atlas.serving.plugins.module_utils import oci_archive as _ARCHIVE
 from ansible_collections.atlas.serving.plugins.module_utils import signature as _LAYOUT
 
+from atlasctl.bundle_step import PlannedStep, check_no_foreign_links, scan_tree, some_paths
 from atlasctl.errors import UsageError
 from atlasctl.inputs import load_yaml, read_bytes, shown
 from atlasctl.inputs import name as check_name
@@ -40,22 +41,6 @@ _KEYS = {"name": str, "release": str, "arch": str, "models": list, "huawei_dir":
          "suite": bool, "controller": dict, "sign": str, "sign_home": str, "images": list}
 FORMAT = _FORMAT.MANIFEST_FORMAT
 SOURCE_GROUP = "atlasctl.bundle_sources"  # entry points of other installed packages: a SourceKind each
-
-Step = Callable[[Path], None]
-
-
-@dataclasses.dataclass(frozen=True)
-class PlannedStep:
-    """One build step: what it is, the function that writes into the bundle directory, the source its files
-    are recorded with in the manifest, the patterns (fnmatch, relative to the bundle) of the files it owns, and
-    fields its files' manifest entries carry beyond the common ones ({path: {field: value}}: an image's
-    variant, cann and engine_release)."""
-    title: str
-    run: Step
-    source: str
-    owns: tuple[str, ...]
-    fields: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
-
 
 @dataclasses.dataclass(frozen=True)
 class SourceKind:
@@ -263,25 +248,6 @@ def stat_cache_path(root: Path) -> Path:
     return root.with_name(f".{root.name}.atlas-manifest-cache.json")
 
 
-def scan_tree(root: Path) -> tuple[list[str], list[str]]:
-    """(regular files, symlinks and special files) under root, nothing followed: module_utils/checksums."""
-    return _CHECKSUMS.scan_tree(str(root))
-
-
-def _some(rels: list[str]) -> str:
-    return ", ".join(rels[:10]) + (f" and {len(rels) - 10} more" if len(rels) > 10 else "")
-
-
-def check_no_foreign_links(root: Path, files: list[str], what: str) -> None:
-    """Refuse a hard link among ``files`` (every regular file under root) to a file with a name outside root
-    (module_utils/checksums ``foreign_links``): a bundle, and a model it copies, hold their own files."""
-    foreign = _CHECKSUMS.foreign_links(str(root), files)
-    if foreign:
-        raise UsageError(f"{what}: a hard link to a file outside it (another name of the same file is elsewhere): "
-                         f"{_some(foreign)}", fix="give it its own copy of each (cp without -l/--link, rsync "
-                         "without -H), or remove them")
-
-
 def _zip_members(path: Path) -> list[dict]:
     """Each member of a zip the roles extract (7.0.RC1 kernels): path, size, sha256 of its bytes."""
     members = []
@@ -289,11 +255,9 @@ def _zip_members(path: Path) -> list[dict]:
         for info in archive.infolist():
             if info.is_dir():
                 continue
-            digest = hashlib.sha256()
             with archive.open(info) as handle:
-                while chunk := handle.read(8 * 2**20):
-                    digest.update(chunk)
-            members.append({"path": info.filename, "size": info.file_size, "sha256": digest.hexdigest()})
+                digest = _CHECKSUMS.file_sha256(handle)
+            members.append({"path": info.filename, "size": info.file_size, "sha256": digest})
     return members
 
 
@@ -340,7 +304,7 @@ def write_manifest(root: Path, name: str, *, workers: int | None = None,
         old = {}
     found, odd = scan_tree(root)
     if odd:
-        raise UsageError(f"bundle {root}: not a regular file (symlink or special file): {_some(odd)}",
+        raise UsageError(f"bundle {root}: not a regular file (symlink or special file): {some_paths(odd)}",
                          fix="a bundle holds regular files only: replace each link by the file it points to")
     check_no_foreign_links(root, found, f"bundle {root}")
     rels = [rel for rel in found if rel not in UNLISTED and rel != f".{MANIFEST}.tmp"]

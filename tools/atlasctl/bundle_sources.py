@@ -38,8 +38,10 @@ import tempfile
 from pathlib import Path
 
 from ansible_collections.atlas.serving.plugins.module_utils import checksums
+from ansible_collections.atlas.serving.plugins.module_utils.signature import MANIFEST_NAME as MANIFEST
+from ansible_collections.atlas.serving.plugins.module_utils.signature import SIGNATURE_NAME as SIGNATURE
 
-from atlasctl.bundle import PlannedStep
+from atlasctl.bundle_step import PlannedStep, check_no_foreign_links, scan_tree
 from atlasctl.errors import EnvironmentProblem, UsageError
 from atlasctl.inputs import read_text
 from atlasctl.paths import SUITE_ITEMS, copy_items
@@ -136,8 +138,6 @@ def model_dir_step(model: dict) -> PlannedStep:
     def run(out: Path) -> None:
         if not src.is_dir():
             raise UsageError(f"model {name}: {src} is not a directory", fix="fix the model's path in the spec")
-        from atlasctl.bundle import check_no_foreign_links, scan_tree
-
         files, links = scan_tree(src)
         if links:
             raise UsageError(f"model {name}: {src} holds symlinks or special files, not followed: "
@@ -383,7 +383,6 @@ def sign_manifest(root: Path, key: str, homedir: Path | None = None, data: bytes
     or ``homedir``'s) of ``data``: the manifest bytes the caller checked (else manifest.json, read here once);
     gpg reads them from its standard input, never the file again. Verification never uses this gpg state:
     see module_utils/signature.py."""
-    from atlasctl.bundle import MANIFEST, SIGNATURE
     from atlasctl.inputs import read_bytes
 
     if data is None:

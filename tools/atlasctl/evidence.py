@@ -25,6 +25,7 @@ from typing import Any
 
 from ansible_collections.atlas.serving.plugins.module_utils import evidence as mu
 from ansible_collections.atlas.serving.plugins.module_utils import signature as sig
+from ansible_collections.atlas.serving.plugins.module_utils.checksums import file_sha256
 
 from atlasctl import inventory as shared
 from atlasctl.errors import EnvironmentProblem, UsageError
@@ -112,10 +113,6 @@ def parse_rollout(text: str) -> tuple[str, str]:
     return rollout, where
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _report_problem(folder: Path, bound: dict) -> list[tuple[str, str]]:
     """The report beside the pack (``<rollout>.json``) against the sha256 the record binds; none there: nothing
     to check (the pack stands alone)."""
@@ -125,7 +122,7 @@ def _report_problem(folder: Path, bound: dict) -> list[tuple[str, str]]:
     if not bound.get("report_sha256"):
         return [(mu.RECORD, f"the report beside it, {report.name}, is not bound to it: the record names no report "
                             "sha256 (an earlier pack of the run, or one laid beside another run's report)")]
-    actual = _sha256(report)
+    actual = file_sha256(report)
     if actual != bound["report_sha256"]:
         return [(mu.RECORD, f"the report beside it, {report.name}, is not the one it is bound to: sha256 {actual}, "
                             f"the record binds {bound['report_sha256']}")]

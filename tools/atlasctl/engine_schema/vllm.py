@@ -18,7 +18,6 @@ each with its file and line.
 from __future__ import annotations
 
 import ast
-import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +30,6 @@ HELP_MAX = 160
 _ENV_RE = re.compile(r"""(?:os\.environ\.get|os\.getenv|os\.environ\.setdefault|environ\.get|getenv)\(\s*["']"""
                      r"""([A-Z][A-Z0-9_]{2,})["']|environ\[\s*["']([A-Z][A-Z0-9_]{2,})["']\s*\]""")
 _SCALARS = {"bool", "int", "float", "str", "dict", "list", "tuple", "Any"}
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass

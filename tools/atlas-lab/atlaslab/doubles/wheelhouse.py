@@ -226,15 +226,9 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def _same_bytes(a: Path, b: Path) -> bool:
-    return _sha256(a) == _sha256(b)
+    from ansible_collections.atlas.serving.plugins.module_utils.checksums import file_sha256
 
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_sha256(a) == file_sha256(b)
 
 
 def _copy_into(src: Path, dst: Path) -> None:

@@ -1,6 +1,7 @@
 # Copyright: (c) 2025, atlas.serving contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""One-pass md5 + sha256 verification of a directory tree, with verification stamps.
+"""One-pass md5 + sha256 verification of a directory tree, with verification stamps; and the product's one
+streaming digest of a single file (``file_digest``, ``file_sha256``: a wheel, a zip member, an evidence file...).
 
 * Each file is read once, into reused buffers; md5 and sha256 are fed the same bytes.
 * Files are hashed in parallel threads (hashlib releases the GIL on buffers >= 2 KiB).
@@ -63,12 +64,12 @@ from ansible_collections.atlas.serving.plugins.module_utils.manifest import ALGO
 
 __all__ = [
     "COARSE_RACY_MARGIN_NS", "DEFAULT_BUFSIZE", "DIRECT_BUFFERS_PER_READER", "DIRECT_MIN_SIZE", "DIRECT_READERS",
-    "HIDDEN_OUTSIDE", "LINKS", "NOT_REGULAR", "NOT_VOUCHED", "PROBLEMS", "RACY_MARGIN_NS", "REFUSED_HARDLINK",
-    "REFUSED_LINK", "SMALL_READERS_PER_WORKER", "STAMP_FILE_NAME", "STAMP_FORMAT", "STATUS_ERROR", "STATUS_EXTRA",
-    "STATUS_MISMATCH", "STATUS_MISSING", "STATUS_OK", "Digests", "FileResult", "FileStat", "Progress", "Report",
-    "VerifyError", "atomic_write_text", "default_stamps_path", "default_workers", "digest_tree", "direct_buffers",
-    "foreign_links", "hash_file", "hash_many", "hash_small_file", "is_racy", "list_files", "load_stamps",
-    "make_stamp", "save_stamps", "scan_tree", "stamp_vouches", "verify_tree",
+    "FILE_CHUNK", "HIDDEN_OUTSIDE", "LINKS", "NOT_REGULAR", "NOT_VOUCHED", "PROBLEMS", "RACY_MARGIN_NS",
+    "REFUSED_HARDLINK", "REFUSED_LINK", "SMALL_READERS_PER_WORKER", "STAMP_FILE_NAME", "STAMP_FORMAT", "STATUS_ERROR",
+    "STATUS_EXTRA", "STATUS_MISMATCH", "STATUS_MISSING", "STATUS_OK", "Digests", "FileResult", "FileStat", "Progress",
+    "Report", "VerifyError", "atomic_write_text", "default_stamps_path", "default_workers", "digest_tree",
+    "direct_buffers", "file_digest", "file_sha256", "foreign_links", "hash_file", "hash_many", "hash_small_file",
+    "is_racy", "list_files", "load_stamps", "make_stamp", "save_stamps", "scan_tree", "stamp_vouches", "verify_tree",
 ]
 
 DEFAULT_BUFSIZE = 4 << 20
@@ -326,25 +327,89 @@ def _direct_then_buffered(fast, handle, bufsize: int, buf: bytearray | None):
 
 
 def _buffered_chunks(handle, bufsize: int, buf: bytearray | None = None, offset: int = 0):
-    """Chunks of an open file from ``offset`` on, through one reused buffer (page cache)."""
+    """Chunks of an open binary file from ``offset`` on (0: from where it stands), through one reused buffer
+    (page cache). ``handle``: a file, or any binary file object (a zip member: no descriptor to advise; one
+    without ``readinto`` is read with ``read``)."""
     buffer = buf if buf is not None else bytearray(bufsize)
     view = memoryview(buffer)
     if offset:
         handle.seek(offset)
-    _advise_sequential(handle.fileno())
+    _advise_sequential(_fileno(handle))
+    readinto = getattr(handle, "readinto", None)
+    if readinto is None:
+        while True:
+            data = handle.read(bufsize)
+            if not data:
+                return
+            yield memoryview(data)
     while True:
-        n = handle.readinto(buffer)
+        n = readinto(buffer)
         if not n:
             return
         yield view[:n]
 
 
-def _advise_sequential(fd: int) -> None:
-    if hasattr(os, "posix_fadvise"):
+def _fileno(handle) -> int | None:
+    try:
+        return handle.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both OSError and ValueError
+        return None
+
+
+def _advise_sequential(fd: int | None) -> None:
+    if fd is not None and hasattr(os, "posix_fadvise"):
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         except OSError:
             pass
+
+
+# --- hashing one file: the product's one streaming digest ------------------------------------
+
+FILE_CHUNK = 1 << 20  # file_digest's read: 1 MiB, what a whole-file digest needs and no more (hashlib >= 2 KiB)
+
+
+def file_digest(source, algorithms: tuple[str, ...] | list[str] = ("sha256",), chunk: int = FILE_CHUNK) -> dict:
+    """{algorithm: hex digest} of a file's bytes, streamed: read through one reused buffer of ``chunk`` bytes
+    (the page cache; at most ``chunk`` bytes of the file in memory, whatever its size), every algorithm fed the
+    same bytes, so a file is read once however many digests it needs. Every file the product hashes is hashed
+    here (a tree of model files: :func:`verify_tree`, with O_DIRECT and threads).
+
+    ``source``: a path (str, bytes, os.PathLike), opened here as ``open(path, "rb")`` opens it (a symlink is
+    followed; a directory raises IsADirectoryError, a missing file FileNotFoundError); or what a caller that
+    must refuse a link or a special file opened itself (O_NOFOLLOW, fstat) and so hashes exactly that: a file
+    descriptor (int), or an open binary file object (a file, a zip member; ``readinto`` or ``read``). Those
+    are read from where they stand to their end and left open. ``algorithms``: hashlib names (md5 is asked
+    for usedforsecurity=False: FIPS hosts). Standard library, Python 3.9 (managed nodes): not
+    hashlib.file_digest (3.11).
+    """
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk must be a positive number of bytes, not {chunk!r}")
+    hashers = [(name, _new_md5() if name == "md5" else hashlib.new(name)) for name in algorithms]
+    if not hashers:
+        raise ValueError("file_digest needs at least one algorithm")
+    if isinstance(source, bool):
+        raise TypeError(f"not a file: {source!r}")
+    if isinstance(source, int):
+        with open(source, "rb", buffering=0, closefd=False) as handle:
+            _feed(handle, hashers, chunk)
+    elif isinstance(source, (str, bytes, os.PathLike)):
+        with open(source, "rb", buffering=0) as handle:
+            _feed(handle, hashers, chunk)
+    else:
+        _feed(source, hashers, chunk)
+    return {name: hasher.hexdigest() for name, hasher in hashers}
+
+
+def file_sha256(source, chunk: int = FILE_CHUNK) -> str:
+    """The sha256 (hex) of a file's bytes, streamed: :func:`file_digest` with sha256 alone."""
+    return file_digest(source, ("sha256",), chunk)["sha256"]
+
+
+def _feed(handle, hashers: list, chunk: int) -> None:
+    for data in _buffered_chunks(handle, chunk):
+        for _name, hasher in hashers:
+            hasher.update(data)
 
 
 _MD5_FLAG: bool | None = None

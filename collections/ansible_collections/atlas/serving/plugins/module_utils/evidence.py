@@ -34,6 +34,7 @@ import shutil
 import socket
 
 from ansible_collections.atlas.serving.plugins.module_utils import signature
+from ansible_collections.atlas.serving.plugins.module_utils.checksums import file_sha256
 
 FORMAT_V1 = "atlas-serving rollout evidence 1"  # no binding: any rollout's folder takes it
 FORMAT = "atlas-serving rollout evidence 2"  # bound: the record names its rollout and its report's sha256
@@ -389,8 +390,7 @@ def check_files(folder: str) -> list[tuple[str, str]]:
         elif not os.path.exists(path):
             problems.append((name, "missing (listed in SHA256SUMS)"))
         else:
-            with open(path, "rb") as handle:
-                actual = hashlib.sha256(handle.read()).hexdigest()
+            actual = file_sha256(path)
             if actual != digest:
                 problems.append((name, f"changed: sha256 {actual}, SHA256SUMS lists {digest}"))
     for name in sorted(os.listdir(folder)):

@@ -16,7 +16,6 @@ whole set. Standard library only: this file is shipped to managed nodes by Ansib
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import posixpath
 import shutil
@@ -24,6 +23,7 @@ import stat
 import zipfile
 from dataclasses import asdict, dataclass
 
+from ansible_collections.atlas.serving.plugins.module_utils.checksums import file_sha256
 from ansible_collections.atlas.serving.plugins.module_utils.manifest import (
     ManifestError,
     parse_json,
@@ -64,15 +64,6 @@ def _relative(name: str) -> str:
     return norm
 
 
-def _hash_fd(fd: int) -> str:
-    digest = hashlib.sha256()
-    while True:
-        chunk = os.read(fd, CHUNK)
-        if not chunk:
-            return digest.hexdigest()
-        digest.update(chunk)
-
-
 def _open_regular(path: str, what: str) -> int:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -92,7 +83,7 @@ def hash_path(path: str, what: str = "bundle") -> str:
     """sha256 of the regular file at ``path`` (a link is refused, not followed)."""
     fd = _open_regular(path, what)
     try:
-        return _hash_fd(fd)
+        return file_sha256(fd, CHUNK)  # the descriptor opened (O_NOFOLLOW, a regular file): what is hashed
     finally:
         os.close(fd)
 
@@ -183,10 +174,7 @@ def _unpack(zip_copy: str, rel: str, members: dict[str, str], dest: str, check: 
             try:
                 with archive.open(member) as handle:
                     if check:
-                        digest = hashlib.sha256()
-                        for chunk in _read_chunks(handle):
-                            digest.update(chunk)
-                        actual = digest.hexdigest()
+                        actual = file_sha256(handle, CHUNK)
                     else:
                         os.makedirs(os.path.dirname(target), mode=DIR_MODE, exist_ok=True)
                         _write_new(target, _read_chunks(handle))

