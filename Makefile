@@ -38,7 +38,7 @@ demo: host-deps venv ## host packages, venv, the lab, its offline bundle, site.y
 	$(VENV)/bin/ansible-playbook -i inventory/lab site.yml
 	$(ATLASCTL) health -i inventory/lab
 
-# The lab tests in the foreground; beside them at low CPU priority (tests/make_test.py says how and why), two
+# The lab tests in the foreground; beside them at nice 15 (tests/make_test.py; nothing else is tuned), two
 # streams side by side: lint then the unit tests, and the role tests. Their logs, artifacts/lint-and-unit.log and
 # artifacts/role-tests.log, are printed at the end. `make unit lab-test` runs the same tests one after the other.
 test: host-deps venv ## lint, unit tests and lab integration tests (root; brings the lab up)
