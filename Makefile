@@ -13,12 +13,14 @@ ANSIBLE_LINT := $(VENV)/bin/ansible-lint --offline -q
 IMPORT_CONTRACTS := $(VENV)/bin/lint-imports --no-cache
 # ansible-test sanity on the collection, from the venv with a private HOME (tests/ansible_test_sanity.py)
 SANITY := $(PY) tests/ansible_test_sanity.py
-UNIT_TESTS := $(VENV)/bin/pytest -ra -m "not lab and not slow and not role" tests --ignore=tests/drills
-ROLE_TESTS := $(VENV)/bin/pytest -ra -m "role and not lab and not slow" tests --ignore=tests/drills
-SLOW_TESTS := $(VENV)/bin/pytest -ra -m "slow and not lab" tests --ignore=tests/drills
-LAB_TESTS := $(VENV)/bin/pytest -ra -m "lab and not ci_lab" tests --ignore=tests/drills
+# The tiers by what they run: tests/unit pure Python (no playbook run), tests/role the roles and playbooks through
+# ansible-playbook on this machine (the slow ones: ci-slow), tests/lab the lab (the ci_lab ones: ci-lab).
+UNIT_TESTS := $(VENV)/bin/pytest -ra tests/unit
+ROLE_TESTS := $(VENV)/bin/pytest -ra -m "not slow" tests/role
+SLOW_TESTS := $(VENV)/bin/pytest -ra -m slow tests/role
+LAB_TESTS := $(VENV)/bin/pytest -ra -m "not ci_lab" tests/lab
 HOST_PACKAGES := debootstrap systemd-container nftables zstd openssh-client iproute2 rsync curl gnupg gpgv
-# promtool, which tests/unit/test_monitoring_rules.py and test_monitoring_dashboard.py run (`promtool check rules`,
+# promtool, which tests/unit/repo/test_monitoring_rules.py and test_monitoring_dashboard.py run (`promtool check rules`,
 # `promtool test rules`): taken out of Debian's prometheus package into the venv's bin/, so the host gets the tool
 # and no Prometheus server, service or configuration.
 PROMTOOL_PACKAGE := prometheus
@@ -40,7 +42,7 @@ demo: host-deps venv ## host packages, venv, the lab, its offline bundle, site.y
 
 # The lab tests in the foreground; beside them at nice 15 (tests/make_test.py; nothing else is tuned), two
 # streams side by side: lint then the unit tests, and the role tests. Their logs, artifacts/lint-and-unit.log and
-# artifacts/role-tests.log, are printed at the end. `make unit lab-test` runs the same tests one after the other.
+# artifacts/role-tests.log, are printed at the end. `make unit role lab-test` runs them one after the other (with the slow role tests).
 test: host-deps venv ## lint, unit tests and lab integration tests (root; brings the lab up)
 	$(PY) tests/make_test.py --log artifacts/lint-and-unit.log \
 	  --beside '$(RUFF)' --beside '$(YAMLLINT)' --beside '$(ANSIBLE_LINT)' --beside '$(IMPORT_CONTRACTS)' \
@@ -49,13 +51,12 @@ test: host-deps venv ## lint, unit tests and lab integration tests (root; brings
 	  --log artifacts/role-tests.log --beside '$(ROLE_TESTS) --durations=15' \
 	  -- $(LAB_TESTS) --durations=20
 
-unit: lint ## lint and every unit test (the role and slow ones too), no lab
+unit: lint ## the fast loop: lint and the unit tests (pure Python: no playbook run, no lab)
 	$(UNIT_TESTS)
+
+role: venv ## the role tests: roles and playbooks through ansible-playbook on this machine (the slow ones too), no lab
 	$(ROLE_TESTS)
 	$(SLOW_TESTS)
-
-role: venv ## the role tests alone: roles and playbooks through ansible-playbook on this machine, no lab
-	$(ROLE_TESTS)
 
 lint: venv ## ruff, yamllint, ansible-lint, the import contracts, ansible-test sanity and the changelog fragments
 	$(RUFF)
@@ -82,11 +83,11 @@ ci-drills: host-deps venv ## the drill rows CI runs after make test (CI_DRILLS)
 # The lab tests marked ci_lab (the container releases: minutes of lab time), on a lab of their own; `.ci/run`
 # runs them after make test.
 ci-lab: host-deps venv ## the lab tests CI runs after make test (marker ci_lab)
-	$(VENV)/bin/pytest -ra -m ci_lab tests --ignore=tests/drills
+	$(VENV)/bin/pytest -ra -m ci_lab tests/lab
 
-# The unit tests marked slow (a role's whole stack converged several times over: minutes beside the lab tests);
-# `.ci/run` runs them after make test, `make unit` with the others.
-ci-slow: venv ## the slow unit tests CI runs after make test (marker slow)
+# The role tests marked slow (a role's whole stack converged several times over: minutes beside the lab tests);
+# `.ci/run` runs them after make test, `make role` with the others.
+ci-slow: venv ## the slow role tests CI runs after make test (marker slow)
 	$(SLOW_TESTS) --durations=10
 
 # The atlasctl wheel and the atlas.serving collection tarball (dist/): the product and the suite it

@@ -6,7 +6,7 @@ build from PyPI, and the SGLang stand-in; ``models: [{name, generator: tiny-llam
 Every file they write is recorded in the manifest with ``source: lab-double`` (the vLLM CPU wheels with
 ``download``), so preflight refuses them on an inventory that does not declare itself a lab.
 
-The product never imports this module (tests/unit/test_architecture.py): atlasctl finds it through the
+The product never imports this module (tests/unit/repo/test_architecture.py): atlasctl finds it through the
 ``atlasctl.bundle_sources`` entry point of the atlas-lab package.
 """
 

@@ -1,6 +1,6 @@
 """Accuracy and overhead of `atlasctl bench` (``make bench-client``; ``python -m atlaslab.benchmarks.accuracy``).
 
-1. Accuracy: the reference server (tests/fixtures/refserver.py, its own process) streams with injected
+1. Accuracy: the reference server (tests/support/refserver.py, its own process) streams with injected
    TTFT and inter-token delays; the benchmark's median TTFT, ITL and TPOT must lie within 1 ms of them at
    concurrency 1 and 10 (printed per concurrency, with the worst error; the unit tests check correctness
    only, since this figure depends on the machine's load), and its token counts must be exact.
@@ -35,7 +35,7 @@ VLLM_VENV = Path(os.environ.get("ATLAS_VLLM_BENCH_VENV") or cache_dir() / "vllm-
 
 
 def _refserver():
-    path = repo_root() / "tests" / "fixtures" / "refserver.py"
+    path = repo_root() / "tests" / "support" / "refserver.py"
     spec = importlib.util.spec_from_file_location("atlas_refserver", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules["atlas_refserver"] = module

@@ -9,7 +9,7 @@ with ``set_env.sh``, the uninstallers and Huawei's version records in their form
 (``Version=<build>``, ``version_dir=<release>``), from 8.5 the ops'
 ``<arch>-linux/ascend_ops_install.info``, NNAL's indented ``Key : Value`` ``version.info``
 (``tests/fixtures/vendor/cann`` holds real-format records of each line; the contract test
-``tests/unit/test_vendor_contract_cann.py`` keeps the two alike).
+``tests/unit/collection/test_vendor_contract_cann.py`` keeps the two alike).
 
 A ``.run`` file is a bash header (``cann_installer/header.sh``) followed by a gzip tar
 payload holding ``install.sh`` (``cann_installer/install.sh``), ``package.info`` and

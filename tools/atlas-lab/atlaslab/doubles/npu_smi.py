@@ -8,7 +8,7 @@ Supported: ``npu-smi info``, ``info -l``, ``info -m``, ``info -t board|memory|co
 
 The layouts of ``info``, ``info -l``, ``info -t health -i N`` (a card header, a block per chip, an MCU block),
 ``info -t health -i N -c 0`` and ``info -t board -i N`` are the 910B npu-smi's (24.1 widths; sources in
-docs/ascend-platform.md, section "npu-smi"; tests/unit/test_vendor_contract_npu_smi.py holds them to the
+docs/ascend-platform.md, section "npu-smi"; tests/unit/collection/test_vendor_contract_npu_smi.py holds them to the
 fixtures in tests/fixtures/vendor/npu_smi/). ``-t memory`` and ``-t common`` print ``Key : Value`` lines whose
 keys are not checked against a source, and ``-t board -c 0`` prints the card view, not the real chip view.
 

@@ -112,7 +112,7 @@ fi
 # --- where things live ------------------------------------------------------------
 # Versions live side by side (platform-upgrade-facts section 3), each record at its real path
 # (docs/ascend-platform.md section 5.3; tests/fixtures/vendor/cann holds one install of each line, and
-# tests/unit/test_vendor_contract_cann.py holds this script to them):
+# tests/unit/collection/test_vendor_contract_cann.py holds this script to them):
 # - before 8.5: ascend-toolkit/<v>; ascend-toolkit/latest is a real directory of links into the last installed
 #   plus version.cfg (CANN's latest_manager); ascend-toolkit/set_env.sh follows it
 # - from 8.5: cann-<v>; `cann` links to the last installed, ascend-toolkit/latest links to `cann`;

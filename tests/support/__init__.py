@@ -1,0 +1,1 @@
+"""Helpers, doubles and data builders the tests share; no tests here."""
