@@ -142,7 +142,8 @@ class FullFleet:
         """Both site.yml runs succeeded and the second changed nothing on any host."""
         assert self.first.returncode == 0, self.first.stdout[-6000:]
         assert self.second is not None and self.second.returncode == 0, self.second.stdout[-6000:]
-        stats = recap(self.second.stdout)
+        stats, first = recap(self.second.stdout), recap(self.first.stdout)
+        assert first and set(stats) == set(first), f"recaps: second run {sorted(stats)}, first {sorted(first)}"
         assert {h: s["changed"] for h, s in stats.items()} == dict.fromkeys(stats, 0), changed_tasks(self.second.stdout)
 
 

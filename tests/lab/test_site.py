@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from labtools import GATEWAYS, changed_tasks, lab, lab_api_key, layout, on_node, playbook, recap, urlopen
+from labtools import GATEWAYS, SERVING, changed_tasks, lab, lab_api_key, layout, on_node, playbook, recap, urlopen
 from labtools import model_service as _service
 from labtools import new_model_version as _new_model_version
 
@@ -85,15 +85,22 @@ def test_check_mode_after_convergence_reports_nothing(site_runs):
     assert first.returncode == 0, first.stdout[-6000:]
     run = playbook("site.yml", "--check")
     assert run.returncode == 0, run.stdout[-6000:]
-    changed = {h: s["changed"] for h, s in recap(run.stdout).items() if s["changed"]}
+    stats = recap(run.stdout)
+    assert set(hosts) < set(stats), "the serving nodes and the gateways"
+    changed = {h: s["changed"] for h, s in stats.items() if s["changed"]}
     assert not changed, f"check mode after convergence reports changes: {changed_tasks(run.stdout)}"
 
 
 def test_fleet_table_printed(site_runs):
+    """The fleet table at the end of site.yml (a debug message, one JSON string per line): its header, then a row
+    per serving node whose service is active and whose /health answered 200."""
     hosts, first = site_runs
-    assert "NODE" in first.stdout and "/health" in first.stdout
-    for host in hosts:
-        assert host in first.stdout
+    lines = [line.strip().rstrip(",").strip('"') for line in first.stdout.split("PLAY RECAP")[0].splitlines()]
+    starts = [i for i, line in enumerate(lines) if line.split()[:1] == ["NODE"] and "/health" in line]
+    assert starts, first.stdout[-4000:]
+    rows = {cells[0]: cells for cells in (line.split() for line in lines[starts[-1] + 2:]) if cells}
+    for host in SERVING:
+        assert host in rows and "active" in rows[host] and "200" in rows[host], (host, rows.get(host))
 
 
 def test_every_service_answers(site_runs):
