@@ -20,10 +20,11 @@ ROLE_TESTS := $(VENV)/bin/pytest -ra -m "not slow" tests/role
 SLOW_TESTS := $(VENV)/bin/pytest -ra -m slow tests/role
 LAB_TESTS := $(VENV)/bin/pytest -ra -m "not ci_lab" tests/lab
 HOST_PACKAGES := debootstrap systemd-container nftables zstd openssh-client iproute2 rsync curl gnupg gpgv
-# promtool, which tests/unit/repo/test_monitoring_rules.py and test_monitoring_dashboard.py run (`promtool check rules`,
-# `promtool test rules`): taken out of Debian's prometheus package into the venv's bin/, so the host gets the tool
-# and no Prometheus server, service or configuration.
-PROMTOOL_PACKAGE := prometheus
+# Programs the tests run, taken out of Debian packages into the venv's bin/ (tests/deb_tool.sh), so the host gets
+# the tool and no service or configuration: promtool and prometheus (package prometheus) for the monitoring tests
+# (`promtool check rules`, `promtool test rules`, the role's files loaded by a short-lived Prometheus), nginx
+# (package nginx) for `nginx -t` of the gateway's site (tests/unit/collection/test_gateway_door.py).
+DEB_TOOLS := $(VENV)/bin/promtool $(VENV)/bin/prometheus $(VENV)/bin/nginx
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export PYTHONUNBUFFERED := 1
@@ -103,7 +104,7 @@ host-deps: ## the Debian packages the lab and the tests need (apt-get; root)
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-venv: $(VENV)/.installed $(VENV)/bin/promtool ## the virtualenv .venv: requirements.txt, atlasctl and atlas-lab (editable), promtool
+venv: $(VENV)/.installed $(DEB_TOOLS) ## the virtualenv .venv: requirements.txt, atlasctl and atlas-lab (editable), promtool, prometheus, nginx
 
 # atlas_serving_collection.pth puts the checkout's collections/ on the venv's Python path, as the wheel does with
 # its own copy (setup.py): atlasctl, atlas-lab and the tests import the collection's code by its package name.
@@ -115,12 +116,14 @@ $(VENV)/.installed: requirements.txt pyproject.toml tools/atlas-lab/pyproject.to
 	  atlas_serving_collection.pth $(CURDIR)/collections
 	touch $@
 
-# apt-get download needs no root; the package lists are refreshed only when they do not name the package.
 $(VENV)/bin/promtool: | $(VENV)/.installed
-	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; cd "$$tmp"; \
-	apt-get download -qq $(PROMTOOL_PACKAGE) 2>/dev/null || { apt-get update -qq && apt-get download -qq $(PROMTOOL_PACKAGE); }; \
-	dpkg-deb --fsys-tarfile $(PROMTOOL_PACKAGE)_*.deb | tar -x ./usr/bin/promtool; \
-	install -m 0755 usr/bin/promtool $(CURDIR)/$@; echo "promtool: $$($(CURDIR)/$@ --version 2>&1 | head -1)"
+	sh tests/deb_tool.sh prometheus ./usr/bin/promtool $(CURDIR)/$@
+
+$(VENV)/bin/prometheus: | $(VENV)/.installed
+	sh tests/deb_tool.sh prometheus ./usr/bin/prometheus $(CURDIR)/$@
+
+$(VENV)/bin/nginx: | $(VENV)/.installed
+	sh tests/deb_tool.sh nginx ./usr/sbin/nginx $(CURDIR)/$@
 
 lab-up: host-deps venv ## bring the lab up (atlas-lab up)
 	$(LAB) up

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import socket
 import ssl
 import subprocess
@@ -26,13 +25,13 @@ import pytest
 import yaml
 
 from support import tls_fixtures
+from support.monitoring_names import PROMETHEUS, PROMTOOL
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
-PROMETHEUS = shutil.which("prometheus")
 pytestmark = [pytest.mark.role, pytest.mark.skipif(
-    shutil.which("promtool") is None or PROMETHEUS is None,
-    reason="promtool and prometheus are not installed: `apt-get install prometheus` (make host-deps installs it)")]
+    PROMTOOL is None or PROMETHEUS is None,
+    reason="promtool and prometheus are not installed: `make venv` takes them out of Debian's prometheus package")]
 PLAYBOOK = """
 - name: monitoring role test
   hosts: monitoring
@@ -109,7 +108,7 @@ class Stage:
         }
         # The role's files under tmp_path (extra vars win over role vars), Prometheus on a free port.
         # Plain HTTP here: test_tls_and_passwords_guard_prometheus runs the role's TLS and password setup.
-        self.extra = {"__monitoring_prometheus_dir": str(self.etc),
+        self.extra = {"__monitoring_prometheus_dir": str(self.etc), "__monitoring_promtool": PROMTOOL,
                       "__monitoring_prometheus_defaults": str(tmp / "default-prometheus"),
                       "monitoring_prometheus_port": self.port, "monitoring_alertmanagers": ["127.0.0.1:9093"],
                       "monitoring_tls": False}
@@ -278,6 +277,7 @@ def test_the_stage_playbook_in_check_mode_carries_each_node_s_record_to_the_targ
                      "monitoring": {"hosts": {"mon": {"ansible_host": "127.0.0.30"}}}}}}
     (tmp / "stage.json").write_text(json.dumps(inventory))
     extra = {"__monitoring_prometheus_dir": str(tmp / "stage-etc"), "__monitoring_prometheus_defaults": str(tmp / "d"),
+             "__monitoring_promtool": PROMTOOL,
              "monitoring_tls": False}
     result = subprocess.run(
         [str(ANSIBLE_PLAYBOOK), "-i", str(tmp / "stage.json"), str(REPO / "playbooks/monitoring.yml"), "--check",
@@ -311,7 +311,8 @@ def test_tls_and_passwords_guard_prometheus(tmp_path: Path) -> None:
     (web / "prometheus.yml").write_text(yaml.safe_dump({
         "tls_server_config": {"cert_file": str(tls["cert"]), "key_file": str(tls["key"]), "min_version": "TLS12"},
         "basic_auth_users": {"atlas": hashed}}))
-    extra = {"monitoring_tls": True, "monitoring_web_dir": str(web), "atlas_tls_ca_file": str(tls["ca"]),
+    extra = {"__monitoring_promtool": PROMTOOL, "monitoring_tls": True, "monitoring_web_dir": str(web),
+             "atlas_tls_ca_file": str(tls["ca"]),
              "atlas_tls_cert_file": str(tls["cert"]), "atlas_tls_key_file": str(tls["key"]),
              "monitoring_api_password_file": str(tmp_path / "api"),
              "monitoring_scrape_password_file": str(tmp_path / "scrape"), "ansible_host": "127.0.0.1"}

@@ -15,9 +15,15 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = ROOT / "tests/fixtures/monitoring/metrics.yml"
 RULES = ROOT / "roles/monitoring/files/atlas-rules.yml"
-# promtool: the venv's own (``make venv`` takes it out of Debian's prometheus package), else one on PATH.
-PROMTOOL = shutil.which("promtool", path=os.pathsep.join([str(Path(sys.executable).parent),
-                                                          os.environ.get("PATH", "")]))
+
+
+def venv_tool(name: str) -> str | None:
+    """A program the tests run: the venv's own (``make venv`` takes it out of its Debian package,
+    tests/deb_tool.sh), else one on PATH."""
+    return shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+
+
+PROMTOOL, PROMETHEUS = venv_tool("promtool"), venv_tool("prometheus")
 needs_promtool = pytest.mark.skipif(
     PROMTOOL is None, reason="promtool is not installed: `make venv` takes it out of Debian's prometheus package")
 SUFFIXES = {"gauge": ("",), "counter": ("_total",), "histogram": ("_bucket", "_count", "_sum")}

@@ -1,11 +1,14 @@
 """The branch gateway as the one door to its engines (plugin_utils/gateway.py, roles/gateway, docs/security.md):
 the keys it enforces, the paths it forwards, who learns which backend served; and the nginx configuration the
-role renders, checked by nginx itself where the host has it."""
+role renders, checked by nginx itself (`nginx -t`: the venv's, which `make venv` takes out of Debian's nginx
+package, else one on PATH)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import jinja2
@@ -14,6 +17,7 @@ import yaml
 from ansible_collections.atlas.serving.plugins.plugin_utils import gateway as gw
 
 ROOT = Path(__file__).resolve().parents[3]
+NGINX = shutil.which("nginx", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 
 
 def test_the_key_map_accepts_the_branch_s_keys_and_nothing_else():
@@ -85,15 +89,30 @@ def test_the_site_forwards_exact_api_paths_with_a_key_over_tls_and_404s_the_rest
     assert "listen 8443;" in plain and "ssl_certificate" not in plain and "PLAIN HTTP" in plain
 
 
-@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed on this machine")
-def test_nginx_accepts_the_rendered_site(tmp_path: Path):  # pragma: no cover - where nginx exists
+@pytest.mark.skipif(NGINX is None, reason="nginx is not installed: `make venv` takes it out of Debian's nginx package")
+def test_nginx_accepts_the_rendered_site(tmp_path: Path):
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "east.conf").write_text(gw.keys_map(["k1"]))
     site = _render(gateway_keys_dir=str(keys), gateway_backend_dir=str(tmp_path / "backends"), gateway_tls=False)
     (tmp_path / "backends/east").mkdir(parents=True)
     (tmp_path / "backends/east/n1.conf").write_text("server 127.0.0.1:8000;\n")
-    (tmp_path / "nginx.conf").write_text(f"events {{}}\nhttp {{\n{site}\n}}\n")
-    run = subprocess.run(["nginx", "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+    # the paths nginx -t opens and creates, here rather than under /var (no nginx package installed on the host)
+    paths = "".join(f"{kind}_temp_path {tmp_path / kind};\n" for kind in ("client_body", "proxy", "fastcgi", "uwsgi",
+                                                                          "scgi")) + "access_log stderr;\n"
+    (tmp_path / "nginx.conf").write_text(f"error_log stderr;\nevents {{}}\nhttp {{\n{paths}{site}\n}}\n")
+    run = subprocess.run([NGINX, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
                          capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
+    assert "test is successful" in run.stderr
+
+
+def test_nginx_refuses_a_site_that_is_not_nginx(tmp_path: Path):
+    """The check above can fail: the same run refuses a site with a directive nginx does not know."""
+    if NGINX is None:
+        pytest.skip("nginx is not installed: `make venv` takes it out of Debian's nginx package")
+    (tmp_path / "nginx.conf").write_text("error_log stderr;\nevents {}\n"
+                                         "http {\nserver { listen 8443; not_nginx on; }\n}\n")
+    run = subprocess.run([NGINX, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode != 0 and 'unknown directive "not_nginx"' in run.stderr
