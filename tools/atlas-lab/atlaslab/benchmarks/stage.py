@@ -4,7 +4,7 @@
                                         [--plan-only] [--plan-nodes 96] [--plan-branches 12]
                                         [--plan-bundle-gib 700] [--link-gbps 10] [--per-source 2]
 
-Over the lab (holding the machine's lab lock, /var/lib/atlas-lab.lock; a lab that is not up is brought up
+Over the lab (holding the machine's lab lock, /var/lib/atlas-lab/lock; a lab that is not up is brought up
 for the run and down after it; one that is up stays up):
   1. a synthetic signed bundle of ``--size-mib`` (model shards of random bytes, signed with the lab's key,
      dated as the lab's bundle so no node's downgrade record moves);
