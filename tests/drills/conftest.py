@@ -88,7 +88,8 @@ def _table(rows: list[dict]) -> list[str]:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    from drill_table import DRILLS, RESULTS
+    from drill_common import RESULTS
+    from drill_table import DRILLS
 
     if not RESULTS:
         return

@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from drill_table import DRILLS, FLEET, RESULTS, Drill, Row, one_line, wait_fleet_ready
+from drill_common import FLEET, RESULTS, Drill, Row, one_line, wait_fleet_ready
+from drill_table import DRILLS
 
 pytestmark = [pytest.mark.lab, pytest.mark.drill]
 

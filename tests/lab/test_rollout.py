@@ -3,8 +3,9 @@ continuous client load through both gateways; SLO-gate failure rolled back on th
 a second rollout on the same inventory is refused; an engine that fails to start rolled back; a
 rollout of the running release restarts nothing; each of those rollouts left a signed evidence pack
 without the API key it ran with. A node lost before its wave, then --resume, is
-the drill table's `node-lost` row (tests/drills/drill_table.py), which `.ci/run` runs after
-`make test`: a full rollout with two vLLM restarts costs the lab minutes."""
+the drill table's `node-lost` row (tests/drills/drill_table.py; the drill itself is in
+tests/drills/drills_rollout.py), which `.ci/run` runs after `make test`: a full rollout with two vLLM
+restarts costs the lab minutes."""
 
 from __future__ import annotations
 
