@@ -197,6 +197,8 @@ def node_lost_before_wave() -> Outcome:
         notes.append(f"{victim} off: rollout exit {rc}, stopped at {failure.get('host')} (wave {failure.get('wave')}, "
                      f"gate {failure.get('gate')}: {one_line(why, 160)}), waves done {report.get('completed')}, "
                      f"releases {stopped}")
+        # an operator resumes once the node serves again: the resume's drain of atlas-n1 waits only the same 5 s
+        expect(wait_node_healthy(victim, 300), f"{victim} healthy again after power-on, before --resume")
         phases.mark("--resume")
         rc2, resumed = rollout("--release", release, "--resume", *NODE_LOST_ARGS)  # a resume: the same -e values
         expect(rc2 == 0, "--resume completes")
