@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -119,8 +120,10 @@ def parse_state(text: str, path: Path) -> dict[str, Any]:
     if inputs is not None and not (
             isinstance(inputs, dict) and isinstance(inputs.get("vars_files"), list)
             and all(isinstance(v, dict) and isinstance(v.get("path"), str) and isinstance(v.get("sha256"), str)
-                    for v in inputs["vars_files"])):
-        raise bad("inputs is not an object of vars_files (path, sha256)")
+                    for v in inputs["vars_files"])
+            and isinstance(inputs.get("extra_sha256", ""), str)
+            and isinstance(inputs.get("limit"), str | None)):
+        raise bad("inputs is not an object of vars_files (path, sha256), extra_sha256 and limit")
     return state
 
 
@@ -131,10 +134,18 @@ def _sha256_file(path: Path) -> str | None:
         return None
 
 
-def run_inputs(vars_files: list[Path] | None) -> dict[str, Any]:
-    """What defines the release a rollout moves the fleet to, as its state keeps it for ``--resume``: the --vars
-    files by path and sha256 (their values, keys among them, stay out of the state)."""
-    return {"vars_files": [{"path": str(p.resolve()), "sha256": _sha256_file(p) or ""} for p in vars_files or []]}
+def extra_digest(extravars: dict | None) -> str:
+    """The sha256 of the -e values (canonical JSON): a resume compares it; the values, keys among them, stay out of
+    the state."""
+    return hashlib.sha256(json.dumps(extravars or {}, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def run_inputs(vars_files: list[Path] | None, extravars: dict | None = None,
+               limit: str | None = None) -> dict[str, Any]:
+    """What a rollout ran with, as its state keeps it for ``--resume``: the --vars files by path and sha256, the -e
+    values by the sha256 of their canonical JSON, and the --limit."""
+    return {"vars_files": [{"path": str(p.resolve()), "sha256": _sha256_file(p) or ""} for p in vars_files or []],
+            "extra_sha256": extra_digest(extravars), "limit": limit}
 
 
 def last_state(inventory: str | Path) -> dict[str, Any]:
@@ -142,16 +153,26 @@ def last_state(inventory: str | Path) -> dict[str, Any]:
     return load_state(rollouts_dir() / inventory_key(resolve_inventory(inventory)))
 
 
-def resume_vars(state: dict[str, Any], vars_files: list[Path] | None) -> list[Path]:
+def resume_vars(state: dict[str, Any], vars_files: list[Path] | None, extravars: dict | None = None,
+                limit: str | None = None) -> list[Path]:
     """The --vars files a ``--resume`` runs with: the interrupted rollout's when none are given. A resume runs
-    the rest of the same rollout, so other --vars files, or one changed since, are refused: the rest of the waves
-    would move to another release (-e values and --limit may change: a gate's threshold, a wait, the hosts)."""
+    the rest of the same rollout, so it is refused with other --vars files, or one changed since (the rest of the
+    waves would move to another release), and with other -e values or another --limit (the waves already done were
+    planned, gated and rolled back under those: a gate's threshold, a wait, the hosts)."""
     inputs = state.get("inputs")
     if not inputs:
         return list(vars_files or [])  # a state that kept no inputs: nothing to hold the resume to
+    again = "resume with the interrupted rollout's --vars files, -e values and --limit, or start the release " \
+            "again without --resume"
+    if "limit" in inputs and (limit or None) != inputs["limit"]:
+        raise UsageError(f"--resume with --limit {limit or '(none)'}: the interrupted rollout ran with --limit "
+                         f"{inputs['limit'] or '(none)'}", fix=f"give the same --limit; {again}")
+    if "extra_sha256" in inputs and extra_digest(extravars) != inputs["extra_sha256"]:
+        raise UsageError("--resume with -e values other than the interrupted rollout's (compared by digest: the "
+                         "state keeps no value)", fix=f"give the same -e values (and --allow-downgrade if it had "
+                         f"it); {again}")
     recorded = [Path(v["path"]) for v in inputs["vars_files"]]
     chosen = list(vars_files) if vars_files else recorded
-    again = "resume with the interrupted rollout's --vars files, or start the release again without --resume"
     if [str(p.resolve()) for p in chosen] != [str(p) for p in recorded]:
         raise UsageError(f"--resume with --vars {' '.join(map(str, chosen)) or '(none)'}: the interrupted rollout "
                          f"ran with --vars {' '.join(map(str, recorded)) or '(none)'}",

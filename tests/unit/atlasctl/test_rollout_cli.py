@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from atlasctl import rollout
+from atlasctl import cli, rollout
 from atlasctl.errors import UsageError
 from atlasctl.runner import RunResult
 
@@ -196,12 +196,15 @@ def test_a_fresh_rollout_keeps_an_unreadable_state_aside(inv, caplog):
     assert (folder / "state.json").read_text() == "{"
 
 
+EXTRA = {"rollout_slo": {"e2el_ms": 60000}, "gateway_last_backend_wait_s": 5}
+
+
 def _interrupted(inv: Path, tmp_path: Path) -> Path:
-    """A release rolled with a --vars file (a platform level), failed at its second wave."""
+    """A release rolled with a --vars file (a platform level), -e values and a --limit, failed at its second wave."""
     level = tmp_path / "level-c.yml"
     level.write_text("driver_version: 25.5.2\nserving_api_key: atlas-secret-key\n")
-    rollout.run(inv, "r2", limit="branch_east", vars_files=[level], run_fn=_fake(True, []),
-                inputs=rollout.run_inputs([level]))
+    rollout.run(inv, "r2", extravars=EXTRA, limit="branch_east", vars_files=[level], run_fn=_fake(True, []),
+                inputs=rollout.run_inputs([level], EXTRA, "branch_east"))
     return level
 
 
@@ -210,29 +213,52 @@ def test_resume_runs_with_the_interrupted_rollouts_vars_files(inv, tmp_path):
     state = rollout.last_state(inv)
     assert state["inputs"]["vars_files"] == [{"path": str(level.resolve()),
                                               "sha256": hashlib.sha256(level.read_bytes()).hexdigest()}]
+    assert state["inputs"]["limit"] == "branch_east"
     assert "atlas-secret-key" not in json.dumps(state)  # the files by path and digest only
-    assert rollout.resume_vars(state, []) == [level.resolve()]
-    assert rollout.resume_vars(state, [level]) == [level]
+    assert "60000" not in json.dumps(state)  # the -e values by digest only
+    assert rollout.resume_vars(state, [], EXTRA, "branch_east") == [level.resolve()]
+    assert rollout.resume_vars(state, [level], dict(reversed(EXTRA.items())), "branch_east") == [level]
 
 
 @pytest.mark.parametrize(("change", "said"), [
     ("other-vars", "the interrupted rollout ran with --vars"),
     ("edited", "changed since the interrupted rollout read it"),
     ("gone", "cannot be read"),
+    ("extravars", "-e values other than the interrupted rollout's"),
+    ("fewer-extravars", "-e values other than the interrupted rollout's"),
+    ("limit", "--limit branch_west: the interrupted rollout ran with --limit branch_east"),
+    ("no-limit", "--limit (none): the interrupted rollout ran with --limit branch_east"),
 ])
-def test_resume_with_other_vars_files_is_refused(inv, tmp_path, change, said):
+def test_resume_with_other_inputs_is_refused(inv, tmp_path, change, said):
     level = _interrupted(inv, tmp_path)
-    files = []
+    files, extra, limit = [], EXTRA, "branch_east"
     if change == "other-vars":
         files = [tmp_path / "level-b.yml"]
         files[0].write_text("driver_version: 25.5.1\n")
     elif change == "edited":
         level.write_text("driver_version: 25.5.0\n")
-    else:
+    elif change == "gone":
         level.unlink()
+    elif change == "extravars":
+        extra = {**EXTRA, "rollout_slo": {"e2el_ms": 1}}
+    elif change == "fewer-extravars":
+        extra = {"rollout_slo": EXTRA["rollout_slo"]}
+    else:
+        limit = "branch_west" if change == "limit" else None
     with pytest.raises(UsageError, match=re.escape(said)) as refused:
-        rollout.resume_vars(rollout.last_state(inv), files)
+        rollout.resume_vars(rollout.last_state(inv), files, extra, limit)
     assert "without --resume" in refused.value.fix
+
+
+def test_the_cli_refuses_a_resume_with_other_inputs_before_anything_runs(inv, tmp_path, monkeypatch, capsys):
+    """`atlasctl rollout --resume` with another -e value: exit 2 naming the change, no playbook started."""
+    _interrupted(inv, tmp_path)
+    started = []
+    monkeypatch.setattr(rollout, "run", lambda *a, **kw: started.append(a) or {})
+    code = cli.main(["rollout", "-i", str(inv), "--release", "r2", "--resume", "--vars", str(tmp_path / "level-c.yml"),
+                     "-e", 'rollout_slo={"e2el_ms": 1}', "-e", "gateway_last_backend_wait_s=5", "-l", "branch_east"])
+    assert code == 2 and started == []
+    assert "-e values other than the interrupted rollout's" in capsys.readouterr().err
 
 
 def test_a_state_that_kept_no_inputs_resumes_with_what_is_given(inv, tmp_path):
@@ -243,7 +269,7 @@ def test_a_state_that_kept_no_inputs_resumes_with_what_is_given(inv, tmp_path):
 
 def test_a_resumed_run_keeps_the_inputs_for_the_next_resume(inv, tmp_path):
     level = _interrupted(inv, tmp_path)
-    rollout.run(inv, "r2", resume=True, limit="branch_east", run_fn=_fake(True, []))
+    rollout.run(inv, "r2", extravars=EXTRA, resume=True, limit="branch_east", run_fn=_fake(True, []))
     assert rollout.last_state(inv)["inputs"]["vars_files"][0]["path"] == str(level.resolve())
 
 

@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-e", "--extra", action="append", default=[], metavar="KEY=VALUE",
                    help="one release variable (VALUE parsed as YAML)")
     p.add_argument("--resume", action="store_true",
-                   help="start at the wave that failed last time, with that run's --vars files")
+                   help="start at the wave that failed last time, with that run's --vars files (give the same -e "
+                        "values and --limit)")
     p.add_argument("--allow-downgrade", action="store_true",
                    help="accept a bundle built before the one the nodes accepted last (atlas_allow_downgrade)")
     p.add_argument("--plan", action="store_true",
@@ -89,7 +90,7 @@ def _summary(report: dict) -> str:
             lines.append(f"  measured: {json.dumps(failure['measured'].get('metrics', failure['measured']))[:600]}")
         lines.append(f"  resume after fixing: atlasctl rollout -i {report['inventory']} --release "
                      f"{report['release']} --resume"
-                     + (" (its --vars files are used again)"
+                     + (" (its --vars files are used again; give the same -e values and --limit)"
                         if report.get("resume_inputs") else ""))
     lines.append(f"  report: {report['report']}")
     pack = report.get("evidence") or {}
@@ -104,11 +105,11 @@ def _summary(report: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     check_release(args.release)
     variables, files = extravars(args.extra), check_vars_files(args.vars)
-    if args.resume:  # the rest of the interrupted rollout, to the same release: its own --vars files
-        files = rollout.resume_vars(rollout.last_state(args.inventory), files)
-    inputs = rollout.run_inputs(files)
     if args.allow_downgrade:
         variables["atlas_allow_downgrade"] = True  # roles/bundle_trust: going back on purpose
+    if args.resume:  # the rest of the interrupted rollout: its --vars files, -e values and --limit
+        files = rollout.resume_vars(rollout.last_state(args.inventory), files, variables, args.limit)
+    inputs = rollout.run_inputs(files, variables, args.limit)
     planned = rollout.plan(args.inventory, args.release, extravars=variables, vars_files=files, limit=args.limit,
                            accept_no_rollback=args.accept_no_rollback)
     if args.plan:
