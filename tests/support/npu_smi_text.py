@@ -1,9 +1,10 @@
-"""npu-smi output as Huawei documents it, for the parsers' tests."""
+"""`npu-smi info` from a real machine (docs/ascend-platform.md section 6: 8 x 910B3 64 GB), for the parsers' and the
+simulator's tests."""
 
 from __future__ import annotations
 
-# docs/ascend-platform.md section 6, verbatim (a real 8 x 910B3 64 GB machine; NPUs 2-7 elided there).
-SECTION_6 = """\
+# NPUs 0 and 1, verbatim
+REAL_HEAD = """\
 +------------------------------------------------------------------------------------------------+
 | npu-smi 24.1.rc1.b030            Version: 24.1.rc1.b030                                        |
 +---------------------------+---------------+----------------------------------------------------+
@@ -16,10 +17,14 @@ SECTION_6 = """\
 | 1     910B3               | OK            | 92.0        39                0    / 0             |
 | 0                         | 0000:C2:00.0  | 0           0    / 0          3314 / 65536         |
 +===========================+===============+====================================================+
-... (NPUs 2-7, Bus-Id 81/82/01/02/41/42:00.0)
+"""
+# the process section of NPU 0, verbatim
+REAL_PROCESS_HEADER = """\
 +---------------------------+---------------+----------------------------------------------------+
 | NPU     Chip              | Process id    | Process name             | Process memory(MB)      |
 +===========================+===============+====================================================+
 | No running processes found in NPU 0                                                            |
 +===========================+===============+====================================================+
 """
+# section 6 as the docs show it: NPUs 2-7 elided
+SECTION_6 = REAL_HEAD + "... (NPUs 2-7, Bus-Id 81/82/01/02/41/42:00.0)\n" + REAL_PROCESS_HEADER

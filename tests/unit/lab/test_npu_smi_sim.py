@@ -17,29 +17,7 @@ from ansible_collections.atlas.serving.plugins.module_utils import (
 )
 
 from atlaslab.doubles import npu_smi
-
-# Verbatim lines of a real `npu-smi info` (8 x 910B3 64 GB), NPUs 0 and 1 and the process section of NPU 0.
-REAL_HEAD = """\
-+------------------------------------------------------------------------------------------------+
-| npu-smi 24.1.rc1.b030            Version: 24.1.rc1.b030                                        |
-+---------------------------+---------------+----------------------------------------------------+
-| NPU   Name                | Health        | Power(W)    Temp(C)           Hugepages-Usage(page)|
-| Chip                      | Bus-Id        | AICore(%)   Memory-Usage(MB)  HBM-Usage(MB)        |
-+===========================+===============+====================================================+
-| 0     910B3               | OK            | 101.8       43                0    / 0             |
-| 0                         | 0000:C1:00.0  | 0           0    / 0          3318 / 65536         |
-+===========================+===============+====================================================+
-| 1     910B3               | OK            | 92.0        39                0    / 0             |
-| 0                         | 0000:C2:00.0  | 0           0    / 0          3314 / 65536         |
-+===========================+===============+====================================================+
-"""
-REAL_PROCESS_HEADER = """\
-+---------------------------+---------------+----------------------------------------------------+
-| NPU     Chip              | Process id    | Process name             | Process memory(MB)      |
-+===========================+===============+====================================================+
-| No running processes found in NPU 0                                                            |
-+===========================+===============+====================================================+
-"""
+from support.npu_smi_text import REAL_HEAD, REAL_PROCESS_HEADER
 
 
 def device(dev_id: int, bus: str, power: float, temp: int, hbm_used: int, **extra: object) -> dict:
