@@ -100,7 +100,7 @@ class BundleSpec:
             keys.update(kind.keys)
         unknown = set(data) - set(keys)
         if unknown:
-            raise UsageError(f"bundle spec {path}: unknown key(s) {', '.join(sorted(unknown))}",
+            raise UsageError(f"bundle spec {path}: unknown key(s) {', '.join(sorted(map(repr, unknown)))}",
                              fix=f"the keys of a bundle spec are {', '.join(sorted(keys))}")
         for key, kind in keys.items():
             if key in data and not isinstance(data[key], kind):

@@ -15,7 +15,7 @@ import yaml
 hypothesis = pytest.importorskip("hypothesis")
 from ansible_collections.atlas.serving.plugins.module_utils import engine_lint as lint  # noqa: E402
 from ansible_collections.atlas.serving.plugins.module_utils import manifest  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from atlasctl.bundle import _KEYS, BundleSpec, plan_build  # noqa: E402
@@ -120,6 +120,7 @@ SPEC = st.dictionaries(st.sampled_from(SPEC_KEYS), SPEC_VALUES, max_size=6) | JS
 
 @FAST
 @given(st.builds(yaml.safe_dump, SPEC) | st.text(max_size=200))
+@example("?")  # {None: None}: a key that is no string
 def test_bundle_spec_loads_or_is_a_usage_error(text):
     path = Path(_write(text.encode("utf-8", "surrogatepass")))
     try:
