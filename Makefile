@@ -41,9 +41,10 @@ demo: host-deps venv ## host packages, venv, the lab, its offline bundle, site.y
 	$(VENV)/bin/ansible-playbook -i inventory/lab site.yml
 	$(ATLASCTL) health -i inventory/lab
 
-# The lab tests in the foreground; beside them at nice 15 (tests/make_test.py; nothing else is tuned), two
-# streams side by side: lint then the unit tests, and the role tests. Their logs, artifacts/lint-and-unit.log and
-# artifacts/role-tests.log, are printed at the end. `make unit role lab-test` runs them one after the other (with the slow role tests).
+# The lab tests in the foreground; beside them, in make's session at the lowest priority a process can ask for itself
+# (tests/make_test.py; nothing else is tuned), two streams side by side: lint then the unit tests, and the role
+# tests. Their logs, artifacts/lint-and-unit.log and artifacts/role-tests.log, are printed at the end.
+# `make unit role lab-test` runs them one after the other (with the slow role tests).
 test: host-deps venv ## lint, unit tests and lab integration tests (root; brings the lab up)
 	$(PY) tests/make_test.py --log artifacts/lint-and-unit.log \
 	  --beside '$(RUFF)' --beside '$(YAMLLINT)' --beside '$(ANSIBLE_LINT)' --beside '$(IMPORT_CONTRACTS)' \

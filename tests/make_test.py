@@ -9,9 +9,12 @@ two streams use the second core while the lab tests wait), and their logs are pr
 end. The run fails when the lab command or any ``--beside`` command fails (every ``--beside`` command runs whatever
 the earlier ones returned).
 
-The ``--beside`` side runs at nice 15 in a session of its own, so that an interrupt stops it with the lab tests.
-Nothing else is tuned: no CPU group, no autogroup setting, no host service stopped; the run leaves the machine's
-scheduler and services as it found them.
+The ``--beside`` side stays in make's session, so that the kernel's fair share between sessions (autogroup,
+sched(7)) counts it with the lab tests' own runner and Ansible controllers rather than as a session of its own, and
+asks to run only on CPU they do not want (its own scheduling policy, SCHED_IDLE, where the kernel has it; else nice
+19). It is a process group of its own, which an interrupt stops with the lab tests. Nothing else is tuned: no CPU
+group, no autogroup setting, no host service stopped; the run leaves the machine's scheduler and services as it
+found them.
 """
 
 from __future__ import annotations
@@ -24,12 +27,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-NICE = 15
+NICE = 19
+
+
+def lowest_priority() -> str:
+    """This process (and what it starts) at the lowest priority it can ask for itself; what it got."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        return "SCHED_IDLE"
+    except (AttributeError, OSError):
+        os.nice(NICE)
+        return f"nice {NICE}"
 
 
 def run_beside(commands: list[str]) -> int:
-    """The background side, already in a session of its own: nice, then each command."""
-    os.nice(NICE)
+    """The background side, in a process group of its own: the lowest priority, then each command."""
+    print(f"lint and unit tests: {lowest_priority()}, in make's session", flush=True)
     failed = 0
     for command in commands:
         rc = subprocess.run(shlex.split(command)).returncode
@@ -76,13 +89,13 @@ def main(argv: list[str] | None = None) -> int:
                 *(f"--beside={command}" for command in commands)]
         with log_file.open("w") as log:
             sides.append(subprocess.Popen(side, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True))
+                                          process_group=0))
     try:
         lab_rc = subprocess.run(lab).returncode
         beside_rc = max(side.wait() for side in sides)
     except KeyboardInterrupt:
         for side in sides:
-            os.killpg(side.pid, signal.SIGTERM)  # its own session: the terminal's interrupt does not reach it
+            os.killpg(side.pid, signal.SIGTERM)  # its own process group: the terminal's interrupt does not reach it
         raise
     for log_file, _commands in args.streams:
         print(f"--- lint and unit tests (run beside the lab tests; {log_file})", flush=True)

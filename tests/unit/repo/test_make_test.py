@@ -1,5 +1,6 @@
-"""`make test`'s runner (tests/make_test.py): the foreground command, the --beside commands in a session of their
-own at nice 15 with nothing else tuned, their log printed at the end, and the run failing when either side fails."""
+"""`make test`'s runner (tests/make_test.py): the foreground command, the --beside commands in make's session and a
+process group of their own at the lowest priority they can ask for themselves (SCHED_IDLE, else nice 19) with nothing
+else tuned, their log printed at the end, and the run failing when either side fails."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 
 RUNNER = Path(__file__).resolve().parents[2] / "make_test.py"
 PY = sys.executable
-# A --beside command that says which session it runs in and at which nice value.
-WHERE = f"{PY} -c 'import os; print(\"beside: session\", os.getsid(0), \"nice\", os.nice(0))'"
+# A --beside command that says its session, its process group and its scheduling policy.
+WHERE = (f"{PY} -c 'import os; print(\"beside: session\", os.getsid(0), \"group\", os.getpgid(0), \"policy\", "
+         f"os.sched_getscheduler(0), \"nice\", os.nice(0))'")
 
 
 def run(tmp_path: Path, *beside: str, lab: str = "true") -> subprocess.CompletedProcess:
@@ -20,15 +22,18 @@ def run(tmp_path: Path, *beside: str, lab: str = "true") -> subprocess.Completed
     return subprocess.run([*args, "--", *lab.split()], capture_output=True, text=True, timeout=60)
 
 
-def test_the_beside_commands_run_in_a_session_of_their_own_at_low_priority_and_their_log_comes_last(tmp_path):
+def test_the_beside_commands_run_in_makes_session_at_the_lowest_priority_and_their_log_comes_last(tmp_path):
     proc = run(tmp_path, WHERE, "echo second", lab="echo the-lab-tests")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "the-lab-tests"
     assert lines[1].startswith("--- lint and unit tests")
-    _, _, session, _, nice = lines[2].split()
-    assert int(session) != os.getsid(0) and int(nice) >= 15
-    assert lines[3:] == [f"exit 0: {WHERE}", "second", "exit 0: echo second"]
+    assert lines[2] in ("lint and unit tests: SCHED_IDLE, in make's session",
+                        "lint and unit tests: nice 19, in make's session")
+    _, _, session, _, group, _, policy, _, nice = lines[3].split()
+    assert int(session) == os.getsid(0) and int(group) != os.getpgid(0)
+    assert int(policy) == os.SCHED_IDLE or int(nice) == 19
+    assert lines[4:] == [f"exit 0: {WHERE}", "second", "exit 0: echo second"]
 
 
 def test_a_failure_on_either_side_fails_the_run_and_every_beside_command_runs(tmp_path):
