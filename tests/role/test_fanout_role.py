@@ -16,8 +16,6 @@ import pytest
 from support.fanout import free_port, make_bundle, same_tree
 from support.fanout_play import NODES, play, recap
 
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 pytestmark = [pytest.mark.role,
               pytest.mark.skipif(not shutil.which("rsync") or os.geteuid() != 0,
                                    reason="needs rsync, and root (the staging server runs as root, chrooted)")]

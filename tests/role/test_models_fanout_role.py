@@ -18,8 +18,6 @@ from atlasctl import bundle
 from support.fanout import free_port
 from support.fanout_play import play, recap
 
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 pytestmark = [pytest.mark.role,
               pytest.mark.skipif(not shutil.which("rsync") or os.geteuid() != 0 or not os.path.isdir("/dev/shm"),
                                    reason="needs rsync, root (the staging server runs as root) and /dev/shm")]

@@ -3,24 +3,17 @@ tests/fixtures/monitoring/metrics.yml, with each name's source) and the metric n
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from support.tools import venv_tool
+
 ROOT = Path(__file__).resolve().parents[2]
 METRICS = ROOT / "tests/fixtures/monitoring/metrics.yml"
 RULES = ROOT / "roles/monitoring/files/atlas-rules.yml"
-
-
-def venv_tool(name: str) -> str | None:
-    """A program the tests run: the venv's own (``make venv`` takes it out of its Debian package,
-    tests/deb_tool.sh), else one on PATH."""
-    return shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
 
 
 PROMTOOL, PROMETHEUS = venv_tool("promtool"), venv_tool("prometheus")

@@ -27,7 +27,6 @@ from support.evidence import (
     verify_cli,
 )
 
-REPO = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.skipif(not shutil.which("gpg"), reason="gpg is not installed (apt-get install gnupg gpgv)")
 
 @pytest.fixture(scope="module")

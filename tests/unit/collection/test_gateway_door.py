@@ -5,10 +5,7 @@ package, else one on PATH)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import jinja2
@@ -16,8 +13,10 @@ import pytest
 import yaml
 from ansible_collections.atlas.serving.plugins.plugin_utils import gateway as gw
 
+from support.tools import venv_tool
+
 ROOT = Path(__file__).resolve().parents[3]
-NGINX = shutil.which("nginx", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+NGINX = venv_tool("nginx")
 
 
 def test_the_key_map_accepts_the_branch_s_keys_and_nothing_else():
