@@ -7,6 +7,8 @@ plus the inventory's extra tables, ``extra_tables``: absolute paths, plugin_util
 ``compat_driver`` CANN version + node driver version -> '' or the sentence naming the mismatch
 ``compat_driver_outside``  CANN version + driver version -> '' or the sentence, only where the driver is outside
                   the CANN's known window (a pair mismatch with no window known is not said)
+``compat_glibc``  ``getconf GNU_LIBC_VERSION`` output + engine + version -> '' or the sentence refusing a node whose
+                  glibc is older than the release's engine wheel set needs
 ``compat_no_return``  levels before + after ({driver, cann, runtime}) -> why moving them cannot be rolled back
                   ([]: it can; plugin_utils/platform_plan.py ``no_return``)
 """
@@ -68,6 +70,12 @@ def compat_driver_outside(cann: str, driver: str, table_path: str = "", extra_ta
     return ""
 
 
+def compat_glibc(getconf_output: str, engine: str, version: str, node: str = "", os_label: str = "",
+                 table_path: str = "", extra_tables=None) -> str:
+    return compat.check_glibc(_load(table_path, _extra(extra_tables)), str(engine or ""), str(version or ""),
+                              str(getconf_output or ""), str(node or ""), str(os_label or ""))
+
+
 def compat_no_return(before: dict, after: dict, table_path: str = "", extra_tables=None) -> list:
     levels = ("driver", "firmware", "cann", "runtime")
     return platform_plan.no_return({k: str((before or {}).get(k) or "") for k in levels},
@@ -83,5 +91,6 @@ class FilterModule:
             "compat_check": compat_check,
             "compat_driver": compat_driver,
             "compat_driver_outside": compat_driver_outside,
+            "compat_glibc": compat_glibc,
             "compat_no_return": compat_no_return,
         }

@@ -10,6 +10,8 @@ A plan is a dict with any of: ``cann``, ``engine``, ``engine_version``, ``python
 ``torch``, ``torch_npu``, ``triton_ascend``, ``vllm``, ``driver`` (empty values are not checked).
 The drivers a CANN runs on are a window per CANN (``cann_driver``: ``min_driver``/``max_driver``,
 ``25.2.X`` for a whole HDK line): :func:`driver_window`, :func:`check_driver`, :func:`common_drivers`.
+The glibc a release's engine wheel set needs (``engine_glibc``, from the wheels' manylinux tags) against the node's
+(``getconf GNU_LIBC_VERSION``), with the OS releases that carry each glibc (``os_glibc``): :func:`check_glibc`.
 ``evaluate`` returns a verdict dict: ``ok``, ``problems`` (one sentence each, naming what
 the chosen engine needs), ``fixes``, ``row`` (the matching table row or None), ``lab``.
 
@@ -25,11 +27,14 @@ import re
 from ansible_collections.atlas.serving.plugins.module_utils.cann import version_key as cann_key
 
 TABLE_FORMAT = 1
-TABLE_SECTIONS = ("engines", "torch_npu_cann", "cann_driver")
+TABLE_SECTIONS = ("engines", "torch_npu_cann", "cann_driver", "engine_glibc", "os_glibc")
 # The suite's own lowest Python (preflight_min_python): bounds at or below it go unsaid.
 SUITE_MIN_PYTHON = (3, 9)
 _CLAUSE = re.compile(r"^\s*(>=|<=|==|<|>)\s*(\d+(?:\.\d+)*)\s*$")
 _NUM = re.compile(r"\d+")
+_GLIBC = re.compile(r"^(\d+)\.(\d+)$")
+# What `getconf GNU_LIBC_VERSION` prints on a glibc system: `glibc 2.36`.
+_GETCONF_GLIBC = re.compile(r"^glibc (\d+)\.(\d+)(?:\.\d+)*$")
 
 
 def default_table_path():
@@ -86,6 +91,18 @@ def check_table(table, extra=False):
         if row.get("min_driver") is not None and _driver_bound(row["min_driver"])[0] > _driver_bound(
                 row["max_driver"])[1]:
             raise CompatTableError(f"{where}: min_driver {row['min_driver']} is above max_driver {row['max_driver']}")
+    for index, row in enumerate(table.get("engine_glibc") or []):
+        where = f"compatibility table engine_glibc[{index}] ({row.get('engine')})"
+        if not row.get("engine") or not isinstance(row.get("versions"), list) or not row["versions"]:
+            raise CompatTableError(f"{where}: needs engine and versions (a list of patterns)")
+        if not _GLIBC.match(str(row.get("glibc", ""))):
+            raise CompatTableError(f"{where}: glibc {row.get('glibc')!r} is not a glibc version like 2.34")
+    for index, row in enumerate(table.get("os_glibc") or []):
+        where = f"compatibility table os_glibc[{index}] ({row.get('os')} {row.get('version')})"
+        if not row.get("os") or not row.get("version"):
+            raise CompatTableError(f"{where}: needs os and version")
+        if not _GLIBC.match(str(row.get("glibc", ""))):
+            raise CompatTableError(f"{where}: glibc {row.get('glibc')!r} is not a glibc version like 2.34")
     return table
 
 
@@ -365,3 +382,75 @@ def evaluate_pins(plan, table):
                     problems, fixes)
     verdict["ok"] = not problems
     return verdict
+
+
+# --- glibc: which engine wheel sets a node can take ----------------------------------------------------------------
+
+
+class GlibcError(ValueError):
+    """What the node printed for its C library is not a glibc version."""
+
+
+def glibc_version(getconf_output):
+    """(2, 36) from ``glibc 2.36``, what ``getconf GNU_LIBC_VERSION`` prints; GlibcError naming the output when it is
+    anything else (a C library other than glibc, or no getconf)."""
+    text = str(getconf_output or "").strip()
+    match = _GETCONF_GLIBC.match(text)
+    if not match:
+        said = f"printed {text!r}" if text else "printed nothing"
+        raise GlibcError(f"`getconf GNU_LIBC_VERSION` {said}, not `glibc <major>.<minor>`")
+    return int(match.group(1)), int(match.group(2))
+
+
+def _glibc_key(text):
+    major, minor = _GLIBC.match(str(text)).groups()
+    return int(major), int(minor)
+
+
+def glibc_row(table, engine, version):
+    """The engine_glibc row of ``engine`` ``version`` (first match), or None: the table knows no need then."""
+    for row in table.get("engine_glibc") or []:
+        if row["engine"] == engine and any(fnmatch.fnmatchcase(str(version), str(p)) for p in row["versions"]):
+            return row
+    return None
+
+
+def sets_for_glibc(table, glibc):
+    """The wheel sets a node of glibc ``glibc`` ((2, 28)) takes: ['vllm-ascend 0.11.0 (glibc 2.28)', ...]."""
+    return [f"{row['engine']} {'/'.join(map(str, row['versions']))} (glibc {row['glibc']})"
+            for row in table.get("engine_glibc") or [] if _glibc_key(row["glibc"]) <= tuple(glibc)]
+
+
+def os_for_glibc(table, need):
+    """The OS releases of the table whose glibc is ``need`` ('2.34') or newer: ['openEuler 22.03 LTS with 2.34']."""
+    return [f"{row['os']} {row['version']} with {row['glibc']}"
+            for row in table.get("os_glibc") or [] if _glibc_key(row["glibc"]) >= _glibc_key(need)]
+
+
+def check_glibc(table, engine, version, getconf_output, node="", os_label=""):
+    """Empty text when the node's glibc (``getconf_output``) takes ``engine`` ``version``'s wheel set, or when the
+    table knows no glibc for that release; else the refusal: the node (``node``, ``os_label``), its glibc, what the
+    set needs and why, the sets that fit the node, and the fixes."""
+    row = glibc_row(table, engine, version)
+    if row is None:
+        return ""
+    need, release = str(row["glibc"]), f"{engine} {version}"
+    who = f"{node or 'the node'}" + (f" ({os_label.strip()})" if str(os_label or "").strip() else "")
+    source = ((table.get("sources") or {}).get(row.get("source")) or {}).get("url", row.get("source"))
+    why = f"{row['wheels']}; {source}" if row.get("wheels") else source
+    oses = os_for_glibc(table, need)
+    move = f"move the node to an OS with glibc {need} or newer" + (f" ({', '.join(oses)})" if oses else "")
+    container = "serve it from a container release (serving_runtime: container; the image brings its own glibc)"
+    try:
+        have = glibc_version(getconf_output)
+    except GlibcError as exc:
+        return (f"{who}: {exc}, so its glibc cannot be told; the {release} wheel set needs glibc {need} or newer "
+                f"({why}). Fix: {move}, or {container}.")
+    if have >= _glibc_key(need):
+        return ""
+    label = f"{have[0]}.{have[1]}"
+    fits = sets_for_glibc(table, have)
+    fixes = (["choose one of them (engines_version, with its profile and bundle)"] if fits else []) + [move, container]
+    return (f"{who} has glibc {label}; the {release} wheel set needs glibc {need} or newer ({why}). "
+            f"Wheel sets that fit glibc {label}: {', '.join(fits) if fits else 'none the compatibility table knows'}. "
+            f"Fix: {', '.join(fixes[:-1])}, or {fixes[-1]}.")
