@@ -137,8 +137,10 @@ def test_capacity_table_of_the_shipped_profiles():
     rows = {r.profile: r for r in (planner.plan_profile(n, dirs=LAB_DIRS) for n in planner.profile_names(LAB_DIRS))}
     assert not rows["vllm-ascend-0.11.0-llama2-70b-chat-4x32g"].plan["fits"]
     assert not rows["sglang-0.5.6-llama2-70b-chat-4x32g"].plan["fits"]
+    assert not rows["sglang-0.5.23-llama2-70b-chat-4x32g"].plan["fits"]
     refused = {n for n, r in rows.items() if r.plan and not r.plan["fits"]}
-    assert refused == {"vllm-ascend-0.11.0-llama2-70b-chat-4x32g", "sglang-0.5.6-llama2-70b-chat-4x32g"}
+    assert refused == {"vllm-ascend-0.11.0-llama2-70b-chat-4x32g", "sglang-0.5.6-llama2-70b-chat-4x32g",
+                       "sglang-0.5.23-llama2-70b-chat-4x32g"}
     assert rows["lab-vllm-cpu-tiny"].skipped
     lines = planner.capacity_table(list(rows.values()))
     assert lines[0].split()[:3] == ["PROFILE", "NPUs", "TP"]
