@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -17,9 +16,8 @@ import pytest
 
 from atlasctl import bundle
 from atlasctl.bundle_sources import sign_manifest
+from support.ansible_run import ansible_env, run_playbook
 
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 pytestmark = [pytest.mark.role,
               pytest.mark.skipif(not shutil.which("gpg"), reason="gpg is not installed (apt-get install gnupg gpgv)")]
 
@@ -87,11 +85,7 @@ def play(tmp: Path, cases: dict[str, dict], *args: str) -> tuple[int, dict[str, 
     (tmp / "inventory.yml").write_text(json.dumps({"all": {
         "hosts": {"localhost": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}},
         "children": {"cases": {"hosts": hosts}}}}))
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-           "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-tmp"),
-           "ANSIBLE_STDOUT_CALLBACK": "default"}
-    proc = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(tmp / "inventory.yml"), str(tmp / "play.yml"), *args],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_playbook(tmp / "inventory.yml", tmp / "play.yml", *args, cwd=tmp, env=ansible_env(tmp))
     whole = " ".join((proc.stdout + proc.stderr).split())
     lines: dict[str, list[str]] = {name: [] for name in cases}
     through: dict[str, bool] = {}

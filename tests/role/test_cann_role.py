@@ -15,12 +15,11 @@ import pytest
 
 from atlasctl.bundle import write_manifest
 from atlaslab.doubles.cann_run import build_cann_packages
+from support.ansible_run import ansible_env, run_playbook
 from support.playbooks import ok, swap_at_exec
 
 pytestmark = pytest.mark.role
 
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 VERSIONS = ("7.0.RC1", "8.2.RC1", "8.3.RC1", "8.5.0")
 
 PLAYBOOK = """
@@ -81,20 +80,9 @@ class Node:
             "serving_config_dir": str(self.tmp / "serving"),
             "result_file": str(self.result),
         }
-        env = {
-            **os.environ,
-            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-            "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"),
-            "ANSIBLE_LOCAL_TEMP": str(self.tmp / "ansible-tmp"),
-            "ANSIBLE_STDOUT_CALLBACK": "default",
-            "ATLAS_CANN_SYSROOT": str(self.tmp / "sysroot"),
-        }
-        if path:
-            env["PATH"] = f"{path}:{env['PATH']}"
-        cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(self.tmp / "inventory.ini"), str(self.tmp / "play.yml")]
-        cmd += ["-e", json.dumps(extra_vars), *extra]
-        return subprocess.run(cmd, cwd=self.tmp, env=env, capture_output=True, text=True, timeout=300)
+        env = ansible_env(self.tmp, path=path, ATLAS_CANN_SYSROOT=str(self.tmp / "sysroot"))
+        return run_playbook(self.tmp / "inventory.ini", self.tmp / "play.yml", "-e", json.dumps(extra_vars), *extra,
+                            cwd=self.tmp, env=env)
 
     def facts(self) -> dict:
         return json.loads(self.result.read_text())

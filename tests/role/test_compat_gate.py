@@ -3,19 +3,17 @@ an impossible plan refused before any host is touched, the extra tables an inven
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from support.ansible_run import ansible_env, run_playbook
 from support.lab_additions import branch_hosts
 
 REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 ARTICLE_MESSAGE = "vllm-ascend 0.11.0 needs CANN 8.3.RC2 (torch-npu 2.7.1, Python <3.12)"
 
 pytestmark = pytest.mark.role
@@ -44,10 +42,8 @@ def _gate(tmp_path: Path, hosts: dict, *extra: str) -> subprocess.CompletedProce
         h: {"ansible_host": "192.0.2.1", "ansible_connection": "ssh", **v} for h, v in hosts.items()}}}}}
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inv))
     (tmp_path / "gate.yml").write_text(GATE_PLAYBOOK)
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-           "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_NOCOLOR": "1"}
-    run = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "gate.yml"),
-                          *extra], cwd=tmp_path, env=env, text=True, capture_output=True, timeout=180)
+    run = run_playbook(tmp_path / "hosts.yml", tmp_path / "gate.yml", *extra, cwd=tmp_path,
+                       env=ansible_env(tmp_path, nocolor=True, callback=None), timeout=180)
     run.stdout = " ".join(run.stdout.split())  # the YAML callback folds long strings
     return run
 

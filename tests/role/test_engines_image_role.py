@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,12 +16,11 @@ from pathlib import Path
 import pytest
 
 from atlasctl import bundle
+from support.ansible_run import ansible_env, run_playbook
 from support.image_archives import oci_archive
 
 pytestmark = pytest.mark.role
 
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 PLAYBOOK = """
 - name: engines role test
   hosts: localhost
@@ -101,12 +99,8 @@ class Node:
             "atlas_stamp_dir": str(self.tmp / "stamps"),
             "result_file": str(self.result),
         }
-        env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-               "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_LOCAL_TEMP": str(self.tmp / "tmp"),
-               "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_NOCOLOR": "1"}
-        cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(self.tmp / "inventory.ini"), str(self.tmp / "play.yml"),
-               "-e", json.dumps(extra_vars), *extra]
-        return subprocess.run(cmd, cwd=self.tmp, env=env, capture_output=True, text=True, timeout=300)
+        return run_playbook(self.tmp / "inventory.ini", self.tmp / "play.yml", "-e", json.dumps(extra_vars), *extra,
+                            cwd=self.tmp, env=ansible_env(self.tmp, nocolor=True))
 
     def store_ids(self) -> dict:
         return json.loads(self.store.read_text()) if self.store.exists() else {}

@@ -16,10 +16,9 @@ import pytest
 
 from atlasctl.bundle import write_manifest
 from atlaslab.doubles.wheelhouse import VLLM_SHIM, MetadataShim, build_metadata_wheel
+from support.ansible_run import ansible_env, run_playbook
 from support.playbooks import ok
 
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 WHEELSET = "tiny-1.0"
 ENGINE = MetadataShim("tiny-engine", "1.0", "the engine")
@@ -63,12 +62,8 @@ class Node:
             "engines_root": str(self.tmp / "engines"), "engines_stamp_dir": str(self.tmp / "stamps"),
             "engines_python": str(python), "engines_import_check": "json",
         }
-        env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-               "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"),
-               "ANSIBLE_LOCAL_TEMP": str(self.tmp / "ansible-tmp"), "ANSIBLE_STDOUT_CALLBACK": "default"}
-        cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(self.tmp / "inventory.ini"), str(self.tmp / "play.yml"),
-               "-e", json.dumps(extra_vars), *extra]
-        return subprocess.run(cmd, cwd=self.tmp, env=env, capture_output=True, text=True, timeout=600)
+        return run_playbook(self.tmp / "inventory.ini", self.tmp / "play.yml", "-e", json.dumps(extra_vars), *extra,
+                            cwd=self.tmp, env=ansible_env(self.tmp), timeout=600)
 
     def installed(self) -> dict[str, str]:
         code = "import importlib.metadata as m, json; print(json.dumps({d.metadata['Name']: d.metadata['Summary']" \

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,10 +15,10 @@ import yaml
 from ansible_collections.atlas.serving.plugins.module_utils import evidence as mu
 
 from atlasctl import evidence, rollout
+from support.ansible_run import ansible_env, run_playbook
 from support.evidence import API_KEY, ENV_KEY, PLAN, evidence_keys, secrets_in
 
 REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 pytestmark = [pytest.mark.role,
               pytest.mark.skipif(not shutil.which("gpg"), reason="gpg is not installed (apt-get install gnupg gpgv)")]
 
@@ -34,11 +33,8 @@ def keys(tmp_path_factory: pytest.TempPathFactory):
 def _playbook(tmp: Path, play: str, inventory: dict, *extra: str) -> subprocess.CompletedProcess:
     (tmp / "play.yml").write_text(play)
     (tmp / "hosts.yml").write_text(yaml.safe_dump(inventory))
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-           "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-tmp"),
-           "ANSIBLE_STDOUT_CALLBACK": "default", "ATLAS_ROLLOUT_DIR": str(tmp / "rollouts")}
-    return subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(tmp / "hosts.yml"), str(tmp / "play.yml"), *extra],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    return run_playbook(tmp / "hosts.yml", tmp / "play.yml", *extra, cwd=tmp,
+                        env=ansible_env(tmp, ATLAS_ROLLOUT_DIR=str(tmp / "rollouts")))
 
 
 # The shape of a wave (playbooks/rollout/wave.yml, tasks/node.yml): a node's gates in a block, the rollback in

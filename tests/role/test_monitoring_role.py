@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
 import re
 import socket
 import ssl
@@ -25,6 +24,7 @@ import pytest
 import yaml
 
 from support import tls_fixtures
+from support.ansible_run import ansible_env
 from support.monitoring_names import PROMETHEUS, PROMTOOL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,17 +95,7 @@ class Stage:
         (bindir / "systemctl").write_text(SYSTEMCTL)
         (bindir / "systemctl").chmod(0o755)
         self.log = tmp / "systemctl.log"
-        self.env = {
-            **os.environ,
-            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-            "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"),
-            "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-local"),
-            "ANSIBLE_REMOTE_TEMP": str(tmp / "ansible-remote"),
-            "ANSIBLE_STDOUT_CALLBACK": "default",
-            "PATH": f"{bindir}:{os.environ['PATH']}",
-            "FAKE_SYSTEMCTL_LOG": str(self.log),
-        }
+        self.env = ansible_env(tmp, path=bindir, FAKE_SYSTEMCTL_LOG=str(self.log))
         # The role's files under tmp_path (extra vars win over role vars), Prometheus on a free port.
         # Plain HTTP here: test_tls_and_passwords_guard_prometheus runs the role's TLS and password setup.
         self.extra = {"__monitoring_prometheus_dir": str(self.etc), "__monitoring_promtool": PROMTOOL,

@@ -6,7 +6,6 @@ fails naming both nodes and both NPUs."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from atlaslab import npu
+from support.ansible_run import ansible_env, run_playbook
 from support.hccn_nodes import FakeNodes
 
 pytestmark = pytest.mark.role
 
-REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 MASK, GW = "255.255.255.0", "10.20.0.1"
 PLAYBOOK = """
@@ -47,20 +46,10 @@ class Stage:
         (tmp / "inventory.json").write_text(json.dumps(inventory))
         (tmp / "play.yml").write_text(PLAYBOOK)
         root = self.lab.roots["n1"]
-        self.env = {
-            **os.environ,
-            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-            "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"),
-            "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-tmp"),
-            "ANSIBLE_STDOUT_CALLBACK": "default",
-            "PATH": f"{root / 'usr/local/bin'}:{os.environ['PATH']}",
-            "NPU_SMI_STATE": str(root / npu.STATE_REL),
-        }
+        self.env = ansible_env(tmp, path=root / "usr/local/bin", NPU_SMI_STATE=str(root / npu.STATE_REL))
 
     def play(self, *extra: str) -> subprocess.CompletedProcess:
-        cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(self.tmp / "inventory.json"), str(self.tmp / "play.yml"), *extra]
-        return subprocess.run(cmd, cwd=self.tmp, env=self.env, capture_output=True, text=True, timeout=300)
+        return run_playbook(self.tmp / "inventory.json", self.tmp / "play.yml", *extra, cwd=self.tmp, env=self.env)
 
 
 def recap(result: subprocess.CompletedProcess) -> dict[str, dict[str, int]]:

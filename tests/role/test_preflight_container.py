@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,12 +16,11 @@ from pathlib import Path
 import pytest
 
 from atlasctl import bundle
+from support.ansible_run import ansible_env, run_playbook
 from support.image_archives import oci_archive
 
 pytestmark = pytest.mark.role
 
-REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 PLAYBOOK = """
 - name: preflight container test
   hosts: localhost
@@ -83,12 +81,8 @@ class Node:
             "atlas_hardware": {"npu_model": "910B3", "npu_count": 8, "hbm_mb": 65536},
             "__preflight_node": {"exist": dict.fromkeys(PATHS, True)},
         } | change
-        env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-               "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_LOCAL_TEMP": str(self.tmp / "tmp"),
-               "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_NOCOLOR": "1"}
-        run = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(self.tmp / "inventory.ini"), str(self.tmp / "play.yml"),
-                              "-e", json.dumps(extra)], cwd=self.tmp, env=env, capture_output=True, text=True,
-                             timeout=300)
+        run = run_playbook(self.tmp / "inventory.ini", self.tmp / "play.yml", "-e", json.dumps(extra), cwd=self.tmp,
+                           env=ansible_env(self.tmp, nocolor=True))
         run.stdout = " ".join(run.stdout.split())
         return run
 

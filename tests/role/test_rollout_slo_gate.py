@@ -6,7 +6,6 @@ bench's figures. Without a Prometheus nothing of that runs."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from support.ansible_run import ansible_env, run_playbook
 from support.prometheus import FakePrometheus
 from support.refserver import RefServer
 
 pytestmark = pytest.mark.role
 
 REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 STARTED = 1700000000
 PLAYBOOK = f"""
 - name: SLO gate test
@@ -65,13 +64,9 @@ def _gate(tmp: Path, engine_url: str, prometheus_port: int | None,
         groups["monitoring"] = {"hosts": {"mon": {"ansible_host": "127.0.0.1", "monitoring_tls": False,
                                                   "monitoring_prometheus_port": prometheus_port}}}
     (tmp / "inventory.json").write_text(json.dumps({"all": {"children": groups}}))
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-           "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-local"),
-           "ANSIBLE_REMOTE_TEMP": str(tmp / "ansible-remote"), "ANSIBLE_STDOUT_CALLBACK": "default",
-           "ATLAS_STATE_DIR": str(tmp / "state"), "PATH": f"{bindir}:{os.environ['PATH']}",
-           "FAKE_SYSTEMCTL_LOG": str(tmp / "systemctl.log")}
-    result = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(tmp / "inventory.json"), str(tmp / "playbooks/gate.yml")],
-                            cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    env = ansible_env(tmp, path=bindir, ATLAS_STATE_DIR=str(tmp / "state"),
+                      FAKE_SYSTEMCTL_LOG=str(tmp / "systemctl.log"))
+    result = run_playbook(tmp / "inventory.json", tmp / "playbooks/gate.yml", cwd=tmp, env=env)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     calls = (tmp / "systemctl.log").read_text().splitlines() if (tmp / "systemctl.log").is_file() else []
     return result, json.loads((tmp / "measured.json").read_text()), calls

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from ansible_collections.atlas.serving.plugins.module_utils import container
 
+from support.ansible_run import ansible_env, run_playbook
+
 pytestmark = pytest.mark.role
 
 REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 TEMPLATES = REPO / "roles/serving/templates"
 PROFILE = "vllm-ascend-0.11.0-llama2-70b-chat-8x64g"
 IMAGE_ID = "5e" * 32
@@ -82,12 +83,8 @@ class Node:
         } | change
 
     def play(self, *extra: str, **change) -> subprocess.CompletedProcess:
-        env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-               "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_LOCAL_TEMP": str(self.tmp / "tmp"),
-               "ANSIBLE_STDOUT_CALLBACK": "default", "ANSIBLE_NOCOLOR": "1"}
-        cmd = [str(ANSIBLE_PLAYBOOK), "-i", str(self.tmp / "inventory.ini"), str(self.tmp / "play.yml"),
-               "-e", json.dumps(self.vars(**change)), *extra]
-        return subprocess.run(cmd, cwd=self.tmp, env=env, capture_output=True, text=True, timeout=300)
+        return run_playbook(self.tmp / "inventory.ini", self.tmp / "play.yml", "-e", json.dumps(self.vars(**change)),
+                            *extra, cwd=self.tmp, env=ansible_env(self.tmp, nocolor=True))
 
     def rendered(self, *extra: str, **change) -> dict:
         run = self.play(*extra, **change)

@@ -4,7 +4,6 @@ resolve) and as `atlasctl config -i INV` searches it: one implementation (plugin
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -14,8 +13,9 @@ import pytest
 import yaml
 from ansible_collections.atlas.serving.plugins.plugin_utils import site_data
 
+from support.ansible_run import ansible_env, run_playbook
+
 REPO = Path(__file__).resolve().parents[2]
-ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 ROLE_PROFILES = REPO / "roles/serving/vars/profiles"
 LAB = REPO / "inventory/lab"
 BANK_PROFILE = yaml.safe_load((REPO / "inventory/example-bank/group_vars/all/main.yml").read_text())["serving_profile"]
@@ -49,10 +49,8 @@ def _inventory(tmp_path: Path, hostvars: dict) -> Path:
 def _play(tmp_path: Path, hostvars: dict) -> subprocess.CompletedProcess:
     inv = _inventory(tmp_path, hostvars)
     (tmp_path / "play.yml").write_text(PLAYBOOK)
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-           "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_NOCOLOR": "1"}
-    run = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(inv / "hosts.yml"), str(tmp_path / "play.yml")],
-                         cwd=tmp_path, env=env, text=True, capture_output=True, timeout=180)
+    run = run_playbook(inv / "hosts.yml", tmp_path / "play.yml", cwd=tmp_path,
+                       env=ansible_env(tmp_path, nocolor=True, callback=None), timeout=180)
     run.stdout = " ".join(run.stdout.split())  # the YAML callback folds long strings
     return run
 
@@ -144,11 +142,8 @@ def test_the_serving_role_fills_placeholders_and_evaluates_nothing_else(tmp_path
              "bad": {**common, "serving_profile": "evil"}}
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump({"all": {"children": {"atlas_nodes": {"hosts": hosts}}}}))
     (tmp_path / "play.yml").write_text(ROLE_PLAY)
-    env = {**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-           "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"), "ANSIBLE_NOCOLOR": "1",
-           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"), "ANSIBLE_STDOUT_CALLBACK": "default"}
-    run = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml")],
-                         cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300)
+    run = run_playbook(tmp_path / "hosts.yml", tmp_path / "play.yml", cwd=tmp_path,
+                       env=ansible_env(tmp_path, nocolor=True))
     out = " ".join(run.stdout.split())
     assert not proof.exists(), "a profile string ran a command on the controller"
     assert run.returncode != 0 and "BUILT bad" not in out

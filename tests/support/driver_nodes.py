@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from atlaslab import config, npu
 from atlaslab.doubles.hdk_run import build_hdk_packages
+from support.ansible_run import ansible_env
 
 DRIVER, FIRMWARE = "25.5.0", "7.8.0.2.212"
-REPO = Path(__file__).resolve().parents[2]
 ANSIBLE_PLAYBOOK = Path(sys.executable).with_name("ansible-playbook")
 LAB = {
     "lab_name": "atlas", "bridge": "atlasbr0", "subnet": "10.77.0.0/24",
@@ -59,19 +58,10 @@ class FakeNode:
         (tmp / "play.yml").write_text(PLAYBOOK)
         (tmp / "inventory.ini").write_text(
             f"localhost ansible_connection=local ansible_python_interpreter={sys.executable}\n")
-        self.env = {
-            **os.environ,
-            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-            "ANSIBLE_ROLES_PATH": str(REPO / "roles"),
-            "ANSIBLE_COLLECTIONS_PATH": str(REPO / "collections"),
-            "ANSIBLE_LOCAL_TEMP": str(tmp / "ansible-tmp"),
-            "ANSIBLE_STDOUT_CALLBACK": "default",
-            "PATH": f"{self.root / 'usr/local/bin'}:{os.environ['PATH']}",
-            "NPU_SMI_STATE": str(self.root / npu.STATE_REL),
-            "ATLAS_LAB_ASCEND": str(self.root / "usr/local/Ascend"),
-            "ATLAS_LAB_DRIVER": str(self.root / npu.LAB_DRIVER_REL),
-            "ATLAS_HDK_SYSROOT": str(self.sysroot),
-        }
+        self.env = ansible_env(tmp, path=self.root / "usr/local/bin", NPU_SMI_STATE=str(self.root / npu.STATE_REL),
+                               ATLAS_LAB_ASCEND=str(self.root / "usr/local/Ascend"),
+                               ATLAS_LAB_DRIVER=str(self.root / npu.LAB_DRIVER_REL),
+                               ATLAS_HDK_SYSROOT=str(self.sysroot))
 
     def play(self, *extra: str, path: Path | None = None, **overrides) -> subprocess.CompletedProcess:
         extra_vars = {"driver_version": DRIVER, "driver_firmware_version": FIRMWARE,
