@@ -107,9 +107,18 @@ def test_impossible_plans_are_refused(plan, match):
     assert match in " ".join(verdict["problems"]), verdict["problems"]
 
 
+def test_sglang_0_5_23_has_no_row_yet():
+    """Its wheel pins torch 2.14.1 and no torch-npu; no Ascend guide names its CANN: the gate refuses it on every
+    CANN the SGLang rows name."""
+    for cann in ("8.5.0", "9.0.0"):
+        verdict = compat.evaluate({"cann": cann, "engine": "sglang", "engine_version": "0.5.23"}, TABLE)
+        assert not verdict["ok"], (cann, verdict)
+    assert compat.evaluate({"cann": "8.5.0", "engine": "sglang", "engine_version": "0.5.6"}, TABLE)["ok"]
+
+
 def test_fix_names_the_engines_made_for_the_planned_cann():
     verdict = compat.evaluate({"cann": "8.5.0", "engine": "vllm-ascend", "engine_version": "0.11.0"}, TABLE)
-    assert "vllm-ascend 0.13.0" in verdict["fixes"][0] and "sglang *" in verdict["fixes"][0]
+    assert "vllm-ascend 0.13.0" in verdict["fixes"][0] and "sglang 0.4.*/0.5.[0-9]/0.5.1[0-6]" in verdict["fixes"][0]
 
 
 @pytest.mark.parametrize("version, spec, ok", [
