@@ -145,11 +145,15 @@ bench-verify: venv ## model verification against md5sum + sha256sum and this mac
 bench-client: venv ## atlasctl bench's accuracy against injected delays
 	$(PY) -m atlaslab.benchmarks.accuracy --json artifacts/bench/accuracy.json
 
-# The example bank's engine wheelhouses (vllm-ascend 0.11.0 and 0.23.0.post1, SGLang 0.5.8 for Ascend) built for
-# their targets and installed with no index for each: downloads gigabytes, so not part of make test. A set whose
-# vendor wheels are not in --vendor-dir is refused with their names (docs/engine-wheelhouse.md).
+# The example bank's engine wheelhouses (vllm-ascend 0.11.0, 0.23.0 and 0.23.0.post1, SGLang 0.5.8 for Ascend) built
+# for their targets and installed with no index for each: downloads gigabytes, so not part of make test. A set whose
+# vendor wheels are not in --vendor-dir is refused with their names (docs/engine-wheelhouse.md). Then the 0.23.0 set
+# built from the index installed as a node installs it, under qemu-user in a Debian 12 arm64 sysroot, its one vendor
+# wheel (triton-ascend, from Huawei's mirror) a named metadata-only stand-in, and imported as far as CANN.
 bench-wheelhouse: venv ## the example bank's engine wheelhouses, built and installed offline
 	$(PY) -m atlaslab.benchmarks.wheelhouse --spec inventory/example-bank/bundle.yml --json artifacts/bench/wheelhouse.json
+	$(PY) -m atlaslab.benchmarks.wheelhouse --spec inventory/example-bank/bundle.yml --set vllm-ascend-0.23.0 \
+	  --stand-in-vendor --install --json artifacts/bench/wheelhouse-install.json
 
 bench-rollout: host-deps venv ## rollout wall time on a generated lab of 4 to 24 nodes
 	$(PY) -m atlaslab.benchmarks.rollout --sizes 4,8,16,24 --json artifacts/bench/rollout.json

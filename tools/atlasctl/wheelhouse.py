@@ -2,16 +2,20 @@
 
 A pip set is resolved once per target (platform tags and Python), downloaded, gated and proven:
 
-1. **build**: sdists the engines' guides build themselves (vLLM's platform-neutral build,
+1. **vendor**: packages the index does not carry (torch's ``+cpu`` build for x86_64, sgl-kernel-npu) come from
+   ``vendor_dir``, each with the ``<wheel>.sha256`` its source publishes beside it, and the spec names each one,
+   where it comes from and why; a missing one, or one its side file does not vouch for, is refused by name.
+2. **build**: sdists the engines' guides build themselves (vLLM's platform-neutral build,
    ``VLLM_TARGET_DEVICE=empty``; SGLang's NPU build from ``pyproject_other.toml``) become wheels here, pinned by
-   sha256, built once into the cache; a built wheel must be ``none-any`` (one built for the build machine's
-   platform is refused: it would not run on the nodes).
-2. **vendor**: packages the index does not carry (torch's ``+cpu`` build for x86_64, sgl-kernel-npu) come from
-   ``vendor_dir``, and the spec names each one, where it comes from and why; a missing one is refused by name.
+   sha256, built once into the cache; a built wheel must be ``none-any``, or hold no native code and be given the
+   nodes' platform tag (``platform``: vLLM 0.23's empty build is pure Python but tagged for the build machine,
+   because its optional Rust frontend is declared); one with native code for the build machine is refused.
 3. **resolve** with uv for the target (``uv pip compile --python-platform``): pip evaluates environment
    markers against the machine it runs on even with ``--platform`` (pypa/pip#11664; seen here:
    ``pip download --platform manylinux_2_28_aarch64 torch==2.7.1`` on x86_64 asks for
-   ``nvidia-cuda-nvrtc-cu12``, which torch pins only for ``platform_machine == "x86_64"``).
+   ``nvidia-cuda-nvrtc-cu12``, which torch pins only for ``platform_machine == "x86_64"``). A ``leave_out``
+   package (a requirement of a requirement, named with the reason) is excluded from the resolution
+   (``uv --excludes``): the node installs the lock with ``--no-deps`` and ``pip check`` names that one gap.
 4. **gate**: the resolved torch, torch-npu and vLLM of an ``engine`` set are judged by the compatibility table
    (module_utils/compat.py) against the engine release and each CANN the bundle carries; a set the gate would
    refuse on the nodes is refused here.
@@ -127,19 +131,21 @@ def parse_targets(where: str, targets: object) -> list[Target]:
 # --- the spec entry --------------------------------------------------------------------------------
 
 _ENTRY_KEYS = {"set", "requirements", "targets", "find_links", "no_index", "index_url", "engine", "build",
-               "vendor_dir", "vendor"}
+               "vendor_dir", "vendor", "leave_out"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Build:
     """An sdist built into a platform-neutral wheel: ``sdist`` (URL, or a file name in vendor_dir), its
-    ``sha256``, ``env`` for the build, ``pyproject`` (a file of the sdist used as its pyproject.toml), and
-    ``isolation`` (pip's build isolation, on unless false)."""
+    ``sha256``, ``env`` for the build, ``pyproject`` (a file of the sdist used as its pyproject.toml),
+    ``isolation`` (pip's build isolation, on unless false), and ``platform``: the nodes' platform tag a wheel
+    with no native code is given when its build tags it for the build machine."""
     sdist: str
     sha256: str
     env: tuple[tuple[str, str], ...] = ()
     pyproject: str = ""
     isolation: bool = True
+    platform: str = ""
 
     @property
     def key(self) -> str:
@@ -158,6 +164,13 @@ class Vendor:
 
 
 @dataclasses.dataclass(frozen=True)
+class LeftOut:
+    """A requirement of a requirement the set does not carry, on purpose: ``reason`` says why."""
+    name: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
 class PipSet:
     name: str
     requirements: tuple[str, ...]
@@ -169,6 +182,7 @@ class PipSet:
     builds: tuple[Build, ...] = ()
     vendor_dir: str = ""
     vendor: tuple[Vendor, ...] = ()
+    leave_out: tuple[LeftOut, ...] = ()
 
 
 def parse_entry(entry: object) -> PipSet:
@@ -201,9 +215,10 @@ def parse_entry(entry: object) -> PipSet:
     links = _list(where, entry, "find_links")
     if not all(isinstance(link, str) for link in links):
         raise UsageError(f"{where}: find_links must be a list of directories or URLs")
+    leave_out = tuple(_parse_leave_out(where, item, reqs) for item in _list(where, entry, "leave_out"))
     return PipSet(str(name), tuple(reqs), tuple(targets), tuple(links), bool(entry.get("no_index")),
                   str(entry.get("index_url") or ""), (engine["name"], engine["version"]) if engine else None,
-                  builds, vendor_dir, vendor)
+                  builds, vendor_dir, vendor, leave_out)
 
 
 def _list(where: str, entry: dict, key: str) -> list:
@@ -216,9 +231,9 @@ def _list(where: str, entry: dict, key: str) -> list:
 def _parse_build(where: str, item: object) -> Build:
     fix = ("write e.g. build: [{sdist: https://files.pythonhosted.org/.../vllm-0.11.0.tar.gz, sha256: <64 hex>, "
            "env: {VLLM_TARGET_DEVICE: empty}}]")
-    if not isinstance(item, dict) or set(item) - {"sdist", "sha256", "env", "pyproject", "isolation"}:
-        raise UsageError(f"{where}: build item {reprlib.repr(item)} has keys sdist, sha256, env, pyproject, isolation",
-                         fix=fix)
+    if not isinstance(item, dict) or set(item) - {"sdist", "sha256", "env", "pyproject", "isolation", "platform"}:
+        raise UsageError(f"{where}: build item {reprlib.repr(item)} has keys sdist, sha256, env, pyproject, isolation, "
+                         "platform", fix=fix)
     sdist, sha, env = item.get("sdist"), str(item.get("sha256", "")).lower(), item.get("env", {})
     if not isinstance(sdist, str) or not sdist.endswith((".tar.gz", ".zip")):
         raise UsageError(f"{where}: build sdist {sdist!r} must be the URL or file name of a .tar.gz or .zip", fix=fix)
@@ -230,8 +245,12 @@ def _parse_build(where: str, item: object) -> Build:
     pyproject = item.get("pyproject", "")
     if not isinstance(pyproject, str) or "/" in pyproject or pyproject in ("..", "."):
         raise UsageError(f"{where}: build {sdist}: pyproject names a file at the top of the sdist, not {pyproject!r}")
+    platform = item.get("platform", "")
+    if not isinstance(platform, str) or (platform and not all(_TAG.fullmatch(t) for t in platform.split("."))):
+        raise UsageError(f"{where}: build {sdist}: platform {platform!r} is not a Linux x86_64/aarch64 wheel tag",
+                         fix="write e.g. platform: manylinux_2_34_aarch64 (the nodes' tag)")
     return Build(sdist, sha, tuple(sorted((k, str(v)) for k, v in env.items())), pyproject,
-                 bool(item.get("isolation", True)))
+                 bool(item.get("isolation", True)), platform)
 
 
 def _parse_vendor(where: str, item: object) -> Vendor:
@@ -245,6 +264,20 @@ def _parse_vendor(where: str, item: object) -> Vendor:
     if item.get("arch", "") not in ("", "x86_64", "aarch64"):
         raise UsageError(f"{where}: vendor {item['name']}: arch is x86_64 or aarch64, not {item['arch']!r}", fix=fix)
     return Vendor(item["name"], item["source"], item.get("version", ""), item.get("arch", ""))
+
+
+def _parse_leave_out(where: str, item: object, requirements: list[str]) -> LeftOut:
+    fix = "write e.g. leave_out: [{name: arctic-inference, reason: 'an sdist with C++ extensions, used only by ...'}]"
+    if (not isinstance(item, dict) or set(item) != {"name", "reason"}
+            or not all(isinstance(v, str) and v for v in item.values())):
+        raise UsageError(f"{where}: leave_out item {reprlib.repr(item)} needs name and reason (why the set does "
+                         "not carry it)", fix=fix)
+    named = [r for r in requirements
+             if canonical(re.split(r"[\s\[;<>=!~@]", r, maxsplit=1)[0]) == canonical(item["name"])]
+    if named:
+        raise UsageError(f"{where}: leave_out {item['name']} is also a requirement ({named[0]})",
+                         fix="leave out only what a requirement requires, or drop the requirement")
+    return LeftOut(item["name"], item["reason"])
 
 
 # --- the steps -------------------------------------------------------------------------------------
@@ -317,12 +350,64 @@ def build_wheel(build: Build, vendor_dir: str, cache: Path) -> Path:
              env=dict(build.env))
         [wheel] = out.glob("*.whl")
         if not wheel.name.endswith("-none-any.whl"):
-            raise UsageError(f"{sdist.name} built {wheel.name}, a wheel for this build machine's platform, not the "
-                             "nodes'", fix="build only platform-neutral packages here (e.g. vLLM with "
-                                           "VLLM_TARGET_DEVICE=empty); put platform wheels in vendor_dir")
+            native = native_members(wheel)
+            if native or not build.platform:
+                held = f", holding native code ({', '.join(native[:3])})" if native else ""
+                raise UsageError(f"{sdist.name} built {wheel.name}, a wheel for this build machine's platform{held}, "
+                                 "not the nodes'", fix="build only platform-neutral packages here (e.g. vLLM with "
+                                 "VLLM_TARGET_DEVICE=empty; a wheel with no native code is given the nodes' tag with "
+                                 "platform:); put platform wheels in vendor_dir")
+            wheel = retag(wheel, build.platform, Path(tmp) / "retagged")
         kept.mkdir(parents=True, exist_ok=True)
         shutil.copy2(wheel, kept / wheel.name)
     return kept / wheel.name
+
+
+def native_members(wheel: Path) -> list[str]:
+    """The wheel's members that are machine code: ELF files (shared objects, executables such as a Rust
+    frontend's binary), whatever their name."""
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as archive:
+        found = []
+        for info in archive.infolist():
+            if info.is_dir():
+                continue
+            with archive.open(info) as member:
+                if member.read(4) == b"\x7fELF":
+                    found.append(info.filename)
+        return found
+
+
+def retag(wheel: Path, platform: str, dest: Path) -> Path:
+    """A copy of the wheel in ``dest`` with its platform tag replaced by ``platform`` (possibly dotted): the
+    file name, the ``Tag:`` lines of its WHEEL file and that file's RECORD line (what ``wheel tags
+    --platform-tag`` does). The Python and ABI tags stay: the wheel is for the Python that built it."""
+    import base64
+    import zipfile
+
+    parts = wheel.name[:-len(".whl")].split("-")
+    pythons, abis = parts[-3].split("."), parts[-2].split(".")
+    out = dest / ("-".join([*parts[:-1], platform]) + ".whl")
+    dest.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as src:
+        dist_info = next(n.split("/")[0] for n in src.namelist() if re.fullmatch(r"[^/]+\.dist-info/WHEEL", n))
+        wheel_file, record_file = f"{dist_info}/WHEEL", f"{dist_info}/RECORD"
+        # WHEEL is a header block (RFC 822, pip reads it with email.parser): the tags go inside it, before the
+        # blank line a build ends it with, never after (pip would find no Tag and call the wheel unsupported)
+        headers = src.read(wheel_file).decode().rstrip("\n").splitlines()
+        lines = [line for line in headers if not line.startswith("Tag:")]
+        lines += [f"Tag: {py}-{abi}-{plat}" for py in pythons for abi in abis for plat in platform.split(".")]
+        new_wheel = ("\n".join(lines) + "\n\n").encode()
+        digest = base64.urlsafe_b64encode(hashlib.sha256(new_wheel).digest()).rstrip(b"=").decode()
+        record = [f"{wheel_file},sha256={digest},{len(new_wheel)}" if line.startswith(f"{wheel_file},") else line
+                  for line in src.read(record_file).decode().splitlines()]
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as dst:
+            for info in src.infolist():
+                data = new_wheel if info.filename == wheel_file else (
+                    ("\n".join(record) + "\n").encode() if info.filename == record_file else src.read(info))
+                dst.writestr(info, data)
+    return out
 
 
 def unpack_sdist(sdist: Path, dest: Path) -> Path:
@@ -365,7 +450,8 @@ def wheel_fits(filename: str, target: Target) -> bool:
 
 
 def check_vendor(pipset: PipSet, target: Target) -> None:
-    """Every vendor package of the target's architecture is in vendor_dir as a wheel that fits it."""
+    """Every vendor package of the target's architecture is in vendor_dir as a wheel that fits it, and the
+    ``<wheel>.sha256`` beside it (its source's checksum, sha256sum's format) vouches for its bytes."""
     from packaging.utils import canonicalize_name, parse_wheel_filename
 
     folder = Path(pipset.vendor_dir)
@@ -380,7 +466,18 @@ def check_vendor(pipset: PipSet, target: Target) -> None:
             raise UsageError(f"pip set {pipset.name} for {target.label}: vendor package {what} is not in vendor_dir "
                              f"{folder} (no wheel for {target.arch}, Python {target.python}); it is not on the "
                              f"index: {item.source}",
-                             fix=f"download its wheel into {folder}, then build again")
+                             fix=f"download its wheel and its .sha256 into {folder}, then build again")
+        for name in found:
+            side = folder / f"{name}.sha256"
+            words = side.read_text(errors="replace").split() if side.is_file() else []
+            if not words:
+                raise UsageError(f"pip set {pipset.name}: vendor wheel {folder / name} has no {side.name} beside it: "
+                                 f"nothing vouches for it ({item.source})",
+                                 fix=f"download the sha256 its source publishes into {side} (sha256sum's format)")
+            if file_sha256(folder / name) != words[0].lower():
+                raise UsageError(f"pip set {pipset.name}: vendor wheel {folder / name}: sha256 "
+                                 f"{file_sha256(folder / name)} is not {side.name}'s {words[0]}",
+                                 fix=f"download it again: {item.source}")
 
 
 def _source_args(pipset: PipSet, links: Iterable[str]) -> list[str]:
@@ -421,17 +518,29 @@ def pinned_to_built(requirements: Iterable[str], built: dict[str, Path], where: 
     return out
 
 
+def _excludes(pipset: PipSet, folder: str) -> list[str]:
+    """uv's ``--excludes <file>`` for the set's leave_out packages (none: no arguments)."""
+    if not pipset.leave_out:
+        return []
+    path = Path(folder) / "leave-out.txt"
+    path.write_text("".join(f"{item.name}\n" for item in pipset.leave_out))
+    return ["--excludes", str(path)]
+
+
 def resolve(pipset: PipSet, target: Target, links: Iterable[str], built: dict[str, Path] | None = None
             ) -> dict[str, str]:
     """canonical name -> version, the closure of the requirements for the target (uv, markers evaluated for
-    the target); packages built here are taken from their wheel only."""
+    the target), less the set's leave_out packages; packages built here are taken from their wheel only."""
     built = built or {}
     where = f"pip set {pipset.name} for {target.label}"
-    argv = [*uv(), "pip", "compile", "-", "-q", "--no-header", "--no-annotate", "--no-build",
-            "--python-version", target.python, "--python-platform", target.uv_platform, *_source_args(pipset, links)]
-    out = _run(argv, f"{where}: no set of wheels satisfies the requirements",
-               "pin versions that publish wheels for that platform and Python, or carry the missing ones in "
-               "vendor_dir (vendor:)", stdin="\n".join(pinned_to_built(pipset.requirements, built, where)) + "\n")
+    with tempfile.TemporaryDirectory(prefix="atlas-resolve-") as tmp:
+        argv = [*uv(), "pip", "compile", "-", "-q", "--no-header", "--no-annotate", "--no-build",
+                "--python-version", target.python, "--python-platform", target.uv_platform,
+                *_excludes(pipset, tmp), *_source_args(pipset, links)]
+        out = _run(argv, f"{where}: no set of wheels satisfies the requirements",
+                   "pin versions that publish wheels for that platform and Python, carry the missing ones in "
+                   "vendor_dir (vendor:), or leave one out on purpose (leave_out:)",
+                   stdin="\n".join(pinned_to_built(pipset.requirements, built, where)) + "\n")
     return parse_lock(out, f"uv's lock of {pipset.name}", built)
 
 
@@ -478,7 +587,8 @@ def prove(pipset: PipSet, target: Target, pins: dict[str, str], wheelhouse: Path
     with tempfile.TemporaryDirectory(prefix="atlas-prove-") as tmp:
         proc = subprocess.run([*uv(), "pip", "install", "--dry-run", "--no-index", "--find-links", str(wheelhouse),
                                "--python-version", target.python, "--python-platform", target.uv_platform,
-                               "--target", str(Path(tmp) / "uv"), "-r", "-"], text=True, capture_output=True,
+                               *_excludes(pipset, tmp), "--target", str(Path(tmp) / "uv"), "-r", "-"], text=True,
+                              capture_output=True,
                               check=False, input="\n".join(pipset.requirements) + "\n")
         if proc.returncode != 0:
             raise UsageError(f"{what}: {(proc.stderr or proc.stdout).strip()[-900:]}", fix=fix)
@@ -562,16 +672,21 @@ def build_set(pipset: PipSet, out: Path, cache: Path, canns: Iterable[str] = ())
 
     house = staging / "wheels"
     house.mkdir(parents=True, exist_ok=True)
+    for target in pipset.targets:  # before any download or build: a missing vendor wheel is named at once
+        check_vendor(pipset, target)
     built: dict[str, Path] = {}
     for build in pipset.builds:
         wheel = build_wheel(build, pipset.vendor_dir, cache)
+        unfit = [t.label for t in pipset.targets if not wheel_fits(wheel.name, t)]
+        if unfit:
+            raise UsageError(f"pip set {pipset.name}: the built {wheel.name} does not install on {', '.join(unfit)}",
+                             fix="build it with the targets' Python, and give it their platform tag (platform:)")
         shutil.copy2(wheel, house / wheel.name)  # into the wheelhouse as it is: never downloaded
         built[canonical(parse_wheel_filename(wheel.name)[0])] = house / wheel.name
     vendor = [pipset.vendor_dir] if pipset.vendor_dir and Path(pipset.vendor_dir).is_dir() else []
     links = [*pipset.find_links, *vendor]
     locks: dict[Target, dict[str, str]] = {}
     for target in pipset.targets:
-        check_vendor(pipset, target)
         pins = resolve(pipset, target, links, built)
         gate(pipset, target, pins, canns)
         download(pipset, target, {n: v for n, v in pins.items() if n not in built}, house, links)

@@ -4,6 +4,7 @@ builds and the compatibility gate refuse what would not install or run on the no
 
 from __future__ import annotations
 
+import email.parser
 import hashlib
 import subprocess
 import sys
@@ -46,6 +47,13 @@ def links(tmp_path: Path) -> Path:
     _wheel(d, "cv", "4.0", "cp37-abi3-manylinux_2_17_aarch64.manylinux2014_aarch64")  # abi3, as opencv ships
     _wheel(d, "cv", "4.0", "cp37-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64")
     return d
+
+
+def _vouch(wheel: Path, digest: str | None = None) -> Path:
+    """The ``<wheel>.sha256`` side file a vendor wheel's source publishes (sha256sum's format)."""
+    side = wheel.with_name(wheel.name + ".sha256")
+    side.write_text(f"{digest or hashlib.sha256(wheel.read_bytes()).hexdigest()}  {wheel.name}\n")
+    return side
 
 
 def _set(links: Path, **extra) -> wheelhouse.PipSet:
@@ -96,12 +104,20 @@ def test_a_target_the_wheels_do_not_cover_is_refused_by_name(links, tmp_path):
 def test_a_vendor_package_must_be_in_vendor_dir_for_its_targets(links, tmp_path):
     vendor = tmp_path / "vendor"
     vendor.mkdir()
-    (links / "kern-1.0-cp311-cp311-linux_aarch64.whl").rename(vendor / "kern-1.0-cp311-cp311-linux_aarch64.whl")
+    wheel = vendor / "kern-1.0-cp311-cp311-linux_aarch64.whl"
+    (links / wheel.name).rename(wheel)
     item = {"name": "kern", "version": "1.0", "arch": "aarch64", "source": "the vendor's portal (not on the index)"}
     pipset = _set(links, vendor_dir=str(tmp_path / "elsewhere"), vendor=[item])
     with pytest.raises(UsageError, match=r"vendor package kern 1\.0 is not in vendor_dir .*the vendor's portal"):
         wheelhouse.build_set(pipset, tmp_path / "out", tmp_path / "cache")
-    wheelhouse.build_set(_set(links, vendor_dir=str(vendor), vendor=[item]), tmp_path / "out", tmp_path / "cache")
+    pipset = _set(links, vendor_dir=str(vendor), vendor=[item])
+    with pytest.raises(UsageError, match=r"has no kern-1\.0-cp311-cp311-linux_aarch64\.whl\.sha256 beside it"):
+        wheelhouse.build_set(pipset, tmp_path / "out", tmp_path / "cache")
+    _vouch(wheel, "0" * 64)
+    with pytest.raises(UsageError, match=r"sha256 [0-9a-f]{64} is not kern-1\.0-.*\.whl\.sha256's 0{64}"):
+        wheelhouse.build_set(pipset, tmp_path / "out", tmp_path / "cache")
+    _vouch(wheel)
+    wheelhouse.build_set(pipset, tmp_path / "out", tmp_path / "cache")
     assert (tmp_path / "out/wheels/eng-1.0/kern-1.0-cp311-cp311-linux_aarch64.whl").is_file()
 
 
@@ -255,5 +271,127 @@ def test_the_example_banks_current_line_names_the_wheels_the_index_does_not_carr
         with pytest.raises(UsageError, match=rf"vendor package {name} {version} is not in vendor_dir .*{source}"):
             wheelhouse.check_vendor(pipset, target)
         tag = "py3-none-any" if name == "vllm" else "cp311-cp311-manylinux_2_34_aarch64"
-        _wheel(tmp_path, name, version.replace("\\", ""), tag)
+        _vouch(_wheel(tmp_path, name, version.replace("\\", ""), tag))
     wheelhouse.check_vendor(pipset, target)
+
+
+def _spec_entry(name: str) -> dict:
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).resolve().parents[3] / "inventory/example-bank/bundle.yml").read_text())
+    return next(e for e in spec["pip"] if e["set"] == name)
+
+
+def test_the_example_banks_0_23_0_set_is_built_from_the_index_with_one_vendor_wheel(tmp_path):
+    """vllm-ascend 0.23.0 has an aarch64 wheel on the index; vLLM is its empty build given the nodes' tag;
+    triton-ascend 3.2.2 is the one vendor wheel; arctic-inference is left out, with the reason."""
+    import dataclasses
+
+    pipset = dataclasses.replace(wheelhouse.parse_entry(_spec_entry("vllm-ascend-0.23.0")), vendor_dir=str(tmp_path))
+    [target] = pipset.targets
+    assert (target.arch, target.python, target.glibc) == ("aarch64", "3.11", 34)
+    assert pipset.engine == ("vllm-ascend", "0.23.0")
+    assert {"vllm-ascend==0.23.0", "vllm==0.23.0+empty", "torch==2.10.0", "torch-npu==2.10.0.post4",
+            "triton-ascend==3.2.2"} <= set(pipset.requirements)
+    [build] = pipset.builds
+    assert build.sdist.endswith("/vllm-0.23.0.tar.gz") and dict(build.env) == {"VLLM_TARGET_DEVICE": "empty"}
+    assert build.platform == "manylinux_2_34_aarch64"
+    assert [(v.name, v.version) for v in pipset.vendor] == [("triton-ascend", "3.2.2")]
+    assert [i.name for i in pipset.leave_out] == ["arctic-inference"] and "suffix" in pipset.leave_out[0].reason
+    # the build refuses the set at once (before any sdist is fetched or built), naming the wheel and its source
+    with pytest.raises(UsageError, match=r"vendor package triton-ascend 3\.2\.2 is not in vendor_dir .*Huawei's "
+                                         r"Ascend PyPI mirror, https://mirrors\.huaweicloud\.com/ascend/repos/pypi"):
+        wheelhouse.build_set(pipset, tmp_path / "out", tmp_path / "cache")
+    assert not (tmp_path / "cache/sdists").exists()
+    wheel = _wheel(tmp_path, "triton-ascend", "3.2.2", "cp311-cp311-manylinux_2_27_aarch64.manylinux_2_28_aarch64")
+    with pytest.raises(UsageError, match=r"no triton_ascend-3\.2\.2-.*\.whl\.sha256 beside it"):
+        wheelhouse.check_vendor(pipset, target)
+    _vouch(wheel)
+    wheelhouse.check_vendor(pipset, target)
+
+
+def _native_sdist(tmp_path: Path, name: str, files: dict[str, bytes]) -> Path:
+    """An sdist that setuptools tags for this machine (it says it has extension modules, as setuptools-rust makes
+    vLLM's say) and ships ``files`` as package data."""
+    setup = ("from setuptools import setup\nfrom setuptools.dist import Distribution\n"
+             "class D(Distribution):\n    def has_ext_modules(self):\n        return True\n"
+             f"setup(name={name!r}, version='1.0', packages=[{name!r}], distclass=D, "
+             f"package_data={{{name!r}: ['*.bin']}})\n")
+    sdist = _sdist(tmp_path, name, setup)
+    root = tmp_path / "src" / f"{name}-1.0"
+    for file, data in files.items():
+        (root / name / file).write_bytes(data)
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(root, arcname=root.name)
+    return sdist
+
+
+def test_a_build_with_no_native_code_is_given_the_nodes_platform_tag(tmp_path):
+    sdist = _native_sdist(tmp_path, "puretagged", {"data.bin": b"not code"})
+    item = {"sdist": sdist.name, "sha256": hashlib.sha256(sdist.read_bytes()).hexdigest(), "isolation": False,
+            "platform": "manylinux_2_34_aarch64"}
+    wheel = wheelhouse.build_wheel(wheelhouse._parse_build("t", item), str(tmp_path), tmp_path / "cache")
+    py = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    assert wheel.name == f"puretagged-1.0-{py}-{py}-manylinux_2_34_aarch64.whl"
+    aarch64 = wheelhouse.parse_target("t", {"platform": ["manylinux_2_34_aarch64"],
+                                            "python": f"{sys.version_info[0]}.{sys.version_info[1]}"})
+    assert wheelhouse.wheel_fits(wheel.name, aarch64)
+    with zipfile.ZipFile(wheel) as zf:  # read as pip reads it: a header block, Tag headers in it
+        headers = email.parser.BytesParser().parsebytes(zf.read("puretagged-1.0.dist-info/WHEEL"))
+    assert headers.get_all("Tag") == [f"{py}-{py}-manylinux_2_34_aarch64"]
+    # pip takes it for the nodes' platform and checks its RECORD on install (a stale hash would be refused)
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--no-compile",
+                           "--disable-pip-version-check", "--platform", "manylinux_2_34_aarch64", "--only-binary=:all:",
+                           "--target", str(tmp_path / "t"), str(wheel)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "t/puretagged/data.bin").read_bytes() == b"not code"
+    with pytest.raises(UsageError, match=r"platform 'win_amd64' is not a Linux"):
+        wheelhouse._parse_build("t", {**item, "platform": "win_amd64"})
+
+
+def test_a_build_holding_machine_code_is_never_retagged(tmp_path):
+    """An optional native part that did build (vLLM's Rust frontend where a Rust toolchain is found) is code
+    for this machine: the wheel is refused, naming the member, whatever platform the spec asks for."""
+    sdist = _native_sdist(tmp_path, "withbinary", {"tool.bin": b"\x7fELF\x02\x01\x01" + bytes(64)})
+    item = {"sdist": sdist.name, "sha256": hashlib.sha256(sdist.read_bytes()).hexdigest(), "isolation": False,
+            "platform": "manylinux_2_34_aarch64"}
+    with pytest.raises(UsageError, match=r"holding native code \(withbinary/tool\.bin\)"):
+        wheelhouse.build_wheel(wheelhouse._parse_build("t", item), str(tmp_path), tmp_path / "cache")
+
+
+def test_retag_rewrites_the_name_the_wheel_file_and_its_record_line(tmp_path):
+    import base64
+
+    src = tmp_path / "pkg-1.0-cp311-cp311-linux_x86_64.whl"
+    with zipfile.ZipFile(src, "w") as zf:  # as a build writes it
+        zf.writestr("pkg/__init__.py", "")
+        zf.writestr("pkg-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: false\n"
+                                               "Tag: cp311-cp311-linux_x86_64\n\n")
+        zf.writestr("pkg-1.0.dist-info/RECORD", "pkg/__init__.py,sha256=x,0\npkg-1.0.dist-info/WHEEL,sha256=y,1\n"
+                                                "pkg-1.0.dist-info/RECORD,,\n")
+    out = wheelhouse.retag(src, "manylinux_2_17_aarch64.manylinux2014_aarch64", tmp_path / "out")
+    assert out.name == "pkg-1.0-cp311-cp311-manylinux_2_17_aarch64.manylinux2014_aarch64.whl"
+    with zipfile.ZipFile(out) as zf:
+        text = zf.read("pkg-1.0.dist-info/WHEEL")
+        record = zf.read("pkg-1.0.dist-info/RECORD").decode().splitlines()
+        assert zf.read("pkg/__init__.py") == b""
+    assert email.parser.BytesParser().parsebytes(text).get_all("Tag") == [
+        "cp311-cp311-manylinux_2_17_aarch64", "cp311-cp311-manylinux2014_aarch64"]
+    digest = base64.urlsafe_b64encode(hashlib.sha256(text).digest()).rstrip(b"=").decode()
+    assert f"pkg-1.0.dist-info/WHEEL,sha256={digest},{len(text)}" in record
+    assert "pkg/__init__.py,sha256=x,0" in record
+
+
+def test_a_package_left_out_on_purpose_is_not_resolved_and_the_lock_lacks_it(links, tmp_path):
+    """eng requires cv; with cv left out (named, with the reason) the set resolves and installs without it."""
+    (links / "cv-4.0-cp37-abi3-manylinux_2_17_aarch64.manylinux2014_aarch64.whl").unlink()
+    with pytest.raises(UsageError, match="no set of wheels satisfies"):
+        wheelhouse.build_set(_set(links), tmp_path / "out", tmp_path / "cache")
+    pipset = _set(links, leave_out=[{"name": "cv", "reason": "an sdist with C++ extensions, used by nothing here"}])
+    wheelhouse.build_set(pipset, tmp_path / "out", tmp_path / "cache")
+    lock = (tmp_path / "out/wheels/eng-1.0/requirements.lock").read_text()
+    assert "cv" not in lock and "kern==1.0" in lock
+    with pytest.raises(UsageError, match=r"leave_out cv is also a requirement \(cv==4\.0\)"):
+        _set(links, requirements=["eng==1.0", "cv==4.0"], leave_out=[{"name": "cv", "reason": "r"}])
+    with pytest.raises(UsageError, match="needs name and reason"):
+        _set(links, leave_out=[{"name": "cv"}])
