@@ -42,15 +42,15 @@ demo: host-deps venv ## host packages, venv, the lab, its offline bundle, site.y
 	$(ATLASCTL) health -i inventory/lab
 
 # The lab tests in the foreground; beside them, in make's session at the lowest priority a process can ask for itself
-# (tests/make_test.py; nothing else is tuned), two streams: lint; and the unit tests, then the role tests (after
-# them: the role tests' Ansible workers are sessions of their own, at an equal share beside the lab's, so they do not
-# run beside the lab's first convergence). Their logs, artifacts/lint.log and artifacts/unit-and-role.log, are
-# printed at the end. `make unit role lab-test` runs them one after the other (with the slow role tests).
+# (tests/make_test.py; nothing else is tuned), two streams side by side: lint then the unit tests, and the role
+# tests. Their logs, artifacts/lint-and-unit.log and artifacts/role-tests.log, are printed at the end.
+# `make unit role lab-test` runs them one after the other (with the slow role tests).
 test: host-deps venv ## lint, unit tests and lab integration tests (root; brings the lab up)
-	$(PY) tests/make_test.py --log artifacts/lint.log \
+	$(PY) tests/make_test.py --log artifacts/lint-and-unit.log \
 	  --beside '$(RUFF)' --beside '$(YAMLLINT)' --beside '$(ANSIBLE_LINT)' --beside '$(IMPORT_CONTRACTS)' \
 	  --beside '$(SANITY)' \
-	  --log artifacts/unit-and-role.log --beside '$(UNIT_TESTS) --durations=15' --beside '$(ROLE_TESTS) --durations=15' \
+	  --beside '$(UNIT_TESTS) --durations=15' \
+	  --log artifacts/role-tests.log --beside '$(ROLE_TESTS) --durations=15' \
 	  -- $(LAB_TESTS) --durations=20
 
 unit: lint ## the fast loop: lint and the unit tests (pure Python: no playbook run, no lab)

@@ -1,12 +1,13 @@
-"""`make test`'s runner: the lab tests in the foreground, lint, the unit and the role tests beside them.
+"""`make test`'s runner: the lab tests in the foreground, the lint and unit tests beside them.
 
     python tests/make_test.py --log FILE --beside CMD [--beside CMD ...] [--log FILE --beside CMD ...] -- LAB_CMD...
 
-The lab tests are the longer job and mostly wait on their nodes, so lint, the unit and the role tests (the
-``--beside`` commands) run in the background while they do. Each ``--log`` starts a stream: the ``--beside``
-commands after it run one after the other, their output in that file; the streams run side by side, and their logs
-are printed in order after the lab tests end. The run fails when the lab command or any ``--beside`` command fails
-(every ``--beside`` command runs whatever the earlier ones returned).
+The lab tests are the longer job and mostly wait on their nodes, so the lint and unit tests (the ``--beside``
+commands) run in the background while they do. Each ``--log`` starts a stream: the ``--beside`` commands after it
+run one after the other, their output in that file; the streams run side by side (each ``pytest`` is one process:
+two streams use the second core while the lab tests wait), and their logs are printed in order after the lab tests
+end. The run fails when the lab command or any ``--beside`` command fails (every ``--beside`` command runs whatever
+the earlier ones returned).
 
 The ``--beside`` side stays in make's session, so that the kernel's fair share between sessions (autogroup,
 sched(7)) counts it with the lab tests' own runner and Ansible controllers rather than as a session of its own, and
@@ -41,7 +42,7 @@ def lowest_priority() -> str:
 
 def run_beside(commands: list[str]) -> int:
     """The background side, in a process group of its own: the lowest priority, then each command."""
-    print(f"beside the lab tests: {lowest_priority()}, in make's session", flush=True)
+    print(f"lint and unit tests: {lowest_priority()}, in make's session", flush=True)
     failed = 0
     for command in commands:
         rc = subprocess.run(shlex.split(command)).returncode
@@ -97,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
             os.killpg(side.pid, signal.SIGTERM)  # its own process group: the terminal's interrupt does not reach it
         raise
     for log_file, _commands in args.streams:
-        print(f"--- the tests run beside the lab tests ({log_file})", flush=True)
+        print(f"--- lint and unit tests (run beside the lab tests; {log_file})", flush=True)
         sys.stdout.write(log_file.read_text(errors="replace"))
     if lab_rc != 0 or beside_rc != 0:
-        print(f"make test: lab tests exit {lab_rc}, the tests beside them exit {beside_rc}")
+        print(f"make test: lab tests exit {lab_rc}, lint and unit tests exit {beside_rc}")
         return 1
     return 0
 

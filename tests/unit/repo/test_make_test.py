@@ -27,9 +27,9 @@ def test_the_beside_commands_run_in_makes_session_at_the_lowest_priority_and_the
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0] == "the-lab-tests"
-    assert lines[1].startswith("--- the tests run beside the lab tests")
-    assert lines[2] in ("beside the lab tests: SCHED_IDLE, in make's session",
-                        "beside the lab tests: nice 19, in make's session")
+    assert lines[1].startswith("--- lint and unit tests")
+    assert lines[2] in ("lint and unit tests: SCHED_IDLE, in make's session",
+                        "lint and unit tests: nice 19, in make's session")
     _, _, session, _, group, _, policy, _, nice = lines[3].split()
     assert int(session) == os.getsid(0) and int(group) != os.getpgid(0)
     assert int(policy) == os.SCHED_IDLE or int(nice) == 19
@@ -40,11 +40,11 @@ def test_a_failure_on_either_side_fails_the_run_and_every_beside_command_runs(tm
     proc = run(tmp_path, "false", "echo after-the-failure")
     assert proc.returncode == 1
     assert "after-the-failure" in proc.stdout and "exit 1: false" in proc.stdout
-    assert proc.stdout.splitlines()[-1] == "make test: lab tests exit 0, the tests beside them exit 1"
+    assert proc.stdout.splitlines()[-1] == "make test: lab tests exit 0, lint and unit tests exit 1"
 
     proc = run(tmp_path, "true", lab="false")
     assert proc.returncode == 1
-    assert proc.stdout.splitlines()[-1] == "make test: lab tests exit 1, the tests beside them exit 0"
+    assert proc.stdout.splitlines()[-1] == "make test: lab tests exit 1, lint and unit tests exit 0"
 
 
 def test_the_runner_tunes_nothing_outside_its_own_processes():
@@ -77,5 +77,5 @@ def test_each_log_starts_a_stream_and_the_streams_run_side_by_side(tmp_path):
     assert "met" in first.read_text().splitlines() and "first-done" in first.read_text()
     assert "met" in second.read_text().splitlines() and "exit 1: false" in second.read_text()
     out = proc.stdout
-    assert out.index("the-lab-tests") < out.index(f"({first})") < out.index("first-done") < out.index(f"({second})")
-    assert out.splitlines()[-1] == "make test: lab tests exit 0, the tests beside them exit 1"
+    assert out.index("the-lab-tests") < out.index(f"; {first})") < out.index("first-done") < out.index(f"; {second})")
+    assert out.splitlines()[-1] == "make test: lab tests exit 0, lint and unit tests exit 1"
