@@ -11,8 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# No per-example time limit for the property tests: `make test` runs them beside the lab tests at the lowest CPU
+# priority (tests/make_test.py), where one example can wait hundreds of milliseconds for a core; a speed target is a
+# benchmark figure, not a test's verdict. Loaded for every session; @settings on a test still sets its own.
+settings.register_profile("atlas", deadline=None)
+settings.load_profile("atlas")
 
 
 def pytest_configure(config: pytest.Config) -> None:
