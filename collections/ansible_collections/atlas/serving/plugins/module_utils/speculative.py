@@ -6,13 +6,15 @@ the set's ``requirements.lock`` does not pin is refused before the environment i
 The method is the ``method`` of the engine flag ``--speculative-config`` (a JSON object, as a string or as a
 mapping). A value that is not a JSON object is not judged here: the engine's lint names it.
 
-Standard library only: this file is shipped to managed nodes by Ansible.
+Standard library and this collection's module_utils only: this file is shipped to managed nodes by Ansible.
 """
 
 from __future__ import annotations
 
 import json
 import re
+
+from ansible_collections.atlas.serving.plugins.module_utils.wheel_hashes import canonical
 
 FLAG = "--speculative-config"
 
@@ -25,11 +27,6 @@ METHOD_PACKAGES: dict[str, str] = {
 }
 
 _PIN_NAME = re.compile(r"^\s*(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)")
-
-
-def canonical(name: str) -> str:
-    """A project name as pip compares it (PEP 503): ``Arctic_Inference`` -> ``arctic-inference``."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def lock_projects(lock_text: str) -> set[str]:
