@@ -149,9 +149,10 @@ def _same_release(a, b):
     return str(a).strip().lower() == str(b).strip().lower()
 
 
-def find_row(table, engine, version):
-    """The engine row whose versions match (first match wins), or None."""
-    for row in table["engines"]:
+def find_row(table, engine, version, section="engines"):
+    """The row of ``section`` (engines, engine_glibc) whose engine is ``engine`` and whose versions match ``version``
+    (first match wins), or None."""
+    for row in table.get(section) or []:
         if row["engine"] == engine and any(fnmatch.fnmatchcase(str(version), str(p)) for p in row["versions"]):
             return row
     return None
@@ -409,10 +410,7 @@ def _glibc_key(text):
 
 def glibc_row(table, engine, version):
     """The engine_glibc row of ``engine`` ``version`` (first match), or None: the table knows no need then."""
-    for row in table.get("engine_glibc") or []:
-        if row["engine"] == engine and any(fnmatch.fnmatchcase(str(version), str(p)) for p in row["versions"]):
-            return row
-    return None
+    return find_row(table, engine, version, section="engine_glibc")
 
 
 def sets_for_glibc(table, glibc):
